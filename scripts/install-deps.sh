@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages the build, tests and benchmarks need, when they are missing.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-dev        # reference GEMM in the matmul benchmark and the trainer's big products
+  libomp-dev             # OpenMP threads (gcc ships libgomp; clang fuzz builds need libomp)
+  nlohmann-json3-dev     # config.json, tokenizer.json, JSON output
+  libcli11-dev           # the polestar command line
+  libcpp-httplib-dev     # polestar serve
+  libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, lookahead, possessive)
+  libgtest-dev libgmock-dev libbenchmark-dev
+  gnuplot-nox            # benchmark plots
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm fetches the reference tokenizer packages for tests; the image may ship Node.js outside apt.
+command -v npm >/dev/null || missing+=(nodejs npm)
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

@@ -1,0 +1,125 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+
+namespace polestar {
+namespace {
+
+std::string LayerName(const TensorNames& names, int layer, const std::string& leaf) {
+  std::string prefix = names.layer_prefix;
+  const size_t slot = prefix.find("{}");
+  PS_CHECK(slot != std::string::npos);
+  prefix.replace(slot, 2, std::to_string(layer));
+  return prefix + leaf;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+bool IsMatrixType(DType type) { return type != DType::kI64 && type != DType::kI32; }
+
+WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorRef& t = store.Get(name);
+  if (t.shape != std::vector<int64_t>{rows, cols}) {
+    Fail(store.origin(), ": tensor '", name, "' has shape ", ShapeText(t.shape), ", expected [",
+         rows, ", ", cols, "]");
+  }
+  if (!IsMatrixType(t.dtype) || cols % BlockSize(t.dtype) != 0) {
+    Fail(store.origin(), ": tensor '", name, "' has unsupported type ", DTypeName(t.dtype));
+  }
+  WeightView w;
+  w.dtype = t.dtype;
+  w.data = t.data;
+  w.rows = rows;
+  w.cols = cols;
+  w.row_bytes = RowBytes(t.dtype, cols);
+  PS_CHECK(size_t(w.row_bytes * rows) == t.bytes);
+  return w;
+}
+
+std::vector<float> BindVector(const TensorStore& store, const std::string& name, int64_t size) {
+  const TensorRef& t = store.Get(name);
+  if (t.shape != std::vector<int64_t>{size}) {
+    Fail(store.origin(), ": tensor '", name, "' has shape ", ShapeText(t.shape), ", expected [",
+         size, "]");
+  }
+  if (!IsMatrixType(t.dtype)) Fail(store.origin(), ": tensor '", name, "' has type ", DTypeName(t.dtype));
+  WeightView view{t.dtype, t.data, 1, size, int64_t(t.bytes)};
+  std::vector<float> values(static_cast<size_t>(size));
+  DequantizeRow(view, 0, values.data());
+  return values;
+}
+
+}  // namespace
+
+Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, std::string source)
+    : store_(std::move(store)), config_(config), source_(std::move(source)) {
+  const ModelConfig& c = config_;
+  const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
+  embedding_ = BindMatrix(store_, names.embedding, c.vocab, c.width);
+  lm_head_ = c.tied_embeddings ? embedding_ : BindMatrix(store_, names.lm_head, c.vocab, c.width);
+  final_norm_ = BindVector(store_, names.final_norm, c.width);
+  for (int l = 0; l < c.layers; ++l) {
+    auto name = [&](const std::string& leaf) { return LayerName(names, l, leaf); };
+    LayerWeights w;
+    w.wq = BindMatrix(store_, name(names.q), q_width, c.width);
+    w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
+    w.wv = BindMatrix(store_, name(names.v), kv_width, c.width);
+    w.wo = BindMatrix(store_, name(names.o), c.width, q_width);
+    w.gate = BindMatrix(store_, name(names.gate), c.ffn, c.width);
+    w.up = BindMatrix(store_, name(names.up), c.ffn, c.width);
+    w.down = BindMatrix(store_, name(names.down), c.width, c.ffn);
+    w.attn_norm = BindVector(store_, name(names.attn_norm), c.width);
+    w.ffn_norm = BindVector(store_, name(names.ffn_norm), c.width);
+    if (c.qkv_bias) {
+      w.bq = BindVector(store_, name(names.q_bias), q_width);
+      w.bk = BindVector(store_, name(names.k_bias), kv_width);
+      w.bv = BindVector(store_, name(names.v_bias), kv_width);
+    }
+    layers_.push_back(std::move(w));
+  }
+  rope_ = RopeTable(c.head_dim, c.max_positions, c.rope_theta);
+}
+
+int64_t Model::ParameterCount() const {
+  int64_t total = 0;
+  for (const auto& [name, t] : store_.tensors()) total += t.NumElements();
+  return total;
+}
+
+std::unique_ptr<Model> Model::Load(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(path)) Fail(path, ": no such file or directory");
+  if (!fs::is_directory(path)) {
+    Fail(path, ": not a model folder (expected config.json and *.safetensors)");
+  }
+  const std::string config_path = (fs::path(path) / "config.json").string();
+  if (!fs::exists(config_path)) Fail(path, ": no config.json");
+  const nlohmann::json raw = ReadJsonFile(config_path);
+  const std::string model_type = raw.value("model_type", "");
+  ModelConfig config;
+  TensorNames names;
+  if (model_type == "llada") {
+    config = ParseLladaConfig(config_path);
+    names = LladaTensorNames();
+  } else if (model_type == "Dream" || model_type == "dream") {
+    config = ParseDreamConfig(config_path);
+    names = DreamTensorNames();
+  } else {
+    Fail(config_path, ": unknown model_type '", model_type, "' (supported: llada, Dream)");
+  }
+  TensorStore store = ReadSafetensorsDir(path);
+  return std::make_unique<Model>(std::move(store), config, names, path);
+}
+
+}  // namespace polestar

@@ -1,0 +1,63 @@
+// A loaded model: its config, and views of its weights inside the mapped checkpoint.
+// Matrices stay in their file type (F32/BF16/F16, or GGUF block types); only the small
+// vectors (norm weights, biases) are converted to fp32 at load.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/tensor_store.h"
+#include "model/config.h"
+#include "ops/ops.h"
+
+namespace polestar {
+
+struct LayerWeights {
+  WeightView wq, wk, wv, wo;    // [H*D, C], [Hkv*D, C], [Hkv*D, C], [C, H*D]
+  WeightView gate, up, down;    // [F, C], [F, C], [C, F]
+  std::vector<float> attn_norm;  // [C]
+  std::vector<float> ffn_norm;   // [C]
+  std::vector<float> bq, bk, bv; // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
+};
+
+// Tensor names of one checkpoint layout; `layer_prefix` contains "{}" for the layer index.
+struct TensorNames {
+  std::string embedding, final_norm, lm_head, layer_prefix;
+  std::string q, k, v, o, gate, up, down, attn_norm, ffn_norm, q_bias, k_bias, v_bias;
+};
+
+class Model {
+ public:
+  // `path` is a Hugging Face folder (config.json + safetensors) or a .gguf file.
+  static std::unique_ptr<Model> Load(const std::string& path);
+  // Binds weights from `store` under `names`, checking every shape against `config`.
+  Model(TensorStore store, ModelConfig config, const TensorNames& names, std::string source);
+
+  const ModelConfig& config() const { return config_; }
+  const LayerWeights& layer(int index) const { return layers_[size_t(index)]; }
+  const WeightView& embedding() const { return embedding_; }  // [V, C]
+  const WeightView& lm_head() const { return lm_head_; }      // [V, C]
+  const std::vector<float>& final_norm() const { return final_norm_; }  // [C]
+  const RopeTable& rope() const { return rope_; }
+  const TensorStore& tensors() const { return store_; }
+  const std::string& source() const { return source_; }
+  int64_t ParameterCount() const;
+
+ private:
+  TensorStore store_;
+  ModelConfig config_;
+  std::string source_;
+  std::vector<LayerWeights> layers_;
+  WeightView embedding_, lm_head_;
+  std::vector<float> final_norm_;
+  RopeTable rope_;
+};
+
+// Architecture files: config parsing and tensor names (arch_llada.cpp, arch_dream.cpp).
+ModelConfig ParseLladaConfig(const std::string& config_path);
+ModelConfig ParseDreamConfig(const std::string& config_path);
+TensorNames LladaTensorNames();
+TensorNames DreamTensorNames();
+
+}  // namespace polestar

@@ -1,0 +1,69 @@
+// The forward pass against logits computed by the original PyTorch modeling code.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "io/safetensors.h"
+#include "model/forward.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+std::vector<float> ToFloats(const TensorRef& t) {
+  std::vector<float> v(static_cast<size_t>(t.NumElements()));
+  std::memcpy(v.data(), t.data, t.bytes);
+  return v;
+}
+
+std::vector<int> ToInts(const TensorRef& t) {
+  std::vector<int> v(static_cast<size_t>(t.NumElements()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t x;
+    std::memcpy(&x, t.data + 8 * i, 8);
+    v[i] = int(x);
+  }
+  return v;
+}
+
+class FixtureForward : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
+  const std::string dir = testing::FixtureDir(GetParam());
+  auto model = Model::Load(dir);
+  TensorStore expected;
+  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
+  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  const int V = model->config().vocab;
+  ASSERT_EQ(want.size(), ids.size() * V);
+
+  KvCache cache = MakeCache(*model, int64_t(ids.size()), false);
+  Forward forward(*model, cache);
+  StepPlan plan;
+  plan.input_rows.resize(ids.size());
+  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+  plan.logit_rows = plan.input_rows;
+  StepResult got = forward.Run(ids, plan);
+  ASSERT_EQ(got.logits.size(), want.size());
+  float max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(got.logits[i] - want[i]));
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+  }
+  EXPECT_LE(max_err, 1e-4f) << "max |logit| " << max_abs;
+  EXPECT_EQ(got.rows_computed, int64_t(ids.size()) * model->config().layers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureForward,
+                         ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& ch : name) if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace polestar

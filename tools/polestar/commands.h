@@ -1,0 +1,11 @@
+// Subcommands of the polestar CLI. Each Add*Command registers its flags and callback.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace polestar::cli {
+
+void AddInspectCommand(CLI::App& app);
+void AddForwardCommand(CLI::App& app);
+
+}  // namespace polestar::cli

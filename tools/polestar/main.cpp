@@ -1,0 +1,23 @@
+// polestar: the command-line entry point. Errors in user input reach here as
+// polestar::Error and are printed without a stack of noise.
+#include <cstdio>
+
+#include "base/error.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"polestar: a native inference engine for diffusion language models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "polestar 0.1.0");
+  polestar::cli::AddInspectCommand(app);
+  polestar::cli::AddForwardCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const polestar::Error& e) {
+    std::fprintf(stderr, "polestar: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
