@@ -57,9 +57,10 @@ bool IsEndToken(const ModelConfig& config, int token) {
 }
 
 GenerationResult Generate(const Model& model, std::span<const int> prompt,
-                          const DecodeOptions& options, const StepCallback& on_step,
+                          const DecodeOptions& requested, const StepCallback& on_step,
                           bool keep_trace) {
   const ModelConfig& config = model.config();
+  const DecodeOptions options = requested.Resolved(config);
   options.Validate(config, int(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab) {
@@ -216,7 +217,11 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       }
       std::vector<Commit> commits;
       for (size_t i : selected) commits.push_back({masked[i], choices[i].token});
-      policy->AfterStep(context, step_result, commits);
+      std::vector<Candidate> candidates;
+      for (size_t i = 0; i < masked.size(); ++i) {
+        if (rule.rule != Rule::kDreamOrigin) candidates.push_back({masked[i], choices[i].token, choices[i].confidence});
+      }
+      policy->AfterStep(context, step_result, candidates, commits);
 
       std::vector<int> committed;
       for (const Commit& c : commits) {
