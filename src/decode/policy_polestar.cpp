@@ -90,9 +90,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       return plan;
     }
 
-    committed_since_refresh_ += block_commits_last_step_;
-    const bool trigger = block_commits_last_step_ > 1 || committed_since_refresh_ > options_.tau_upd;
-    if (trigger) committed_since_refresh_ = 0;
+    const bool trigger = trigger_.Fire(block_commits_last_step_);
     if (options_.refresh_all) {
       mode_ = Mode::kDecode;
       plan.input_rows = Range(0, length);
@@ -133,10 +131,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       for (const Candidate& candidate : candidates) {
         const size_t offset = size_t(candidate.position - context.block.start);
         if (taken[offset]) continue;
-        const double conf = candidate.confidence;
-        if (!(conf > options_.early_floor && conf < options_.tau_s)) continue;
-        const double gate = options_.alpha * (options_.tau_s - conf) * (options_.tau_s - conf);
-        if (delta[offset] >= gate && delta[offset] < options_.drift_cap) {
+        if (PassesDriftGate(candidate.confidence, delta[offset], options_.early_floor, options_.tau_s,
+                            options_.alpha, options_.drift_cap)) {
           commits.push_back({candidate.position, candidate.token});
           ++early;
         }
@@ -307,7 +303,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     }
     suffix_clusters_ = suffix > 0 ? options_.clusters - prefix_clusters_ : 0;
     total_clusters_ = prefix_clusters_ + suffix_clusters_;
-    committed_since_refresh_ = 0;
+    trigger_.Reset();
     block_commits_last_step_ = 0;
     drift_history_.clear();
     token_drift_valid_ = false;
@@ -423,7 +419,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   bool token_drift_valid_ = false;
   std::deque<std::vector<double>> drift_history_;
   std::vector<int> packet_rows_;  // the last layer's refreshed rows this step
-  int committed_since_refresh_ = 0;
+  RefreshTrigger trigger_{options_.tau_upd};
   int block_commits_last_step_ = 0;
   std::future<void> worker_;
   nlohmann::json stats_;

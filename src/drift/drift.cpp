@@ -126,6 +126,13 @@ void AttentionProbabilities(const float* q, int64_t k, const float* keys, int64_
   });
 }
 
+bool PassesDriftGate(double confidence, double delta, double floor, double tau_s, double alpha,
+                     double cap) {
+  if (!(confidence > floor && confidence < tau_s)) return false;
+  const double gate = alpha * (tau_s - confidence) * (tau_s - confidence);
+  return delta >= gate && delta < cap;
+}
+
 namespace {
 
 constexpr float kE2M1Magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};

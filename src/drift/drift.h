@@ -31,6 +31,30 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
 void AttentionProbabilities(const float* q, int64_t k, const float* keys, int64_t l, int heads,
                             int kv_heads, int head_dim, float* probs);
 
+// Polestar-Commit's gate: a masked position with floor < conf < tau_s commits early when
+// alpha (tau_s - conf)^2 <= delta < cap (delta: its drift jump over the recent mean).
+bool PassesDriftGate(double confidence, double delta, double floor, double tau_s, double alpha,
+                     double cap);
+
+// Polestar-Cache's trigger (tau_upd): refresh when more than one token was committed on
+// the previous step, or when more than tau_upd have been committed since the last refresh.
+class RefreshTrigger {
+ public:
+  explicit RefreshTrigger(int tau_upd) : tau_upd_(tau_upd) {}
+  void Reset() { since_refresh_ = 0; }
+  // Called once per decode step with the previous step's in-block commit count.
+  bool Fire(int committed_last_step) {
+    since_refresh_ += committed_last_step;
+    const bool fire = committed_last_step > 1 || since_refresh_ > tau_upd_;
+    if (fire) since_refresh_ = 0;
+    return fire;
+  }
+
+ private:
+  int tau_upd_;
+  int since_refresh_ = 0;
+};
+
 // NVFP4: 4-bit E2M1 values in blocks of 16 with one FP8 E4M3 scale per block and one FP32
 // scale per tensor (a row here). Dequantised value = e2m1 * e4m3_scale * tensor_scale.
 float E2M1ToFloat(uint8_t code);       // code in [0, 16): sign bit 3, magnitude bits 0-2
