@@ -119,8 +119,8 @@ struct ChildPlan {
   sigprocmask(SIG_SETMASK, &no_signals, nullptr);
   struct sigaction default_action {};
   default_action.sa_handler = SIG_DFL;
-  for (int signal : {SIGXCPU, SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP}) {
-    sigaction(signal, &default_action, nullptr);
+  for (int number : {SIGXCPU, SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP}) {
+    sigaction(number, &default_action, nullptr);
   }
   for (const Limit& limit : plan.limits) {
     rlimit current;
