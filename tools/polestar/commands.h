@@ -8,5 +8,8 @@ namespace polestar::cli {
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
 void AddGenerateCommand(CLI::App& app);
+void AddMakeRandomModelCommand(CLI::App& app);
+void AddBenchCommand(CLI::App& app);
+void AddEvalCommand(CLI::App& app);
 
 }  // namespace polestar::cli

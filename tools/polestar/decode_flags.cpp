@@ -50,6 +50,48 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--overlap", o.overlap, "Polestar: auxiliary work on a worker thread (true/false)")->capture_default_str();
 }
 
+std::string CanonicalDecodeFlag(const std::string& key) {
+  CLI::App parser;
+  DecodeOptions unused;
+  AddDecodeFlags(&parser, unused);
+  const CLI::Option* option = key.empty() ? nullptr : parser.get_option_no_throw("--" + key);
+  if (option == nullptr || option->get_lnames().empty() || option->get_lnames().front() == "help") {
+    std::string known;
+    for (const CLI::Option* o : parser.get_options()) {
+      if (o->get_lnames().empty() || o->get_lnames().front() == "help") continue;
+      known += (known.empty() ? "" : ", ") + o->get_lnames().front();
+    }
+    Fail("unknown decoding setting '", key, "' (known: ", known, ")");
+  }
+  return option->get_lnames().front();
+}
+
+void SetDecodeOption(DecodeOptions& options, const std::string& key, const std::string& value) {
+  const std::string name = CanonicalDecodeFlag(key);
+  CLI::App parser;
+  AddDecodeFlags(&parser, options);
+  std::vector<std::string> args = {"--" + name + "=" + value};
+  try {
+    parser.parse(args);
+  } catch (const CLI::ParseError& e) {
+    Fail("bad value '", value, "' for ", name, ": ", e.what());
+  }
+}
+
+std::set<std::string> GivenDecodeFlags(const CLI::App* cmd) {
+  CLI::App probe;
+  DecodeOptions unused;
+  AddDecodeFlags(&probe, unused);
+  std::set<std::string> given;
+  for (const CLI::Option* option : probe.get_options()) {
+    for (const std::string& name : option->get_lnames()) {
+      const CLI::Option* mine = cmd->get_option_no_throw("--" + name);
+      if (mine != nullptr && mine->count() > 0) given.insert(option->get_lnames().front());
+    }
+  }
+  return given;
+}
+
 std::vector<int> ParseIdList(const std::string& text, const char* flag) {
   std::vector<int> ids;
   size_t start = 0;

@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   polestar::cli::AddInspectCommand(app);
   polestar::cli::AddForwardCommand(app);
   polestar::cli::AddGenerateCommand(app);
+  polestar::cli::AddMakeRandomModelCommand(app);
+  polestar::cli::AddBenchCommand(app);
+  polestar::cli::AddEvalCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,272 @@
+#include "bench/runner.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "base/error.h"
+#include "bench/machine.h"
+#include "decode/generate.h"
+
+namespace polestar::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <typename T>
+T Field(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) Fail("item record lacks '", key, "'");
+  return j[key].get<T>();
+}
+
+template <typename Json>
+void AppendLine(const std::string& path, const Json& value) {
+  std::ofstream out(path, std::ios::app);
+  if (!out) Fail(path, ": cannot append");
+  out << value.dump() << '\n';
+  out.flush();
+  if (!out) Fail(path, ": write failed");
+}
+
+// Calls fn(json) for every line that parses; returns the number of lines that did not.
+template <typename Fn>
+int ReadLines(const std::string& path, Fn fn) {
+  std::ifstream in(path);
+  int skipped = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    nlohmann::json value = nlohmann::json::parse(line, nullptr, false);
+    if (value.is_discarded() || !value.is_object() || !value.contains("key")) {
+      ++skipped;
+      continue;
+    }
+    try {
+      fn(value);
+    } catch (const std::exception&) {
+      ++skipped;
+    }
+  }
+  return skipped;
+}
+
+}  // namespace
+
+nlohmann::json ItemRecord::ToJson() const {
+  nlohmann::json m = nlohmann::json::object();
+  for (const auto& [name, correct] : metrics) m[name] = correct;
+  return {{"id", id},
+          {"task", task},
+          {"nfe", nfe},
+          {"rows_computed", rows_computed},
+          {"seconds", seconds},
+          {"positions", positions},
+          {"tokens_until_eos", tokens_until_eos},
+          {"non_eos_tokens", non_eos_tokens},
+          {"cache_bytes", cache_bytes},
+          {"peak_rss_bytes", peak_rss_bytes},
+          {"metrics", m},
+          {"metric_order", [&] {
+             std::vector<std::string> names;
+             for (const auto& [name, correct] : metrics) names.push_back(name);
+             return names;
+           }()},
+          {"extracted", extracted},
+          {"completion", completion}};
+}
+
+ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
+  ItemRecord r;
+  r.id = Field<std::string>(j, "id");
+  r.task = Field<std::string>(j, "task");
+  r.nfe = Field<int>(j, "nfe");
+  r.rows_computed = Field<int64_t>(j, "rows_computed");
+  r.seconds = Field<double>(j, "seconds");
+  r.positions = Field<int>(j, "positions");
+  r.tokens_until_eos = Field<int>(j, "tokens_until_eos");
+  r.non_eos_tokens = Field<int>(j, "non_eos_tokens");
+  r.cache_bytes = Field<int64_t>(j, "cache_bytes");
+  r.peak_rss_bytes = Field<int64_t>(j, "peak_rss_bytes");
+  const nlohmann::json& metrics = Field<nlohmann::json>(j, "metrics");
+  for (const std::string& name : Field<std::vector<std::string>>(j, "metric_order")) {
+    if (!metrics.contains(name)) Fail("item record lacks metric '", name, "'");
+    r.metrics.emplace_back(name, metrics[name].get<bool>());
+  }
+  r.extracted = Field<std::string>(j, "extracted");
+  r.completion = Field<std::string>(j, "completion");
+  return r;
+}
+
+ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
+                   const DecodeOptions& options) {
+  const BenchItem& item = suite.items.at(index);
+  ResetPeakRss();
+  const GenerationResult g = Generate(model, item.prompt, options);
+  ItemRecord r;
+  r.peak_rss_bytes = PeakRssBytes();
+  r.id = item.id;
+  r.task = item.task;
+  r.nfe = g.nfe;
+  r.rows_computed = g.rows_computed;
+  r.seconds = g.seconds;
+  r.positions = int(g.generated.size());
+  r.tokens_until_eos = g.tokens_until_eos;
+  r.non_eos_tokens = g.non_eos_tokens;
+  r.cache_bytes = g.cache_bytes;
+  const ItemGrade graded = suite.grade(index, g.generated);
+  for (const eval::MetricScore& m : graded.grade.metrics) r.metrics.emplace_back(m.metric, m.correct);
+  r.extracted = graded.grade.extracted;
+  r.completion = graded.completion;
+  return r;
+}
+
+void Totals::Add(const ItemRecord& r) {
+  items += 1;
+  nfe += r.nfe;
+  rows_computed += r.rows_computed;
+  seconds += r.seconds;
+  positions += r.positions;
+  tokens_until_eos += r.tokens_until_eos;
+  non_eos_tokens += r.non_eos_tokens;
+  for (const auto& [metric, ok] : r.metrics) correct[metric] += ok ? 1 : 0;
+}
+
+double Totals::Accuracy(const std::string& metric) const {
+  const auto it = correct.find(metric);
+  return items && it != correct.end() ? double(it->second) / double(items) : 0;
+}
+
+namespace {
+
+nlohmann::ordered_json TotalsJson(const Totals& t, const std::vector<std::string>& metric_names) {
+  nlohmann::ordered_json metrics = nlohmann::ordered_json::object();
+  for (const std::string& m : metric_names) metrics[m] = t.Accuracy(m);
+  nlohmann::ordered_json j = {
+      {"items", t.items},
+      {"accuracy", metric_names.empty() ? 0.0 : t.Accuracy(metric_names[0])},
+      {"metrics", metrics},
+      {"nfe_mean", t.MeanNfe()},
+      {"tpf", {{"until_eos", t.TpfUntilEos()}, {"non_eos", t.TpfNonEos()}, {"all_positions", t.TpfAll()}}},
+      {"tps", {{"until_eos", t.TpsUntilEos()}, {"non_eos", t.TpsNonEos()}}},
+      {"rows_per_token", t.RowsPerToken()},
+      {"seconds", t.seconds}};
+  return j;
+}
+
+}  // namespace
+
+nlohmann::ordered_json RunSummary::ToJson() const {
+  nlohmann::ordered_json j = TotalsJson(overall, metric_names);
+  j["peak_rss_bytes"] = peak_rss_bytes;
+  j["cache_bytes"] = cache_bytes;
+  nlohmann::ordered_json tasks = nlohmann::ordered_json::object();
+  for (const auto& [task, totals] : per_task) tasks[task] = TotalsJson(totals, metric_names);
+  j["per_task"] = tasks;
+  return j;
+}
+
+RunSummary Summarize(const std::vector<ItemRecord>& records,
+                     const std::vector<std::string>& metric_names) {
+  RunSummary s;
+  s.metric_names = metric_names;
+  for (const ItemRecord& r : records) {
+    s.overall.Add(r);
+    auto it = std::find_if(s.per_task.begin(), s.per_task.end(),
+                           [&](const auto& entry) { return entry.first == r.task; });
+    if (it == s.per_task.end()) {
+      s.per_task.emplace_back(r.task, Totals{});
+      it = s.per_task.end() - 1;
+    }
+    it->second.Add(r);
+    s.peak_rss_bytes = std::max(s.peak_rss_bytes, r.peak_rss_bytes);
+    s.cache_bytes = std::max(s.cache_bytes, r.cache_bytes);
+  }
+  return s;
+}
+
+nlohmann::json OptionsToJson(const DecodeOptions& o) {
+  return {{"policy", o.policy},
+          {"gen_length", o.gen_length},
+          {"block_length", o.block_length},
+          {"steps", o.steps},
+          {"threshold", o.threshold},
+          {"factor", o.factor},
+          {"temperature", o.temperature},
+          {"seed", o.seed},
+          {"remasking", o.remasking},
+          {"alg", o.alg},
+          {"eps", o.eps},
+          {"alg_temp", o.alg_temp},
+          {"cfg_scale", o.cfg_scale},
+          {"top_p", o.top_p},
+          {"top_k", o.top_k},
+          {"refresh_all", o.refresh_all},
+          {"track_num", o.track_num},
+          {"gamma", o.gamma},
+          {"window", o.window},
+          {"tau_s", o.tau_s},
+          {"early_floor", o.early_floor},
+          {"alpha", o.alpha},
+          {"drift_cap", o.drift_cap},
+          {"drift_history", o.drift_history},
+          {"clusters", o.clusters},
+          {"topk_clusters", o.topk_clusters},
+          {"kmeans_iters", o.kmeans_iters},
+          {"window_prefix_blocks", o.window_prefix_blocks},
+          {"window_suffix_blocks", o.window_suffix_blocks},
+          {"full_refresh_period", o.full_refresh_period},
+          {"tau_upd", o.tau_upd},
+          {"polestar_cache", o.polestar_cache},
+          {"early_commit", o.early_commit},
+          {"suffix_commit", o.suffix_commit},
+          {"drift_metric", o.drift_metric},
+          {"nvfp4_hidden", o.nvfp4_hidden},
+          {"overlap", o.overlap}};
+}
+
+std::string RunKey(const std::string& model_id, const nlohmann::json& selection,
+                   const nlohmann::json& options) {
+  // nlohmann::json objects are ordered by key, so the dump is canonical.
+  const std::string text = nlohmann::json{{"model", model_id}, {"suite", selection}, {"options", options}}.dump();
+  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+ResultStore::ResultStore(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) Fail(dir_, ": cannot create the output folder (", ec.message(), ")");
+  skipped_lines_ += ReadLines((fs::path(dir_) / "items.jsonl").string(), [&](const nlohmann::json& j) {
+    items_[j["key"].get<std::string>()].push_back(ItemRecord::FromJson(j));
+  });
+  skipped_lines_ += ReadLines((fs::path(dir_) / "results.jsonl").string(), [&](const nlohmann::json& j) {
+    rows_[j["key"].get<std::string>()] = j;
+  });
+}
+
+std::vector<ItemRecord> ResultStore::Items(const std::string& run_key) const {
+  const auto it = items_.find(run_key);
+  return it == items_.end() ? std::vector<ItemRecord>{} : it->second;
+}
+
+const nlohmann::json* ResultStore::Row(const std::string& run_key) const {
+  const auto it = rows_.find(run_key);
+  return it == rows_.end() ? nullptr : &it->second;
+}
+
+void ResultStore::AppendItem(const std::string& run_key, const ItemRecord& record) {
+  nlohmann::json line = record.ToJson();
+  line["key"] = run_key;
+  AppendLine((fs::path(dir_) / "items.jsonl").string(), line);
+  items_[run_key].push_back(record);
+}
+
+void ResultStore::AppendRow(const nlohmann::ordered_json& row) {
+  PS_CHECK(row.contains("key"));
+  AppendLine((fs::path(dir_) / "results.jsonl").string(), row);
+  rows_[row["key"].get<std::string>()] = nlohmann::json(row);
+}
+
+}  // namespace polestar::bench

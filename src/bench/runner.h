@@ -1,0 +1,115 @@
+// Running a suite under one decoding configuration, item by item, and what is kept of it:
+// a record per item, a summary per run, and an append-only store that makes runs resumable.
+//
+// Counting protocols (SPEC §3), all as ratios of sums over the items:
+//   TPF until EOS  = tokens before the first EOS / forward passes   (Fast-dLLM's)
+//   TPF non-EOS    = generated tokens that are not EOS / passes      (Polestar's)
+//   TPF all        = canvas positions / passes
+//   TPS            = the same token counts / wall seconds of decoding (grading excluded)
+//   rows per token = (layer, position) rows computed / canvas positions
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/suites.h"
+#include "decode/options.h"
+#include "model/model.h"
+
+namespace polestar::bench {
+
+struct ItemRecord {
+  std::string id;
+  std::string task;
+  int nfe = 0;
+  int64_t rows_computed = 0;
+  double seconds = 0;
+  int positions = 0;  // canvas length (gen_length)
+  int tokens_until_eos = 0;
+  int non_eos_tokens = 0;
+  int64_t cache_bytes = 0;
+  int64_t peak_rss_bytes = 0;
+  std::vector<std::pair<std::string, bool>> metrics;  // suite metrics in order
+  std::string extracted;
+  std::string completion;
+
+  nlohmann::json ToJson() const;
+  // Throws Error when a field is missing or has the wrong type.
+  static ItemRecord FromJson(const nlohmann::json& j);
+};
+
+// Decodes and grades item `index` of `suite`.
+ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
+                   const DecodeOptions& options);
+
+struct Totals {
+  int64_t items = 0;
+  int64_t nfe = 0;
+  int64_t rows_computed = 0;
+  double seconds = 0;
+  int64_t positions = 0;
+  int64_t tokens_until_eos = 0;
+  int64_t non_eos_tokens = 0;
+  std::map<std::string, int64_t> correct;  // per metric
+
+  void Add(const ItemRecord& r);
+  double Accuracy(const std::string& metric) const;
+  double MeanNfe() const { return items ? double(nfe) / double(items) : 0; }
+  double TpfUntilEos() const { return nfe ? double(tokens_until_eos) / double(nfe) : 0; }
+  double TpfNonEos() const { return nfe ? double(non_eos_tokens) / double(nfe) : 0; }
+  double TpfAll() const { return nfe ? double(positions) / double(nfe) : 0; }
+  double TpsUntilEos() const { return seconds > 0 ? double(tokens_until_eos) / seconds : 0; }
+  double TpsNonEos() const { return seconds > 0 ? double(non_eos_tokens) / seconds : 0; }
+  double RowsPerToken() const { return positions ? double(rows_computed) / double(positions) : 0; }
+};
+
+struct RunSummary {
+  std::vector<std::string> metric_names;
+  Totals overall;
+  std::vector<std::pair<std::string, Totals>> per_task;  // in the order tasks first appear
+  int64_t peak_rss_bytes = 0;  // the largest over the items
+  int64_t cache_bytes = 0;     // the largest over the items
+
+  double Accuracy() const { return overall.Accuracy(metric_names.at(0)); }
+  // {"items", "accuracy", "metrics": {m: acc}, "nfe_mean", "tpf": {...}, "tps": {...},
+  //  "rows_per_token", "seconds", "peak_rss_bytes", "cache_bytes", "per_task": {...}}
+  nlohmann::ordered_json ToJson() const;
+};
+
+RunSummary Summarize(const std::vector<ItemRecord>& records,
+                     const std::vector<std::string>& metric_names);
+
+// Every decoding option, for the record (and the result key).
+nlohmann::json OptionsToJson(const DecodeOptions& options);
+
+// A short stable hash of what determines a run's results: the model, the suite selection
+// and the resolved options.
+std::string RunKey(const std::string& model_id, const nlohmann::json& selection,
+                   const nlohmann::json& options);
+
+// items.jsonl (one line per decoded item) and results.jsonl (one line per finished run) in
+// a folder. Lines are appended and flushed one at a time, so an interrupted run loses at
+// most the item in flight; a torn last line is skipped when reading.
+class ResultStore {
+ public:
+  // Creates `dir` when needed and reads what is there. Throws Error naming the folder.
+  explicit ResultStore(std::string dir);
+
+  const std::string& dir() const { return dir_; }
+  std::vector<ItemRecord> Items(const std::string& run_key) const;
+  const nlohmann::json* Row(const std::string& run_key) const;
+  void AppendItem(const std::string& run_key, const ItemRecord& record);
+  void AppendRow(const nlohmann::ordered_json& row);  // row["key"] names the run
+  int skipped_lines() const { return skipped_lines_; }
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::vector<ItemRecord>> items_;
+  std::map<std::string, nlohmann::json> rows_;
+  int skipped_lines_ = 0;
+};
+
+}  // namespace polestar::bench

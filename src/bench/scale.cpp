@@ -1,0 +1,459 @@
+#include "bench/scale.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "base/error.h"
+#include "bench/random_model.h"
+#include "bench/report.h"
+#include "decode/generate.h"
+#include "decode/policy.h"
+#include "drift/drift.h"
+#include "model/forward.h"
+
+namespace polestar::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+std::string Fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
+// Prompt ids that are no special token of the model.
+std::vector<int> ScalePrompt(const ModelConfig& config, int length) {
+  std::vector<int> prompt;
+  const int span = std::max(2, std::min(config.vocab, config.mask_id > 0 ? config.mask_id : config.vocab) / 2);
+  for (int i = 0; prompt.size() < size_t(length); ++i) {
+    const int id = (17 + i * 7919) % span;
+    if (IsEndToken(config, id) || id == config.mask_id || id == config.pad_id || id == config.bos_id) continue;
+    prompt.push_back(id);
+  }
+  return prompt;
+}
+
+// Polestar's refresh at every layer: the block rows plus the rows of k clusters of the
+// window (k = 1 at the last layer), the clusters being equal slices of the window that
+// change from layer to layer. The refreshed rows' outputs become the next layer's fresh rows
+// (packet propagation), as in Forward's semantics.
+class RefreshHook final : public LayerHook {
+ public:
+  RefreshHook(std::vector<int> block, std::vector<int> window, int clusters, int k, int layers)
+      : block_(std::move(block)), window_(std::move(window)), clusters_(clusters), k_(k), layers_(layers) {}
+
+  void BeforeQueries(LayerRows& rows) override {
+    std::vector<int> query = block_;
+    const int k = rows.layer == layers_ - 1 ? 1 : k_;
+    const size_t n = window_.size();
+    for (int j = 0; j < k && n > 0; ++j) {
+      const int cluster = (rows.layer + j) % clusters_;
+      const size_t begin = n * size_t(cluster) / size_t(clusters_);
+      const size_t end = n * size_t(cluster + 1) / size_t(clusters_);
+      query.insert(query.end(), window_.begin() + int64_t(begin), window_.begin() + int64_t(end));
+    }
+    std::sort(query.begin(), query.end());
+    *rows.query_rows = std::move(query);
+  }
+
+ private:
+  std::vector<int> block_, window_;
+  int clusters_, k_, layers_;
+};
+
+struct Geometry {
+  int prompt = 0, length = 0, block = 0, blocks = 0;
+  int BlockStart(int b) const { return prompt + b * block; }
+  // Polestar's window of block b: [start - prefix, start) and [end, end + suffix).
+  std::vector<int> Window(int b, int prefix_blocks, int suffix_blocks) const {
+    std::vector<int> rows;
+    for (int p = std::max(0, BlockStart(b) - prefix_blocks * block); p < BlockStart(b); ++p) rows.push_back(p);
+    for (int p = BlockStart(b) + block; p < std::min(length, BlockStart(b) + block + suffix_blocks * block); ++p) {
+      rows.push_back(p);
+    }
+    return rows;
+  }
+};
+
+Geometry GeometryOf(const ScaleOptions& options) {
+  Geometry g;
+  g.prompt = options.prompt_length;
+  g.length = options.prompt_length + options.base.gen_length;
+  g.block = options.base.EffectiveBlockLength();
+  g.blocks = options.base.BlockCount();
+  return g;
+}
+
+const StepTiming* FindStep(const std::vector<StepTiming>& steps, const std::string& kind) {
+  for (const StepTiming& s : steps) {
+    if (s.kind == kind) return &s;
+  }
+  return nullptr;
+}
+
+std::string RefreshKind(int k) { return Cat("refresh step, k=", k); }
+
+}  // namespace
+
+double StepTiming::Median() const { return bench::Median(seconds); }
+
+int ForcedStepsPerBlock(int block_length, int tokens_per_step) {
+  int masks = block_length, steps = 0;
+  while (masks > 0) {
+    // SelectFactor with all confidences 0 and f = k + 1 accepts k, or all when one is left.
+    int accepted = std::min(masks, tokens_per_step);
+    if (accepted == masks - 1) accepted = masks;
+    masks -= accepted;
+    ++steps;
+  }
+  return steps;
+}
+
+std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& options) {
+  const ModelConfig& config = model.config();
+  const Geometry g = GeometryOf(options);
+  if (g.blocks < 1 || options.base.gen_length % g.block != 0) {
+    Fail("--block-length ", g.block, " must divide --gen-length ", options.base.gen_length);
+  }
+  if (g.length > config.max_positions) Fail("the scale canvas (", g.length, ") exceeds the model's context");
+  std::vector<int> canvas = ScalePrompt(config, g.prompt);  // [L]
+  canvas.resize(size_t(g.length), config.mask_id);
+  KvCache cache = MakeCache(model, g.length, true);
+  Forward forward(model, cache);
+  const int middle = g.blocks / 2;
+  auto block_rows = [&](int b) { return Range(g.BlockStart(b), g.BlockStart(b) + g.block); };
+  std::vector<StepTiming> timings;
+  auto time_plan = [&](const std::string& kind, const std::vector<StepPlan>& plans) {
+    StepTiming t{kind, 0, {}};
+    for (int r = 0; r < options.reps; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      int64_t rows = 0;
+      for (const StepPlan& plan : plans) rows += forward.Run(canvas, plan).rows_computed;
+      t.seconds.push_back(Seconds(start) / double(plans.size()));
+      t.rows_computed = rows / int64_t(plans.size());
+    }
+    timings.push_back(std::move(t));
+  };
+  // The cache must hold every row before partial steps read it (and this warms the weights).
+  const StepPlan full{Range(0, g.length), block_rows(0), {}, nullptr};
+  forward.Run(canvas, full);
+  time_plan("full pass", {full});
+  const int window_block = std::min(3, g.blocks - 1);
+  const int window_begin = std::max(0, g.BlockStart(window_block) - 2 * g.block);
+  const int window_end = std::min(g.length, g.BlockStart(window_block) + 2 * g.block);
+  time_plan("windowed pass", {{Range(window_begin, window_end), block_rows(window_block), {}, nullptr}});
+  std::vector<StepPlan> prefix_plans;
+  for (int b : {std::max(0, middle - (g.blocks % 2 == 0 ? 1 : 0)), middle}) {
+    prefix_plans.push_back({Range(g.BlockStart(b), g.length), block_rows(b), {}, nullptr});
+  }
+  if (g.blocks % 2 == 1) prefix_plans.pop_back();  // odd: the middle block is the mean
+  time_plan("prefix-cache step", prefix_plans);
+  time_plan("dual-cache step", {{block_rows(middle), block_rows(middle), {}, nullptr}});
+
+  const DecodeOptions& o = options.base;
+  const std::vector<int> window = g.Window(middle, o.window_prefix_blocks, o.window_suffix_blocks);
+  std::vector<int> ks;
+  for (int k : {1, 2, 4, 8}) {
+    if (k <= o.clusters) ks.push_back(k);
+  }
+  if (std::find(ks.begin(), ks.end(), o.topk_clusters) == ks.end()) ks.push_back(o.topk_clusters);
+  std::sort(ks.begin(), ks.end());
+  for (int k : ks) {
+    RefreshHook hook(block_rows(middle), window, o.clusters, std::min(k, o.clusters), config.layers);
+    time_plan(RefreshKind(k), {{block_rows(middle), block_rows(middle), {}, &hook}});
+  }
+
+  // Polestar's overheads, on this cache's rows (prefix and suffix clustered separately).
+  const int64_t C = config.width;
+  const int prefix_rows = int(std::count_if(window.begin(), window.end(),
+                                            [&](int p) { return p < g.BlockStart(middle); }));
+  const int suffix_rows = int(window.size()) - prefix_rows;
+  const int prefix_clusters = prefix_rows > 0 ? std::clamp(o.clusters * prefix_rows / int(window.size()), 1, o.clusters - 1) : 0;
+  const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
+  StepTiming kmeans{"k-means (all layers)", 0, {}};
+  for (int r = 0; r < options.reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int l = 0; l < config.layers; ++l) {
+      const float* hidden = cache.hidden(l);
+      if (prefix_clusters > 0) {
+        SphericalKMeans({hidden + int64_t(window.front()) * C, size_t(prefix_rows) * C}, prefix_rows, C,
+                        prefix_clusters, o.kmeans_iters);
+      }
+      if (suffix_clusters > 0) {
+        SphericalKMeans({hidden + int64_t(window[size_t(prefix_rows)]) * C, size_t(suffix_rows) * C},
+                        suffix_rows, C, suffix_clusters, o.kmeans_iters);
+      }
+    }
+    kmeans.seconds.push_back(Seconds(start));
+  }
+  timings.push_back(kmeans);
+  StepTiming proxy{"proxy attention (all layers)", 0, {}};
+  const int64_t kv_width = int64_t(config.kv_heads) * config.head_dim;
+  const int clusters = prefix_clusters + suffix_clusters;
+  std::vector<float> centroids(size_t(clusters) * C);  // [K, C]
+  for (int c = 0; c < clusters; ++c) {
+    std::copy_n(cache.hidden(0) + int64_t(window[size_t(c) * window.size() / size_t(clusters)]) * C, C,
+                centroids.begin() + int64_t(c) * C);
+  }
+  std::vector<float> queries(size_t(clusters) * config.heads * config.head_dim);  // [K, H*D]
+  std::vector<float> keys;                                                          // [L, Hkv*D]
+  std::vector<float> probs(size_t(clusters) * config.heads * g.length);            // [K, H, L]
+  std::vector<float> previous = probs;
+  const std::vector<int> positions = Range(0, g.length);
+  double drift_sum = 0;  // keeps the KL from being optimised away
+  for (int r = 0; r < options.reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int l = 0; l < config.layers; ++l) {
+      forward.ProjectQueries(l, centroids.data(), clusters, queries.data());
+      keys.assign(cache.keys(l), cache.keys(l) + int64_t(g.length) * kv_width);
+      UndoRope(keys.data(), positions, config.kv_heads, model.rope(), config.rope_interleaved);
+      AttentionProbabilities(queries.data(), clusters, keys.data(), g.length, config.heads,
+                             config.kv_heads, config.head_dim, probs.data());
+      for (int64_t row = 0; row < int64_t(clusters) * config.heads; ++row) {
+        drift_sum += KlDivergence(&probs[size_t(row * g.length)], &previous[size_t(row * g.length)], g.length);
+      }
+      std::swap(probs, previous);
+    }
+    proxy.seconds.push_back(Seconds(start));
+  }
+  volatile double sink = drift_sum;
+  (void)sink;
+  timings.push_back(proxy);
+  return timings;
+}
+
+std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions& options) {
+  const ModelConfig& config = model.config();
+  const Geometry g = GeometryOf(options);
+  const int blocks = std::clamp(options.blocks, 1, g.blocks);
+  const std::vector<int> prompt = ScalePrompt(config, g.prompt);
+  std::vector<ForcedRun> runs;
+  for (const std::string& policy : options.policies) {
+    ForcedRun run;
+    run.policy = policy;
+    DecodeOptions o = options.base;
+    o.policy = policy;
+    o.threshold = -1;
+    o.factor = options.tokens_per_step + 1;
+    o.steps = o.gen_length;
+    o.temperature = 0;
+    run.nfe_expected = blocks * ForcedStepsPerBlock(g.block, options.tokens_per_step);
+    std::vector<double> stamps;  // seconds since start after each step
+    std::vector<int> block_of;   // block of each step
+    const int masks_at_stop = o.gen_length - blocks * g.block;
+    auto on_step = [&](const StepEvent& e) {
+      stamps.push_back(e.seconds);
+      block_of.push_back(e.block_index);
+      return e.masks_left > masks_at_stop;
+    };
+    try {
+      const GenerationResult r = Generate(model, prompt, o, on_step, true);
+      run.nfe = r.nfe;
+      run.seconds = stamps.empty() ? 0 : stamps.back();
+      run.rows_computed = r.rows_computed;
+      for (int t : r.generated) run.tokens += t != config.mask_id;
+      std::vector<double> start_times, step_times;
+      std::map<std::string, std::vector<double>> kinds;
+      for (size_t i = 0; i < stamps.size(); ++i) {
+        const double dt = stamps[i] - (i ? stamps[i - 1] : 0.0);
+        const bool starts_block = i == 0 || block_of[i] != block_of[i - 1];
+        (starts_block ? start_times : step_times).push_back(dt);
+        std::string kind = starts_block ? "block start" : "in-block step";
+        if (i < r.trace.size() && r.trace[i].contains("policy") && r.trace[i]["policy"].contains("pass")) {
+          kind = r.trace[i]["policy"]["pass"].get<std::string>();
+        }
+        kinds[kind].push_back(dt);
+      }
+      run.start_seconds = Median(start_times);
+      run.step_seconds = Median(step_times);
+      run.step_kinds = nlohmann::json::object();
+      for (const auto& [kind, times] : kinds) {
+        run.step_kinds[kind] = {{"count", times.size()}, {"median_seconds", Median(times)}};
+      }
+    } catch (const Error& e) {
+      run.error = e.what();
+    }
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions& options,
+                      const std::vector<StepTiming>& steps, const ForcedRun* forced) {
+  const Geometry g = GeometryOf(options);
+  const double per_block = std::max(1.0, double(g.block) / std::max(tpf, 1e-9));  // s
+  const double n = g.blocks;
+  auto t = [&](const std::string& kind) {
+    const StepTiming* s = FindStep(steps, kind);
+    return s ? s->Median() : -1.0;
+  };
+  const double full = t("full pass");
+  if (policy == "vanilla" && full >= 0) return n * per_block * full;
+  if (policy == "fast-dllm-prefix" && full >= 0) return n * (full + (per_block - 1) * t("prefix-cache step"));
+  if (policy == "fast-dllm-dual" && full >= 0) return n * (full + (per_block - 1) * t("dual-cache step"));
+  if (policy == "polestar" && full >= 0 && t(RefreshKind(options.base.topk_clusters)) >= 0) {
+    const int period = options.base.full_refresh_period;
+    double starts = 0;
+    for (int b = 0; b < g.blocks; ++b) {
+      starts += b > 0 && b % period == period - 1 ? t("windowed pass") : full;
+    }
+    const double step = t(RefreshKind(options.base.topk_clusters)) + t("proxy attention (all layers)");
+    return starts + n * (t("k-means (all layers)") + (per_block - 1) * step);
+  }
+  if (forced != nullptr && forced->error.empty() && forced->nfe > 0) {
+    return n * (forced->start_seconds + (per_block - 1) * forced->step_seconds);
+  }
+  return -1;
+}
+
+nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInfo& machine) {
+  ScaleOptions options = requested;
+  ModelShape shape = ScaledShape(ShapeByName(options.like), options.layer_scale);
+  if (options.model_dir.empty()) options.model_dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
+  if (!fs::exists(fs::path(options.model_dir) / "config.json")) {
+    std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(), options.model_dir.c_str());
+    RandomModelOptions random;
+    random.shape = ShapeByName(options.like);
+    random.scale = options.layer_scale;
+    WriteRandomModel(options.model_dir, random);
+  }
+  auto model = Model::Load(options.model_dir);
+  const ModelConfig& config = model->config();
+  if (options.reps < 1) Fail("--reps must be at least 1");
+  if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
+  std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n", options.model_dir.c_str(),
+               config.layers, config.width);
+  const std::vector<StepTiming> steps = TimeSteps(*model, options);
+  std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n", options.tokens_per_step, options.blocks);
+  const std::vector<ForcedRun> forced = RunForcedSchedule(*model, options);
+
+  // TPF per policy from a suite run: its row with default settings, else its first row.
+  std::map<std::string, ResultRow> from_suite;
+  if (!options.tpf_from.empty()) {
+    std::ifstream in(options.tpf_from);
+    if (!in) Fail(options.tpf_from, ": cannot read");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("policy")) continue;
+      const ResultRow row = ResultRow::FromJson(j);
+      if (!from_suite.count(row.policy) || row.settings == "defaults") from_suite[row.policy] = row;
+    }
+  }
+
+  const Geometry g = GeometryOf(options);
+  const StepTiming* full = FindStep(steps, "full pass");
+  nlohmann::ordered_json out;
+  out["machine"] = machine.ToJson();
+  out["model"] = {{"folder", options.model_dir}, {"like", options.like}, {"layer_scale", options.layer_scale},
+                  {"layers", config.layers}, {"width", config.width}, {"ffn", config.ffn},
+                  {"heads", config.heads}, {"kv_heads", config.kv_heads}, {"vocab", config.vocab},
+                  {"parameters", model->ParameterCount()}};
+  out["canvas"] = {{"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
+  out["reps"] = options.reps;
+  std::string md = "### Scale benchmark: " + shape.name + " (random weights, " + std::to_string(config.layers) +
+                   " layers, width " + std::to_string(config.width) + ", " +
+                   Fixed(double(model->ParameterCount()) / 1e9, 2) + " B parameters)\n\n";
+  md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
+  md += "Canvas: prompt " + std::to_string(g.prompt) + " + gen length " + std::to_string(options.base.gen_length) +
+        ", block " + std::to_string(g.block) + "; median of " + std::to_string(options.reps) + " reps.\n\n";
+  md += "| step | rows computed | ms | µs per row | time / full | rows / full |\n|---|--:|--:|--:|--:|--:|\n";
+  out["steps"] = nlohmann::json::array();
+  for (const StepTiming& s : steps) {
+    const double ms = 1e3 * s.Median();
+    const bool has_rows = s.rows_computed > 0;
+    md += "| " + s.kind + " | " + (has_rows ? std::to_string(s.rows_computed) : "-") + " | " + Fixed(ms, 1) + " | " +
+          (has_rows ? Fixed(1e6 * s.Median() / double(s.rows_computed), 1) : "-") + " | " +
+          Fixed(s.Median() / full->Median(), 3) + " | " +
+          (has_rows ? Fixed(double(s.rows_computed) / double(full->rows_computed), 3) : "-") + " |\n";
+    out["steps"].push_back({{"kind", s.kind}, {"rows_computed", s.rows_computed}, {"median_seconds", s.Median()},
+                            {"seconds", s.seconds}});
+  }
+
+  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) + " tokens per step, first " +
+        std::to_string(std::clamp(options.blocks, 1, g.blocks)) + " block(s).\n\n";
+  md += "| policy | NFE (expected) | tokens | seconds | tokens/s | block start ms | step ms | model-predicted s |\n";
+  md += "|---|--:|--:|--:|--:|--:|--:|--:|\n";
+  out["forced"] = nlohmann::json::array();
+  ScaleOptions partial = options;  // the model's prediction for the blocks the forced run decoded
+  partial.base.gen_length = std::clamp(options.blocks, 1, g.blocks) * g.block;
+  for (const ForcedRun& r : forced) {
+    if (!r.error.empty()) {
+      md += "| " + r.policy + " | not run: " + r.error + " ||||||\n";
+      out["forced"].push_back({{"policy", r.policy}, {"error", r.error}});
+      continue;
+    }
+    // Polestar's windowed starts follow the block index, which the partial canvas keeps.
+    const double predicted = ProjectSeconds(r.policy, options.tokens_per_step, partial, steps, nullptr);
+    md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" + std::to_string(r.nfe_expected) + ") | " +
+          std::to_string(r.tokens) + " | " + Fixed(r.seconds, 2) + " | " + Fixed(r.tokens / r.seconds, 2) + " | " +
+          Fixed(1e3 * r.start_seconds, 1) + " | " + Fixed(1e3 * r.step_seconds, 1) + " | " +
+          (predicted > 0 ? Fixed(predicted, 2) : "-") + " |\n";
+    out["forced"].push_back({{"policy", r.policy}, {"nfe", r.nfe}, {"nfe_expected", r.nfe_expected},
+                             {"tokens", r.tokens}, {"seconds", r.seconds}, {"rows_computed", r.rows_computed},
+                             {"tokens_per_second", r.tokens / r.seconds}, {"block_start_seconds", r.start_seconds},
+                             {"step_seconds", r.step_seconds}, {"step_kinds", r.step_kinds},
+                             {"predicted_seconds", predicted}});
+  }
+
+  md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) + " tokens, block " +
+        std::to_string(g.block) + ")";
+  md += options.tpf_from.empty() ? " at the forced TPF" : " at the TPF each policy reached in " + options.tpf_from;
+  md += ":\n\n| policy | TPF all | TPF until EOS | TPF non-EOS | seconds | TPS until EOS | TPS non-EOS |\n";
+  md += "|---|--:|--:|--:|--:|--:|--:|\n";
+  out["projection"] = nlohmann::json::array();
+  for (const std::string& policy : options.policies) {
+    const ForcedRun* run = nullptr;
+    for (const ForcedRun& r : forced) {
+      if (r.policy == policy) run = &r;
+    }
+    double tpf_all = options.tokens_per_step, tpf_eos = tpf_all, tpf_non_eos = tpf_all;
+    if (!options.tpf_from.empty()) {
+      if (!from_suite.count(policy)) continue;
+      tpf_all = from_suite[policy].tpf_all;
+      tpf_eos = from_suite[policy].tpf_until_eos;
+      tpf_non_eos = from_suite[policy].tpf_non_eos;
+    }
+    const double seconds = ProjectSeconds(policy, tpf_all, options, steps, run);
+    if (seconds <= 0) continue;
+    const double nfe = double(options.base.gen_length) / tpf_all;
+    md += "| " + policy + " | " + Fixed(tpf_all, 2) + " | " + Fixed(tpf_eos, 2) + " | " + Fixed(tpf_non_eos, 2) +
+          " | " + Fixed(seconds, 1) + " | " + Fixed(tpf_eos * nfe / seconds, 2) + " | " +
+          Fixed(tpf_non_eos * nfe / seconds, 2) + " |\n";
+    out["projection"].push_back({{"policy", policy}, {"tpf_all", tpf_all}, {"tpf_until_eos", tpf_eos},
+                                 {"tpf_non_eos", tpf_non_eos}, {"seconds", seconds},
+                                 {"tps_until_eos", tpf_eos * nfe / seconds},
+                                 {"tps_non_eos", tpf_non_eos * nfe / seconds}});
+  }
+  md += "\nProjection: cost model of bench/README.md from the step timings above (Polestar refreshes every "
+        "step, as its trigger does when more than one token commits a step); policies without a model use "
+        "their forced run's block-start and step times.\n";
+  std::printf("%s", md.c_str());
+  if (!options.out_dir.empty()) {
+    fs::create_directories(options.out_dir);
+    std::ofstream json_out(fs::path(options.out_dir) / "scale.json");
+    json_out << out.dump(2) << "\n";
+    std::ofstream md_out(fs::path(options.out_dir) / "scale.md");
+    md_out << md;
+    if (!json_out || !md_out) Fail(options.out_dir, ": cannot write scale.json / scale.md");
+  }
+  return out;
+}
+
+}  // namespace polestar::bench

@@ -1,0 +1,89 @@
+// The scale benchmark: what each kind of decoding step costs at a real model shape, on a
+// random-weight checkpoint, and what that means for each policy's tokens per second.
+//
+// 1. Step timings (Forward::Run with hand-built plans; the median of `reps`): a full pass, a
+//    windowed pass [start - 2B, end + B), a prefix-cache step (the block and everything after
+//    it, averaged over a middle pair of blocks, which is the mean over all blocks since the
+//    cost is linear in the rows), a dual-cache step (the block only), a Polestar refresh step
+//    at k clusters (the block plus k clusters' rows of the window at every layer, 1 cluster at
+//    the last, with packet propagation to the next layer), and the Polestar overheads: k-means
+//    of every layer's window at block start, and one step's proxy attention at every layer.
+// 2. Forced commit schedule: every policy decodes the first `blocks` blocks committing exactly
+//    `tokens_per_step` tokens a step. A random model's distributions are flat (confidence about
+//    1/V), so Fast-dLLM's factor rule with f = k + 1 commits exactly k tokens a step for every
+//    policy and nothing else commits (Polestar's early and suffix commits need confidence above
+//    0.7); the NFE is checked against the schedule. This measures system cost alone.
+// 3. Projection: seconds for a whole generation at a policy's TPF tau (from a suite run):
+//    n blocks, s = B / tau steps a block,
+//      vanilla           n s t_full
+//      fast-dllm-prefix  n (t_full + (s - 1) t_prefix)
+//      fast-dllm-dual    n (t_full + (s - 1) t_dual)
+//      polestar          sum over blocks of its start pass (full, or windowed every 4th) +
+//                        n (t_kmeans + (s - 1) (t_refresh(topk) + t_proxy))
+//      others            n (start + (s - 1) step), both measured in the forced run
+//    and tokens/s = tau * NFE / seconds, for both counting protocols. The forced runs check
+//    the model: the table shows predicted against measured seconds for their blocks.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/machine.h"
+#include "decode/options.h"
+#include "model/model.h"
+
+namespace polestar::bench {
+
+struct ScaleOptions {
+  std::string like = "llada-1b";
+  double layer_scale = 1.0;
+  std::string model_dir;  // "" = /tmp/polestar-random-LIKE; written when it holds no checkpoint
+  int reps = 3;
+  int prompt_length = 32;
+  int tokens_per_step = 4;
+  int blocks = 2;
+  std::vector<std::string> policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "polestar"};
+  DecodeOptions base;    // gen_length, block_length and the policies' knobs
+  std::string tpf_from;  // results.jsonl of a suite run; "" projects at the forced TPF only
+  std::string out_dir;   // scale.json and scale.md
+  bool progress = true;
+};
+
+struct StepTiming {
+  std::string kind;           // "full pass", "dual-cache step", "refresh step, k=4", ...
+  int64_t rows_computed = 0;  // (layer, position) rows; 0 for the overheads
+  std::vector<double> seconds;
+  double Median() const;
+};
+
+struct ForcedRun {
+  std::string policy;
+  int nfe = 0, nfe_expected = 0;
+  int tokens = 0;  // committed
+  double seconds = 0;
+  int64_t rows_computed = 0;
+  double start_seconds = 0;  // median of the block-start steps
+  double step_seconds = 0;   // median of the other steps
+  nlohmann::json step_kinds;  // kind -> {"count", "median_seconds"}
+  std::string error;          // when the policy could not run (e.g. not built yet)
+};
+
+// Step timings on `model` for a canvas of prompt_length + gen_length.
+std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& options);
+// Forced-schedule runs, one per policy.
+std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions& options);
+// NFE of one block of `block_length` masks under the factor rule with zero confidences.
+int ForcedStepsPerBlock(int block_length, int tokens_per_step);
+
+// Seconds for a whole generation (options.base's gen/block length) at all-positions TPF
+// `tpf`, from the step timings (or, for a policy without a cost model, its forced run).
+// Returns a negative value when neither is available.
+double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions& options,
+                      const std::vector<StepTiming>& steps, const ForcedRun* forced);
+
+// Writes the checkpoint when needed, runs everything, prints tables and writes
+// out_dir/scale.json and out_dir/scale.md. Returns the JSON.
+nlohmann::json RunScaleBenchmark(const ScaleOptions& options, const MachineInfo& machine);
+
+}  // namespace polestar::bench

@@ -1,0 +1,184 @@
+#include "bench/suites.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "base/error.h"
+#include "decode/generate.h"
+#include "io/json_file.h"
+
+namespace polestar::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The generated ids before the first end token (EOS / end of turn).
+std::span<const int> UntilEnd(const ModelConfig& config, std::span<const int> generated) {
+  size_t n = 0;
+  while (n < generated.size() && !IsEndToken(config, generated[n])) ++n;
+  return generated.first(n);
+}
+
+BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config) {
+  const std::string path = (fs::path(options.model_dir) / "reference.json").string();
+  if (!fs::exists(path)) {
+    Fail("suite probe: ", options.model_dir, " has no reference.json (the llada-probe fixture has one)");
+  }
+  const nlohmann::json reference = ReadJsonFile(path);
+  if (!reference.contains("prompts") || !reference["prompts"].is_array()) {
+    Fail(path, ": no prompts array");
+  }
+  auto codec = std::make_shared<CharVocabCodec>((fs::path(options.model_dir) / "vocab.json").string());
+  std::vector<BenchItem> items;
+  for (size_t i = 0; i < reference["prompts"].size(); ++i) {
+    const nlohmann::json& p = reference["prompts"][i];
+    if (!p.contains("prompt_ids") || !p.contains("answer") || !p.contains("task")) {
+      Fail(path, ": prompt ", i, " lacks prompt_ids, answer or task");
+    }
+    BenchItem item;
+    item.id = Cat("probe/", i);
+    item.task = p["task"].get<std::string>();
+    item.prompt = p["prompt_ids"].get<std::vector<int>>();
+    item.reference = p["answer"].get<std::string>();
+    items.push_back(std::move(item));
+  }
+  BenchSuite suite;
+  suite.name = "probe";
+  suite.full_size = items.size();
+  eval::LoadOptions load;
+  load.limit = options.limit;
+  load.shard_index = options.shard_index;
+  load.shard_count = options.shard_count;
+  suite.items = eval::LimitAndShard(std::move(items), load);
+  suite.metric_names = {"exact_match"};
+  suite.gen_length = reference.value("gen_length", 32);
+  suite.block_length = reference.value("block_length", 8);
+  suite.grade = [codec, config, items = suite.items](size_t index, std::span<const int> generated) {
+    ItemGrade result;
+    result.completion = codec->Decode(UntilEnd(config, generated));
+    const bool correct = result.completion == items[index].reference;
+    result.grade.correct = correct;
+    result.grade.extracted = result.completion;
+    result.grade.metrics = {{"exact_match", correct, result.completion}};
+    return result;
+  };
+  return suite;
+}
+
+BenchSuite LoadTextSuite(const SuiteOptions& options, const ModelConfig& config) {
+  std::shared_ptr<TextCodec> codec = LoadTextCodec(options.model_dir, options.prompt_format);
+  eval::LoadOptions load;
+  load.limit = options.limit;
+  load.shard_index = options.shard_index;
+  load.shard_count = options.shard_count;
+  load.sandbox = options.sandbox;
+  auto text_suite = std::make_shared<eval::Suite>(eval::LoadSuite(
+      options.name, options.data_dir.empty() ? eval::DefaultDataDir() : options.data_dir, load));
+  BenchSuite suite;
+  suite.name = text_suite->name;
+  suite.full_size = text_suite->full_size;
+  suite.metric_names = text_suite->metric_names;
+  for (const eval::EvalItem& e : text_suite->items) {
+    suite.items.push_back({e.id, text_suite->name, codec->EncodePrompt(e), e.reference});
+  }
+  suite.gen_length = 256;
+  suite.block_length = 32;
+  suite.grade = [codec, config, text_suite](size_t index, std::span<const int> generated) {
+    ItemGrade result;
+    const std::string text = codec->Decode(UntilEnd(config, generated));
+    result.completion = std::string(eval::TruncateAtStop(text, text_suite->stop_sequences));
+    result.grade = text_suite->Grade(text_suite->items[index], result.completion);
+    return result;
+  };
+  return suite;
+}
+
+}  // namespace
+
+CharVocabCodec::CharVocabCodec(const std::string& path) : path_(path) {
+  const nlohmann::json vocab = ReadJsonFile(path);
+  if (!vocab.contains("chars") || !vocab["chars"].is_array()) Fail(path, ": no chars array");
+  for (const nlohmann::json& c : vocab["chars"]) {
+    if (!c.is_string()) Fail(path, ": chars must be strings");
+    chars_.push_back(c.get<std::string>());
+  }
+  pad_id_ = vocab.value("PAD", -1);
+  prompt_length_ = vocab.value("P_LEN", 0);
+}
+
+std::vector<int> CharVocabCodec::EncodeText(const std::string& text) const {
+  std::vector<int> ids;
+  for (char c : text) {
+    const auto it = std::find(chars_.begin(), chars_.end(), std::string(1, c));
+    if (it == chars_.end()) Fail(path_, ": character '", std::string(1, c), "' of '", text, "' is not in the vocabulary");
+    ids.push_back(int(it - chars_.begin()));
+  }
+  if (pad_id_ >= 0 && int(ids.size()) < prompt_length_) {
+    ids.insert(ids.begin(), size_t(prompt_length_) - ids.size(), pad_id_);
+  }
+  return ids;
+}
+
+std::vector<int> CharVocabCodec::EncodePrompt(const eval::EvalItem& item) const {
+  return EncodeText(item.prompt);
+}
+
+std::string CharVocabCodec::Decode(std::span<const int> ids) const {
+  std::string text;
+  for (int id : ids) {
+    if (id >= 0 && size_t(id) < chars_.size()) text += chars_[size_t(id)];
+  }
+  return text;
+}
+
+PromptFormat PromptFormatFromName(const std::string& name) {
+  if (name == "auto") return PromptFormat::kAuto;
+  if (name == "chat") return PromptFormat::kChat;
+  if (name == "raw") return PromptFormat::kRaw;
+  Fail("unknown prompt format '", name, "' (auto, chat, raw)");
+}
+
+const char* PromptFormatName(PromptFormat format) {
+  switch (format) {
+    case PromptFormat::kChat: return "chat";
+    case PromptFormat::kRaw: return "raw";
+    case PromptFormat::kAuto: break;
+  }
+  return "auto";
+}
+
+std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFormat format) {
+  const fs::path dir(model_dir);
+  if (fs::exists(dir / "vocab.json") && !fs::exists(dir / "tokenizer.json")) {
+    return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
+  }
+  Fail(model_dir, ": no tokenizer this build can read (tokenizer.json support comes with src/tokenizer)");
+}
+
+std::vector<std::string> BenchSuiteNames() {
+  std::vector<std::string> names = {"probe"};
+  for (const std::string& name : eval::SuiteNames()) names.push_back(name);
+  return names;
+}
+
+BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config) {
+  BenchSuite suite;
+  if (options.name == "probe") {
+    suite = LoadProbeSuite(options, config);
+  } else {
+    const std::vector<std::string> text = eval::SuiteNames();
+    if (std::find(text.begin(), text.end(), options.name) == text.end()) {
+      std::string known;
+      for (const std::string& n : BenchSuiteNames()) known += (known.empty() ? "" : ", ") + n;
+      Fail("unknown suite '", options.name, "' (known: ", known, ")");
+    }
+    suite = LoadTextSuite(options, config);
+  }
+  suite.selection = {{"suite", suite.name},
+                     {"limit", options.limit},
+                     {"shard", Cat(options.shard_index, "/", options.shard_count)},
+                     {"prompt_format", PromptFormatName(options.prompt_format)}};
+  return suite;
+}
+
+}  // namespace polestar::bench

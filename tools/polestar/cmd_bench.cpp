@@ -1,0 +1,161 @@
+// polestar bench: a grid of policies x settings over a suite -> JSON lines, CSV, Markdown and a
+// Pareto plot; with --scale, step timings on a random-weight checkpoint at a real shape.
+#include <cstdio>
+#include <filesystem>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "bench/bench.h"
+#include "bench/scale.h"
+#include "commands.h"
+#include "decode_flags.h"
+
+namespace polestar::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto", out;
+  std::string policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
+  std::vector<std::string> grids;
+  std::string protocol = "until-eos";
+  DecodeOptions options;
+  int per_task = 0, threads = 0;
+  std::size_t limit = 0;
+  bool quiet = false, no_plot = false, dry_run = false;
+  // --scale
+  bool scale = false;
+  bench::ScaleOptions scale_options;
+  std::string scale_policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
+  std::string tpf_from;
+};
+
+constexpr const char* kGridHelp = R"(
+Grid: --grid "key=v1,v2;key2=v3,v4" runs the cartesian product of the axes (the last axis
+turning fastest) for every policy of --policies; a "policy=..." axis replaces --policies for
+that grid. Keys are decoding flags without dashes (threshold, block-length or block_length,
+gen-length, steps, tau-s, clusters, topk, early-commit, polestar-cache, nvfp4, ...). --grid
+may be repeated; the grids are concatenated and duplicate points run once. Examples:
+  --policies vanilla,polestar --grid "threshold=0.7,0.9;block-length=8,16"
+  --grid "policy=polestar;early-commit=true,false" --grid "policy=fast-dllm-dual;threshold=0.5,0.7,0.9"
+The other decoding flags set every point's base. Unless given: --gen-length/--block-length follow
+the suite (tiny and probe 32/8, others 256/32), --steps equals --gen-length, and
+fast-dllm-prefix/dual and elastic-cache use --threshold 0.9. --seed also picks the tiny suite's
+test items.
+
+Output folder (-o, default bench/out/SUITE): results.jsonl (one line per finished run) and
+items.jsonl (one line per decoded item) are appended as work finishes, so an interrupted or
+repeated command skips what is done; results.csv, results.md, pareto.svg/.png (accuracy against
+TPF and TPS, Pareto front marked; pareto.gp redraws it) and run.json (command, commit, machine)
+are rewritten for the command's grid each time.
+
+--scale: step timings on a random-weight checkpoint (see bench/README.md): full pass, windowed
+pass, prefix- and dual-cache steps, Polestar refresh steps at k clusters, k-means and proxy
+attention; every policy under a forced commit schedule; tokens/s projected from the TPF each
+policy reached on a suite (--tpf-from results.jsonl). Writes scale.json and scale.md.)";
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Accuracy-throughput benchmark over a grid of policies and settings");
+  auto args = std::make_shared<BenchArgs>();
+  cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
+  std::string suites;
+  for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
+  cmd->add_option("--suite", args->suite, "suite: tiny, " + suites)->capture_default_str();
+  cmd->add_option("--policies", args->policies, "comma-separated policies")->capture_default_str();
+  cmd->add_option("--grid", args->grids, "grid spec \"key=v1,v2;key2=...\" (repeatable; see below)");
+  cmd->add_option("-o,--output", args->out, "output folder (default: bench/out/SUITE)");
+  cmd->add_option("--n", args->per_task, "tiny: test items per task (default 50)");
+  cmd->add_option("--limit", args->limit, "only the first N items");
+  cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
+  cmd->add_option("--data", args->data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
+  cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
+  cmd->add_option("--protocol", args->protocol, "token count of the plot: until-eos | non-eos")
+      ->capture_default_str();
+  cmd->add_flag("--no-plot", args->no_plot, "skip gnuplot");
+  cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit");
+  cmd->add_flag("-q,--quiet", args->quiet, "no progress bar");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  // --scale
+  bench::ScaleOptions& so = args->scale_options;
+  cmd->add_flag("--scale", args->scale, "scale benchmark on a random-weight checkpoint");
+  cmd->add_option("--like", so.like, "--scale: model shape (llada-1b, llada-8b, dream-7b, ...)")
+      ->capture_default_str();
+  cmd->add_option("--layer-scale", so.layer_scale, "--scale: multiply the shape's layer count")
+      ->capture_default_str();
+  cmd->add_option("--random-model", so.model_dir,
+                  "--scale: checkpoint folder (written there when absent; default /tmp/polestar-random-LIKE)");
+  cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")->capture_default_str();
+  cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")->capture_default_str();
+  cmd->add_option("--tokens-per-step", so.tokens_per_step,
+                  "--scale: the forced commit schedule's tokens per step")->capture_default_str();
+  cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per policy run")->capture_default_str();
+  cmd->add_option("--scale-policies", args->scale_policies, "--scale: policies run with the forced schedule")
+      ->capture_default_str();
+  cmd->add_option("--tpf-from", args->tpf_from, "--scale: results.jsonl whose TPF to project from");
+  AddDecodeFlags(cmd, args->options);
+  cmd->footer(kGridHelp);
+  cmd->callback([args, cmd] {
+    SetThreadCount(args->threads);
+    const bench::MachineInfo machine =
+        bench::DescribeMachine(bench::ProcessCommandLine(), bench::SourceDir(), ThreadCount());
+    if (args->scale) {
+      bench::ScaleOptions options = args->scale_options;
+      options.policies = bench::SplitList(args->scale_policies, ',', "--scale-policies");
+      options.base = args->options;
+      if (!GivenDecodeFlags(cmd).count("gen-length")) options.base.gen_length = 256;
+      if (!GivenDecodeFlags(cmd).count("block-length")) options.base.block_length = 32;
+      options.tpf_from = args->tpf_from;
+      options.out_dir = args->out.empty() ? "bench/out/scale" : args->out;
+      options.progress = !args->quiet;
+      bench::RunScaleBenchmark(options, machine);
+      return;
+    }
+    std::vector<bench::GridPoint> points = bench::ExpandGrids(
+        bench::SplitList(args->policies, ',', "--policies"), args->grids);
+    for (bench::GridPoint& p : points) {
+      for (auto& [key, value] : p.settings) key = CanonicalDecodeFlag(key);
+    }
+    const std::string model_dir = args->model.empty() ? bench::DefaultModelDir() : args->model;
+    auto model = Model::Load(model_dir);
+    bench::SuiteOptions suite_options;
+    suite_options.name = args->suite;
+    suite_options.model_dir = model_dir;
+    suite_options.data_dir = args->data_dir;
+    suite_options.limit = args->limit;
+    if (!args->shard.empty()) {
+      eval::ParseShard(args->shard, &suite_options.shard_index, &suite_options.shard_count);
+    }
+    suite_options.per_task = args->per_task;
+    suite_options.seed = args->options.seed;
+    suite_options.prompt_format = bench::PromptFormatFromName(args->prompt_format);
+    const bench::BenchSuite suite = bench::LoadBenchSuite(suite_options, model->config());
+
+    bench::BenchRequest request;
+    request.model_dir = model_dir;
+    request.points = points;
+    request.base = args->options;
+    request.explicit_keys = GivenDecodeFlags(cmd);
+    request.setter = SetDecodeOption;
+    request.out_dir = args->out.empty() ? (std::filesystem::path("bench") / "out" / suite.name).string() : args->out;
+    request.machine = machine;
+    request.protocol = bench::ProtocolFromName(args->protocol);
+    request.plot = !args->no_plot;
+    request.progress = !args->quiet;
+    if (args->dry_run) {
+      for (const bench::GridPoint& p : points) {
+        const DecodeOptions o = bench::ResolvePoint(request.base, request.explicit_keys, p, suite, SetDecodeOption);
+        std::printf("%-50s gen %d block %d steps %d threshold %g\n", p.Label().c_str(), o.gen_length,
+                    o.block_length, o.steps, o.threshold);
+      }
+      std::printf("%zu points x %zu items\n", points.size(), suite.items.size());
+      return;
+    }
+    const bench::BenchOutcome outcome = bench::RunBench(*model, suite, request);
+    std::printf("%d run(s), %d already done, %d item(s) decoded\n", int(outcome.rows.size()),
+                outcome.runs_skipped, outcome.items_decoded);
+    for (const std::string& f : outcome.files) std::printf("  %s\n", f.c_str());
+  });
+}
+
+}  // namespace polestar::cli

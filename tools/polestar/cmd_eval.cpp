@@ -1,0 +1,104 @@
+// polestar eval: one policy over a suite's test split; accuracy, NFE, TPF and TPS per task.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "bench/bench.h"
+#include "commands.h"
+#include "decode_flags.h"
+
+namespace polestar::cli {
+namespace {
+
+struct EvalArgs {
+  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto";
+  DecodeOptions options;
+  int per_task = 0, threads = 0;
+  std::size_t limit = 0;
+  bool json = false, quiet = false, items = false;
+};
+
+void PrintTotalsLine(const char* name, const bench::Totals& t, const std::string& metric) {
+  std::printf("%-12s %6lld  %7.1f%%  %7.1f  %8.2f  %8.2f  %8.1f  %8.1f\n", name,
+              static_cast<long long>(t.items), 100 * t.Accuracy(metric), t.MeanNfe(), t.TpfUntilEos(),
+              t.TpfNonEos(), t.TpsUntilEos(), t.TpsNonEos());
+}
+
+}  // namespace
+
+void AddEvalCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "eval", "Run a suite's test split through one policy: accuracy, NFE, TPF, TPS per task");
+  auto args = std::make_shared<EvalArgs>();
+  cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
+  std::string suites;
+  for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
+  cmd->add_option("--suite", args->suite, "suite: tiny, " + suites)->capture_default_str();
+  cmd->add_option("--n", args->per_task, "tiny: test items per task (default 50)");
+  cmd->add_option("--limit", args->limit, "only the first N items (after --n)");
+  cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
+  cmd->add_option("--data", args->data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
+  cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->add_flag("--items", args->items, "with --json: every item's record too");
+  cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  AddDecodeFlags(cmd, args->options);
+  cmd->footer(
+      "--seed also picks the tiny suite's test items. Unless given: --gen-length/--block-length "
+      "follow the suite (tiny and probe 32/8, others 256/32), --steps equals --gen-length, and "
+      "fast-dllm-prefix/dual and elastic-cache use --threshold 0.9.");
+  cmd->callback([args, cmd] {
+    SetThreadCount(args->threads);
+    const std::string model_dir = args->model.empty() ? bench::DefaultModelDir() : args->model;
+    auto model = Model::Load(model_dir);
+    bench::SuiteOptions so;
+    so.name = args->suite;
+    so.model_dir = model_dir;
+    so.data_dir = args->data_dir;
+    so.limit = args->limit;
+    if (!args->shard.empty()) eval::ParseShard(args->shard, &so.shard_index, &so.shard_count);
+    so.per_task = args->per_task;
+    so.seed = args->options.seed;
+    so.prompt_format = bench::PromptFormatFromName(args->prompt_format);
+    const bench::BenchSuite suite = bench::LoadBenchSuite(so, model->config());
+    if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --n)");
+    const bench::GridPoint point{args->options.policy, {}};
+    const DecodeOptions options = bench::ResolvePoint(args->options, GivenDecodeFlags(cmd), point,
+                                                      suite, SetDecodeOption);
+    std::vector<bench::ItemRecord> records;
+    bench::ProgressBar progress(int64_t(suite.items.size()), !args->quiet);
+    const bench::RunSummary summary =
+        bench::RunSuite(*model, suite, options, [&](std::size_t done, const bench::ItemRecord& r) {
+          if (args->items) records.push_back(r);
+          progress.Update(int64_t(done), r.id);
+        });
+    progress.Finish();
+    if (args->json) {
+      nlohmann::ordered_json out = {{"model", model_dir},
+                                    {"suite", suite.selection},
+                                    {"options", bench::OptionsToJson(options.Resolved(model->config()))},
+                                    {"summary", summary.ToJson()}};
+      if (args->items) {
+        out["items"] = nlohmann::ordered_json::array();
+        for (const bench::ItemRecord& r : records) out["items"].push_back(nlohmann::ordered_json(r.ToJson()));
+      }
+      std::printf("%s\n", out.dump().c_str());
+      return;
+    }
+    const std::string& metric = suite.metric_names.at(0);
+    std::printf("%s on %s, policy %s (%s)\n", suite.name.c_str(), model_dir.c_str(),
+                options.policy.c_str(), metric.c_str());
+    std::printf("%-12s %6s  %8s  %7s  %8s  %8s  %8s  %8s\n", "task", "items", "accuracy", "NFE",
+                "TPF<eos", "TPF!eos", "TPS<eos", "TPS!eos");
+    for (const auto& [task, totals] : summary.per_task) PrintTotalsLine(task.c_str(), totals, metric);
+    if (summary.per_task.size() > 1) PrintTotalsLine("overall", summary.overall, metric);
+    for (size_t m = 1; m < suite.metric_names.size(); ++m) {
+      std::printf("%s: %.1f%%\n", suite.metric_names[m].c_str(),
+                  100 * summary.overall.Accuracy(suite.metric_names[m]));
+    }
+  });
+}
+
+}  // namespace polestar::cli
