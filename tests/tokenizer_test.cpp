@@ -280,45 +280,16 @@ TEST_P(ReferenceTokenizer, GgufVocabularyGivesTheSameIds) {
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceTokenizer, ::testing::Values("qwen3", "llama3"),
                          [](const auto& info) { return std::string(info.param); });
 
-TEST(ReferenceTokenizerCli, TokenizeEncodesDecodesAndReadsJsonl) {
+TEST(ReferenceTokenizerCli, TokenizeEncodesAndDecodesWithTheRealTokenizer) {
   const std::string dir = ReferenceDir("qwen3");
   std::string out;
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --text 'Hello, world!'", &out), 0) << out;
   EXPECT_EQ(out, "9707,11,1879,0\n");
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 9707,11,1879,0", &out), 0) << out;
   EXPECT_EQ(out, "Hello, world!\n");
-  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 151644,872,151645 --skip-special", &out), 0);
-  EXPECT_EQ(out, "user\n");
-
-  const std::string input = testing::TempDir() + "/in.jsonl";
-  std::ofstream(input) << "{\"text\": \"Hello, world!\"}\n\n{\"text\": \"<|endoftext|>\", \"id\": 7}\n";
-  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out), 0) << out;
-  EXPECT_EQ(out,
-            "{\"ids\":[9707,11,1879,0],\"text\":\"Hello, world!\"}\n"
-            "{\"ids\":[151643],\"text\":\"<|endoftext|>\"}\n");
-
   // ChatML named explicitly (Qwen3's own template is not one the engine renders as-is).
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text Hi", &out), 0) << out;
   EXPECT_EQ(out, "151644,872,198,13048,151645,198,151644,77091,198\n");
-}
-
-TEST(ReferenceTokenizerCli, BadInputGivesClearErrors) {
-  const std::string dir = ReferenceDir("qwen3");
-  std::string out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 1,x,3", &out, true), 1);
-  EXPECT_NE(out.find("\"x\" is not a token id"), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 999999999", &out, true), 1);
-  EXPECT_NE(out.find("token id 999999999 is not in the vocabulary"), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template vicuna --text hi", &out, true), 1);
-  EXPECT_NE(out.find("unknown chat template \"vicuna\""), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template llada --text hi", &out, true), 1);
-  EXPECT_NE(out.find("needs the token <|start_header_id|>"), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir, &out, true), 1);
-  EXPECT_NE(out.find("give --text, --input-jsonl or --decode"), std::string::npos) << out;
-  const std::string input = testing::TempDir() + "/bad.jsonl";
-  std::ofstream(input) << "{\"text\": \"ok\"}\n{\"txt\": 1}\n";
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out, true), 1);
-  EXPECT_NE(out.find("bad.jsonl:2: expected an object with a string \"text\""), std::string::npos) << out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -626,9 +597,10 @@ TEST(TokenizerJson, NormalizerSequenceAndSplitAreRead) {
   EXPECT_EQ(tokenizer.PreTokenize("ab12e\xCC\x81"), (Strings{"ab", "1", "2", "\xC3\x83\xC2\xA9"}));
 }
 
-// A standard tokenizer.json as the project's trainer writes one: byte-level BPE with the
-// diffusion mask, end-of-text and LLaDA chat markers as special tokens.
-TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
+// A standard tokenizer folder as the project's trainer writes one: byte-level BPE (one merge,
+// "hi" = 256) with the diffusion mask, end-of-text and LLaDA chat markers as special tokens
+// 257..262, and LLaDA's chat template.
+std::string WriteTinyTokenizerFolder(const std::string& parent) {
   json t = MinimalJson();
   t["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
@@ -655,9 +627,16 @@ TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
        "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
        "{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"}};
-  const std::string dir = testing::TempDir();
+  const std::string dir = parent + "/tiny";
+  std::filesystem::create_directories(dir);
   std::ofstream(dir + "/tokenizer.json") << t.dump();
   std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
+  const std::string temp = testing::TempDir();
+  const std::string dir = WriteTinyTokenizerFolder(temp);
   const auto tokenizer = Tokenizer::Load(dir);
   const SpecialIds& ids = tokenizer->special_ids();
   EXPECT_EQ(ids.eos, 257);
@@ -678,6 +657,47 @@ TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
   EXPECT_EQ(prompt, Ids({259, 260, 'u', 's', 'e', 'r', 261, nl, nl, 256, 262, 260, 'a', 's', 's', 'i',
                          's', 't', 'a', 'n', 't', 261, nl, nl}));
   EXPECT_THROW(Tokenizer::Load(dir + "/missing"), Error);
+}
+
+TEST(TokenizeCli, ReadsJsonlSkipsSpecialTokensAndAppliesTheChatTemplate) {
+  const std::string temp = testing::TempDir();
+  const std::string dir = WriteTinyTokenizerFolder(temp);
+  std::string out;
+  const std::string input = temp + "/in.jsonl";
+  std::ofstream(input) << "{\"text\": \"hi!\"}\n\n{\"text\": \"<|mdm_mask|>\", \"id\": 7}\n";
+  const std::string want = "{\"ids\":[256,33],\"text\":\"hi!\"}\n{\"ids\":[258],\"text\":\"<|mdm_mask|>\"}\n";
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out), 0) << out;
+  EXPECT_EQ(out, want);
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl - < " + input, &out), 0) << out;
+  EXPECT_EQ(out, want);
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode '256 258,33' --skip-special", &out), 0) << out;
+  EXPECT_EQ(out, "hi!\n");
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + "/tokenizer.json --decode 256,258", &out), 0) << out;
+  EXPECT_EQ(out, "hi<|mdm_mask|>\n");
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --chat --text ' hi '", &out), 0) << out;
+  EXPECT_EQ(out, "259,260,117,115,101,114,261,10,10,256,262,260,97,115,115,105,115,116,97,110,116,261,10,10\n");
+}
+
+TEST(TokenizeCli, BadInputGivesClearErrors) {
+  const std::string temp = testing::TempDir();
+  const std::string dir = WriteTinyTokenizerFolder(temp);
+  std::string out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 1,x,3", &out, true), 1);
+  EXPECT_NE(out.find("\"x\" is not a token id"), std::string::npos) << out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 999999999", &out, true), 1);
+  EXPECT_NE(out.find("token id 999999999 is not in the vocabulary"), std::string::npos) << out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template vicuna --text hi", &out, true), 1);
+  EXPECT_NE(out.find("unknown chat template \"vicuna\""), std::string::npos) << out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text hi", &out, true), 1);
+  EXPECT_NE(out.find("needs the token <|im_start|>"), std::string::npos) << out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir, &out, true), 1);
+  EXPECT_NE(out.find("give --text, --input-jsonl or --decode"), std::string::npos) << out;
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + "/nowhere --text hi", &out, true), 1);
+  EXPECT_NE(out.find("no tokenizer.json"), std::string::npos) << out;
+  const std::string input = temp + "/bad.jsonl";
+  std::ofstream(input) << "{\"text\": \"ok\"}\n{\"txt\": 1}\n";
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out, true), 1);
+  EXPECT_NE(out.find("bad.jsonl:2: expected an object with a string \"text\""), std::string::npos) << out;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -80,15 +80,17 @@ const ByteLevelTable& ByteLevel() {
   return table;
 }
 
-std::string ByteLevelEncode(std::string_view text) {
+void ByteLevelEncode(std::string_view text, std::string& out) {
   const ByteLevelTable& table = ByteLevel();
-  std::string out;
-  out.reserve(text.size() + text.size() / 2);
+  out.resize(2 * text.size());
+  char* dst = out.data();
   for (char c : text) {
     const auto b = static_cast<uint8_t>(c);
-    out.append(table.bytes[b].data(), table.length[b]);
+    dst[0] = table.bytes[b][0];
+    dst[1] = table.bytes[b][1];
+    dst += table.length[b];
   }
-  return out;
+  out.resize(size_t(dst - out.data()));
 }
 
 uint64_t PairKey(int left, int right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
@@ -214,28 +216,44 @@ struct Tokenizer::PreTokenizer {
   PreTokenizerStep step;
   std::unique_ptr<Regex> regex;  // kSplit, or kByteLevel with use_regex
 
-  void Apply(const std::string& piece, std::vector<std::string>& out) const {
+  using Emit = std::function<void(std::string_view)>;
+
+  void Apply(std::string_view piece, const Emit& emit) const {
     if (step.kind == PreTokenizerStep::Kind::kByteLevel) {
       std::string prefixed;
-      std::string_view text = piece;
-      if (step.add_prefix_space && (text.empty() || text[0] != ' ')) {
-        prefixed = " " + piece;
-        text = prefixed;
+      if (step.add_prefix_space && (piece.empty() || piece[0] != ' ')) {
+        prefixed = " " + std::string(piece);
+        piece = prefixed;
       }
+      std::string mapped;  // reused for every output piece
+      auto map = [&](std::string_view part) {
+        ByteLevelEncode(part, mapped);
+        emit(mapped);
+      };
       if (!regex) {
-        out.push_back(ByteLevelEncode(text));
+        map(piece);
         return;
       }
       size_t previous = 0;
-      regex->ForEachMatch(text, [&](size_t begin, size_t end) {
-        if (begin > previous) out.push_back(ByteLevelEncode(text.substr(previous, begin - previous)));
-        out.push_back(ByteLevelEncode(text.substr(begin, end - begin)));
+      regex->ForEachMatch(piece, [&](size_t begin, size_t end) {
+        if (begin > previous) map(piece.substr(previous, begin - previous));
+        map(piece.substr(begin, end - begin));
         previous = end;
       });
-      if (previous < text.size()) out.push_back(ByteLevelEncode(text.substr(previous)));
+      if (previous < piece.size()) map(piece.substr(previous));
       return;
     }
-    // kSplit, as Hugging Face's Split: spans of matches and gaps, then the behaviour.
+    if (step.behavior == SplitBehavior::kIsolated) {  // the common case (invert changes nothing)
+      size_t previous = 0;
+      regex->ForEachMatch(piece, [&](size_t begin, size_t end) {
+        if (begin > previous) emit(piece.substr(previous, begin - previous));
+        emit(piece.substr(begin, end - begin));
+        previous = end;
+      });
+      if (previous < piece.size()) emit(piece.substr(previous));
+      return;
+    }
+    // As Hugging Face's Split: spans of matches and gaps, then the behaviour.
     struct Span {
       size_t begin, end;
       bool is_match;
@@ -294,7 +312,7 @@ struct Tokenizer::PreTokenizer {
         std::reverse(kept.begin(), kept.end());
         break;
     }
-    for (const Span& span : kept) out.push_back(piece.substr(span.begin, span.end - span.begin));
+    for (const Span& span : kept) emit(piece.substr(span.begin, span.end - span.begin));
   }
 };
 
@@ -489,29 +507,33 @@ void Tokenizer::EncodeSection(std::string_view text, std::vector<int>& ids) cons
 }
 
 void Tokenizer::EncodeNormalized(std::string_view text, std::vector<int>& ids) const {
-  std::vector<std::string> pieces;
-  SplitPieces(text, pieces);
-  for (const std::string& piece : pieces) {
-    if (!piece.empty()) EncodePiece(piece, ids);
-  }
+  ForEachPiece(text, 0, [&](std::string_view piece) { EncodePiece(piece, ids); });
 }
 
 std::vector<std::string> Tokenizer::PreTokenize(std::string_view text) const {
   std::string normalized = unicode::ToValidUtf8(text);
   for (unicode::NormalForm form : spec_.normalizers) normalized = unicode::Normalize(normalized, form);
   std::vector<std::string> pieces;
-  SplitPieces(normalized, pieces);
+  ForEachPiece(normalized, 0, [&](std::string_view piece) { pieces.emplace_back(piece); });
   return pieces;
 }
 
-void Tokenizer::SplitPieces(std::string_view text, std::vector<std::string>& pieces) const {
-  pieces.assign(1, std::string(text));
-  std::vector<std::string> next;
-  for (const auto& pre : pre_tokenizers_) {
-    next.clear();
-    for (const std::string& piece : pieces) pre->Apply(piece, next);
-    pieces.swap(next);
+// Runs pre-tokenizer `step` and the ones after it on `text`, depth first, so that no list of
+// pieces is ever built.
+void Tokenizer::ForEachPiece(std::string_view text, size_t step,
+                             const std::function<void(std::string_view)>& emit) const {
+  if (text.empty()) return;
+  if (step == pre_tokenizers_.size()) {
+    emit(text);
+    return;
   }
+  if (step + 1 == pre_tokenizers_.size()) {
+    pre_tokenizers_[step]->Apply(text, [&](std::string_view piece) {
+      if (!piece.empty()) emit(piece);
+    });
+    return;
+  }
+  pre_tokenizers_[step]->Apply(text, [&](std::string_view piece) { ForEachPiece(piece, step + 1, emit); });
 }
 
 void Tokenizer::EncodePiece(std::string_view piece, std::vector<int>& ids) const {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -135,7 +136,8 @@ class Tokenizer {
 
   void EncodeSection(std::string_view text, std::vector<int>& ids) const;
   void EncodeNormalized(std::string_view text, std::vector<int>& ids) const;
-  void SplitPieces(std::string_view text, std::vector<std::string>& pieces) const;
+  void ForEachPiece(std::string_view text, size_t step,
+                    const std::function<void(std::string_view)>& emit) const;
   void EncodePiece(std::string_view piece, std::vector<int>& ids) const;
   void MergeWord(std::string_view piece, std::vector<int>& ids) const;
   void CheckId(int id) const;
