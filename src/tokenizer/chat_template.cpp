@@ -12,14 +12,16 @@ std::string_view Trim(std::string_view text) {
   size_t begin = 0, end = text.size();
   while (begin < end) {
     const unicode::Utf8Step step = unicode::DecodeUtf8(text, begin);
-    if (step.status != unicode::Utf8Status::kOk || !unicode::IsPythonWhitespace(step.code_point)) break;
+    if (step.status != unicode::Utf8Status::kOk || !unicode::IsPythonWhitespace(step.code_point))
+      break;
     begin += step.length;
   }
   while (end > begin) {
     size_t start = end - 1;
     while (start > begin && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
     const unicode::Utf8Step step = unicode::DecodeUtf8(text, start);
-    if (step.status != unicode::Utf8Status::kOk || !unicode::IsPythonWhitespace(step.code_point)) break;
+    if (step.status != unicode::Utf8Status::kOk || !unicode::IsPythonWhitespace(step.code_point))
+      break;
     end = start;
   }
   return text.substr(begin, end - begin);
@@ -29,8 +31,8 @@ void RequireTokens(const Tokenizer& tokenizer, ChatTemplateKind kind,
                    std::initializer_list<const char*> tokens) {
   for (const char* token : tokens) {
     if (!tokenizer.TokenToId(token)) {
-      Fail(tokenizer.source(), ": chat template ", ChatTemplateName(kind), " needs the token ", token,
-           ", which this tokenizer does not have");
+      Fail(tokenizer.source(), ": chat template ", ChatTemplateName(kind), " needs the token ",
+           token, ", which this tokenizer does not have");
     }
   }
 }
@@ -51,7 +53,8 @@ ChatTemplateKind DetectChatTemplate(std::string_view jinja, const std::string& w
   if (jinja.find("<|start_header_id|>") != std::string_view::npos) return ChatTemplateKind::kLlada;
   if (jinja.find("<|im_start|>") != std::string_view::npos) return ChatTemplateKind::kChatMl;
   if (jinja.empty()) Fail(where, ": no chat_template; name one (llada or chatml)");
-  Fail(where, ": chat_template is not a format the engine knows (LLaDA's <|start_header_id|> "
+  Fail(where,
+       ": chat_template is not a format the engine knows (LLaDA's <|start_header_id|> "
        "headers or ChatML's <|im_start|>); name one (llada or chatml)");
 }
 
@@ -63,7 +66,8 @@ ChatTemplateKind ChatTemplateFor(const Tokenizer& tokenizer, std::string_view na
 std::string ChatMlDefaultSystem(std::string_view jinja) {
   static constexpr std::string_view kOpen = "<|im_start|>system";
   static constexpr std::string_view kClose = "<|im_end|>";
-  for (size_t at = jinja.find(kOpen); at != std::string_view::npos; at = jinja.find(kOpen, at + 1)) {
+  for (size_t at = jinja.find(kOpen); at != std::string_view::npos;
+       at = jinja.find(kOpen, at + 1)) {
     std::string_view rest = jinja.substr(at + kOpen.size());
     if (rest.starts_with("\\n")) {
       rest.remove_prefix(2);

@@ -15,7 +15,7 @@ namespace {
 
 // JavaScript's \s as code point ranges, sorted.
 constexpr std::pair<char32_t, char32_t> kJsSpace[] = {
-    {0x09, 0x0D}, {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
+    {0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
     {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
 
 std::string ClassItem(char32_t lo, char32_t hi) {
@@ -129,8 +129,8 @@ std::string TranslateRegex(std::string_view p) {
         fold = true;
         out += "(?:";
         i += 4;
-      } else if (i + 2 < p.size() && p[i + 1] == '?' && (IsAsciiLetter(p[i + 2]) || p[i + 2] == '-') &&
-                 p[i + 2] != 'P') {
+      } else if (i + 2 < p.size() && p[i + 1] == '?' &&
+                 (IsAsciiLetter(p[i + 2]) || p[i + 2] == '-') && p[i + 2] != 'P') {
         fail(i, "inline flag group");
       } else {
         out += c;
@@ -196,9 +196,9 @@ void Regex::ForEachMatch(std::string_view text,
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), pos, 0, match.data,
-                                          nullptr)
-                        : PCRE2_ERROR_JIT_STACKLIMIT;
+    int rc = code_->jit
+                 ? pcre2_jit_match(code_->code, subject, text.size(), pos, 0, match.data, nullptr)
+                 : PCRE2_ERROR_JIT_STACKLIMIT;
     // The JIT's fixed stack can run out on long backtracking runs; the interpreter keeps its
     // frames on the heap.
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {

@@ -54,6 +54,8 @@ int ByteFallbackValue(std::string_view token) {
       value += c - '0';
     } else if (c >= 'A' && c <= 'F') {
       value += c - 'A' + 10;
+    } else if (c >= 'a' && c <= 'f') {
+      value += c - 'a' + 10;
     } else {
       return -1;
     }
@@ -118,8 +120,8 @@ bool InCleanUpPatterns(char c) {
 
 std::string CleanUpTokenizationSpaces(std::string text) {
   static constexpr std::pair<std::string_view, std::string_view> kRules[] = {
-      {" .", "."},       {" ?", "?"},     {" !", "!"},     {" ,", ","},       {" ' ", "'"},
-      {" n't", "n't"},   {" 'm", "'m"},   {" 's", "'s"},   {" 've", "'ve"},   {" 're", "'re"}};
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
+      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) ReplaceAll(text, from, to);
   return text;
 }
@@ -153,7 +155,8 @@ struct Tokenizer::AddedTokenMatcher {
       node = child;
     }
     if (nodes[size_t(node)].token >= 0) {
-      tokens[size_t(nodes[size_t(node)].token)] = token;  // the later entry wins, as in the reference
+      tokens[size_t(nodes[size_t(node)].token)] =
+          token;  // the later entry wins, as in the reference
       return;
     }
     nodes[size_t(node)].token = int(tokens.size());
@@ -327,7 +330,8 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
   const std::string where = spec_.source.empty() ? "tokenizer" : spec_.source;
   size_t size = spec_.vocab.size();
   for (const AddedToken& token : spec_.added_tokens) {
-    if (token.id < 0) Fail(where, ": added token \"", token.content, "\" has negative id ", token.id);
+    if (token.id < 0)
+      Fail(where, ": added token \"", token.content, "\" has negative id ", token.id);
     if (token.content.empty()) Fail(where, ": added token ", token.id, " has empty content");
     size = std::max(size, size_t(token.id) + 1);
   }
@@ -354,7 +358,8 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
       // Characters outside the byte map keep their own UTF-8, as Hugging Face's decoder does.
       for (size_t pos = 0; pos < token.size();) {
         const unicode::Utf8Step step = unicode::DecodeUtf8(token, pos);
-        const int byte = step.status == unicode::Utf8Status::kOk ? unicode::CharToByte(step.code_point) : -1;
+        const int byte =
+            step.status == unicode::Utf8Status::kOk ? unicode::CharToByte(step.code_point) : -1;
         if (byte < 0) {
           bytes = token;
           break;
@@ -381,7 +386,8 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
   }
   if (!spec_.unk_token.empty()) {
     auto it = vocab_.find(spec_.unk_token);
-    if (it == vocab_.end()) Fail(where, ": unk_token \"", spec_.unk_token, "\" is not in the vocabulary");
+    if (it == vocab_.end())
+      Fail(where, ": unk_token \"", spec_.unk_token, "\" is not in the vocabulary");
     unk_id_ = it->second;
   }
 
@@ -424,7 +430,8 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
     auto pre = std::make_unique<PreTokenizer>();
     pre->step = step;
     if (step.kind == PreTokenizerStep::Kind::kSplit) {
-      pre->regex = std::make_unique<Regex>(step.pattern_is_regex ? step.pattern : EscapeLiteral(step.pattern));
+      pre->regex = std::make_unique<Regex>(step.pattern_is_regex ? step.pattern
+                                                                 : EscapeLiteral(step.pattern));
     } else if (step.use_regex) {
       pre->regex = std::make_unique<Regex>(kGpt2Pattern);
     }
@@ -435,7 +442,9 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
   spec_.vocab = {};
   spec_.merges = {};
 
-  auto id_of = [&](const std::string& token) { return token.empty() ? -1 : TokenToId(token).value_or(-1); };
+  auto id_of = [&](const std::string& token) {
+    return token.empty() ? -1 : TokenToId(token).value_or(-1);
+  };
   auto first_of = [&](std::initializer_list<const char*> names, int fallback) {
     for (const char* name : names) {
       if (auto id = TokenToId(name)) return *id;
@@ -497,7 +506,8 @@ void Tokenizer::EncodeSection(std::string_view text, std::vector<int>& ids) cons
   std::string normalized;
   if (!spec_.normalizers.empty()) {
     normalized = text;
-    for (unicode::NormalForm form : spec_.normalizers) normalized = unicode::Normalize(normalized, form);
+    for (unicode::NormalForm form : spec_.normalizers)
+      normalized = unicode::Normalize(normalized, form);
     text = normalized;
   }
   if (text.empty()) return;
@@ -512,7 +522,8 @@ void Tokenizer::EncodeNormalized(std::string_view text, std::vector<int>& ids) c
 
 std::vector<std::string> Tokenizer::PreTokenize(std::string_view text) const {
   std::string normalized = unicode::ToValidUtf8(text);
-  for (unicode::NormalForm form : spec_.normalizers) normalized = unicode::Normalize(normalized, form);
+  for (unicode::NormalForm form : spec_.normalizers)
+    normalized = unicode::Normalize(normalized, form);
   std::vector<std::string> pieces;
   ForEachPiece(normalized, 0, [&](std::string_view piece) { pieces.emplace_back(piece); });
   return pieces;
@@ -533,7 +544,8 @@ void Tokenizer::ForEachPiece(std::string_view text, size_t step,
     });
     return;
   }
-  pre_tokenizers_[step]->Apply(text, [&](std::string_view piece) { ForEachPiece(piece, step + 1, emit); });
+  pre_tokenizers_[step]->Apply(
+      text, [&](std::string_view piece) { ForEachPiece(piece, step + 1, emit); });
 }
 
 void Tokenizer::EncodePiece(std::string_view piece, std::vector<int>& ids) const {
@@ -556,7 +568,8 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<int>& ids) const
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
     if (cache_.size() >= kCacheCapacity) cache_.clear();
-    cache_.emplace(std::string(piece), std::vector<int>(ids.begin() + std::ptrdiff_t(first), ids.end()));
+    cache_.emplace(std::string(piece),
+                   std::vector<int>(ids.begin() + std::ptrdiff_t(first), ids.end()));
   }
 }
 
@@ -578,9 +591,9 @@ void Tokenizer::MergeWord(std::string_view piece, std::vector<int>& ids) const {
       last_is_unk = false;
       continue;
     }
-    if (spec_.byte_fallback &&
-        std::all_of(text.begin(), text.end(),
-                    [&](char c) { return byte_fallback_ids_[static_cast<uint8_t>(c)] >= 0; })) {
+    if (spec_.byte_fallback && std::all_of(text.begin(), text.end(), [&](char c) {
+          return byte_fallback_ids_[static_cast<uint8_t>(c)] >= 0;
+        })) {
       for (char c : text) symbol.push_back(byte_fallback_ids_[static_cast<uint8_t>(c)]);
       last_is_unk = false;
       continue;
@@ -597,7 +610,9 @@ void Tokenizer::MergeWord(std::string_view piece, std::vector<int>& ids) const {
     uint32_t rank;
     int pos;
     int merged;
-    bool operator>(const Candidate& o) const { return std::tie(rank, pos) > std::tie(o.rank, o.pos); }
+    bool operator>(const Candidate& o) const {
+      return std::tie(rank, pos) > std::tie(o.rank, o.pos);
+    }
   };
   std::vector<Candidate> heap;  // min-heap on (rank, pos)
   auto push = [&](int pos) {

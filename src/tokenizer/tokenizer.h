@@ -32,11 +32,11 @@ class Regex;
 struct AddedToken {
   std::string content;
   int id = -1;
-  bool special = false;     // dropped by Decode with skip_special_tokens
-  bool normalized = false;  // matched in normalized text (true) or in the raw text (false)
-  bool lstrip = false;      // absorbs the whitespace on its left
-  bool rstrip = false;      // absorbs the whitespace on its right
-  bool single_word = false; // matches only when not inside a word
+  bool special = false;      // dropped by Decode with skip_special_tokens
+  bool normalized = false;   // matched in normalized text (true) or in the raw text (false)
+  bool lstrip = false;       // absorbs the whitespace on its left
+  bool rstrip = false;       // absorbs the whitespace on its right
+  bool single_word = false;  // matches only when not inside a word
 };
 
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
@@ -118,9 +118,9 @@ class Tokenizer {
   std::vector<std::string> PreTokenize(std::string_view text) const;
 
   int vocab_size() const { return int(id_to_token_.size()); }  // highest id + 1
-  std::optional<int> TokenToId(std::string_view token) const;   // model vocabulary or added
+  std::optional<int> TokenToId(std::string_view token) const;  // model vocabulary or added
   const std::string& IdToToken(int id) const;                  // throws Error for an unknown id
-  bool IsSpecial(int id) const;  // dropped by skip_special_tokens
+  bool IsSpecial(int id) const;                                // dropped by skip_special_tokens
   const SpecialIds& special_ids() const { return special_ids_; }
   const std::string& chat_template() const { return spec_.chat_template; }
   const std::string& bos_token() const { return spec_.bos_token; }
@@ -143,18 +143,18 @@ class Tokenizer {
   void CheckId(int id) const;
 
   TokenizerSpec spec_;
-  std::vector<std::string> id_to_token_;     // [vocab_size]
-  std::vector<std::string> token_bytes_;     // [vocab_size] what Decode emits per id
-  std::vector<uint8_t> is_special_;          // [vocab_size]
+  std::vector<std::string> id_to_token_;  // [vocab_size]
+  std::vector<std::string> token_bytes_;  // [vocab_size] what Decode emits per id
+  std::vector<uint8_t> is_special_;       // [vocab_size]
   struct StringHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
   using StringMap = std::unordered_map<std::string, int, StringHash, std::equal_to<>>;
-  StringMap vocab_;                          // model vocabulary
-  StringMap added_ids_;                      // added token content -> id
-  std::vector<int> low_char_ids_;            // [512] id of the one-character token U+0000..U+01FF
-  std::vector<int> byte_fallback_ids_;       // [256] id of <0xXX>, -1 if missing
+  StringMap vocab_;                     // model vocabulary
+  StringMap added_ids_;                 // added token content -> id
+  std::vector<int> low_char_ids_;       // [512] id of the one-character token U+0000..U+01FF
+  std::vector<int> byte_fallback_ids_;  // [256] id of <0xXX>, -1 if missing
   int unk_id_ = -1;
   std::unordered_map<uint64_t, uint64_t> merges_;  // (left << 32 | right) -> (rank << 32 | merged)
   std::unique_ptr<AddedTokenMatcher> raw_added_, normalized_added_;

@@ -31,7 +31,9 @@ const json& Member(const json& node, const char* key) {
   return it == node.end() ? kNull : *it;
 }
 
-std::string TypeOf(const json& node) { return node.is_object() ? node.value("type", std::string("?")) : "?"; }
+std::string TypeOf(const json& node) {
+  return node.is_object() ? node.value("type", std::string("?")) : "?";
+}
 
 bool GetBool(const json& node, const char* key, bool fallback, const std::string& where) {
   auto it = node.find(key);
@@ -136,7 +138,8 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
   if (!model.is_object()) Fail(where, ": \"model\" is missing");
   const std::string type = model.value("type", std::string("BPE"));
   if (type != "BPE") Fail(where, ": model type \"", type, "\" is not supported (only BPE)");
-  if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0) {
+  if (model.contains("dropout") && model["dropout"].is_number() &&
+      model["dropout"].get<double>() > 0) {
     Fail(where, ": BPE dropout is not supported (it makes encoding random)");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -150,14 +153,16 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
   const json& vocab = Member(model, "vocab");
   if (!vocab.is_object()) Fail(where, ": BPE \"vocab\" must be an object of token -> id");
   for (const auto& [token, id_node] : vocab.items()) {
-    if (!id_node.is_number_integer() || id_node.get<int64_t>() < 0 || id_node.get<int64_t>() > INT32_MAX) {
+    if (!id_node.is_number_integer() || id_node.get<int64_t>() < 0 ||
+        id_node.get<int64_t>() > INT32_MAX) {
       Fail(where, ": vocabulary id of \"", token, "\" is not a valid id");
     }
     const auto id = size_t(id_node.get<int64_t>());
     if (token.empty()) Fail(where, ": the vocabulary has an empty token (id ", id, ")");
     if (id >= spec.vocab.size()) spec.vocab.resize(id + 1);
     if (!spec.vocab[id].empty()) {
-      Fail(where, ": vocabulary id ", id, " is given to both \"", spec.vocab[id], "\" and \"", token, "\"");
+      Fail(where, ": vocabulary id ", id, " is given to both \"", spec.vocab[id], "\" and \"",
+           token, "\"");
     }
     spec.vocab[id] = token;
   }
@@ -176,7 +181,8 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
         Fail(where, ": merge ", rank, " \"", line, "\" is not two tokens separated by one space");
       }
       spec.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
       spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
     } else {
       Fail(where, ": merge ", rank, " is neither \"a b\" nor [\"a\", \"b\"]");
@@ -247,7 +253,8 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
   spec.config_unk_token = ConfigToken(config, "unk_token", where);
   if (auto it = config.find("additional_special_tokens"); it != config.end() && it->is_array()) {
     for (const json& value : *it) {
-      spec.additional_special_tokens.push_back(TokenValue(value, "additional_special_tokens", where));
+      spec.additional_special_tokens.push_back(
+          TokenValue(value, "additional_special_tokens", where));
     }
   }
   // The reference treats a missing flag as true.
@@ -284,7 +291,8 @@ TokenizerSpec ReadTokenizerFiles(const std::string& path) {
     spec.clean_up_tokenization_spaces = true;  // the reference default without a config
   }
   const fs::path jinja = folder / "chat_template.jinja";
-  if (spec.chat_template.empty() && fs::exists(jinja)) spec.chat_template = ReadText(jinja.string());
+  if (spec.chat_template.empty() && fs::exists(jinja))
+    spec.chat_template = ReadText(jinja.string());
   return spec;
 }
 
@@ -350,7 +358,8 @@ TokenizerSpec SpecFromGguf(const GgufVocab& gguf) {
   }
   auto name = [&](int id, const char* what) {
     if (id < 0) return std::string();
-    if (size_t(id) >= gguf.tokens.size()) Fail(where, ": ", what, " token id ", id, " is out of range");
+    if (size_t(id) >= gguf.tokens.size())
+      Fail(where, ": ", what, " token id ", id, " is out of range");
     return gguf.tokens[size_t(id)];
   };
   spec.bos_token = name(gguf.bos_id, "bos");

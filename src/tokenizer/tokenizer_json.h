@@ -23,20 +23,22 @@ namespace polestar {
 // `where` names the file in error messages.
 TokenizerSpec ParseTokenizerJson(const nlohmann::json& tokenizer, const std::string& where);
 // Special tokens, clean_up_tokenization_spaces and chat_template from tokenizer_config.json.
-void ApplyTokenizerConfig(const nlohmann::json& config, const std::string& where, TokenizerSpec& spec);
+void ApplyTokenizerConfig(const nlohmann::json& config, const std::string& where,
+                          TokenizerSpec& spec);
 // `path` is a folder with tokenizer.json (tokenizer_config.json and chat_template.jinja are
 // read when present) or a tokenizer.json file.
 TokenizerSpec ReadTokenizerFiles(const std::string& path);
 
 // The tokenizer.ggml.* keys of a GGUF file (model "gpt2", i.e. byte-level BPE).
 struct GgufVocab {
-  std::string source;                // for messages
-  std::string pre;                   // tokenizer.ggml.pre: "qwen2", "llama-bpe", "bailingmoe", "gpt2"
-  std::vector<std::string> tokens;   // tokenizer.ggml.tokens, by id
-  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type: 1 normal, 3 control, 4 user-defined, 5 unused
-  std::vector<std::string> merges;   // tokenizer.ggml.merges, "a b"
+  std::string source;  // for messages
+  std::string pre;     // tokenizer.ggml.pre: "qwen2", "llama-bpe", "bailingmoe", "gpt2"
+  std::vector<std::string> tokens;  // tokenizer.ggml.tokens, by id
+  std::vector<int32_t>
+      token_types;  // tokenizer.ggml.token_type: 1 normal, 3 control, 4 user-defined, 5 unused
+  std::vector<std::string> merges;  // tokenizer.ggml.merges, "a b"
   int bos_id = -1, eos_id = -1, pad_id = -1, mask_id = -1;
-  std::string chat_template;         // tokenizer.chat_template
+  std::string chat_template;  // tokenizer.chat_template
 };
 TokenizerSpec SpecFromGguf(const GgufVocab& vocab);
 

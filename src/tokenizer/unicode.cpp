@@ -116,14 +116,14 @@ std::string ToValidUtf8(std::string_view bytes) {
 
 bool IsJsWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000 || c == 0xFEFF;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000 || c == 0xFEFF;
 }
 
 bool IsPythonWhitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 char32_t ByteToChar(uint8_t byte) { return Tables().byte_to_char[byte]; }
@@ -137,13 +137,22 @@ std::string Normalize(std::string_view text, NormalForm form) {
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* normalizer = nullptr;
   switch (form) {
-    case NormalForm::kNfc: normalizer = icu::Normalizer2::getNFCInstance(status); break;
-    case NormalForm::kNfd: normalizer = icu::Normalizer2::getNFDInstance(status); break;
-    case NormalForm::kNfkc: normalizer = icu::Normalizer2::getNFKCInstance(status); break;
-    case NormalForm::kNfkd: normalizer = icu::Normalizer2::getNFKDInstance(status); break;
+    case NormalForm::kNfc:
+      normalizer = icu::Normalizer2::getNFCInstance(status);
+      break;
+    case NormalForm::kNfd:
+      normalizer = icu::Normalizer2::getNFDInstance(status);
+      break;
+    case NormalForm::kNfkc:
+      normalizer = icu::Normalizer2::getNFKCInstance(status);
+      break;
+    case NormalForm::kNfkd:
+      normalizer = icu::Normalizer2::getNFKDInstance(status);
+      break;
   }
   if (U_FAILURE(status)) Fail("ICU normalizer unavailable: ", u_errorName(status));
-  if (text.size() > size_t(INT32_MAX)) Fail("text of ", text.size(), " bytes is too long to normalize");
+  if (text.size() > size_t(INT32_MAX))
+    Fail("text of ", text.size(), " bytes is too long to normalize");
   const icu::StringPiece source(text.data(), int32_t(text.size()));
   if (normalizer->isNormalizedUTF8(source, status) && U_SUCCESS(status)) return std::string(text);
   status = U_ZERO_ERROR;

@@ -53,16 +53,18 @@ void AddTokenizeCommand(CLI::App& app) {
     bool chat = false, skip_special = false;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("-m,--model", args->model, "model folder with tokenizer.json, or a tokenizer.json")
+  cmd->add_option("-m,--model", args->model,
+                  "model folder with tokenizer.json, or a tokenizer.json")
       ->required();
   auto* text = cmd->add_option("--text", args->text, "text to encode; prints the ids");
   auto* jsonl = cmd->add_option("--input-jsonl", args->input_jsonl,
                                 "file of {\"text\": ...} lines (- for stdin); prints "
                                 "{\"text\": ..., \"ids\": [...]} lines");
-  auto* decode = cmd->add_option("--decode", args->decode, "ids to decode, e.g. 1,2,3; prints the text");
+  auto* decode =
+      cmd->add_option("--decode", args->decode, "ids to decode, e.g. 1,2,3; prints the text");
   text->excludes(jsonl)->excludes(decode);
   jsonl->excludes(decode);
-  cmd->add_flag("--chat", args->chat, "encode --text as a user turn in the model's chat format");
+  cmd->add_flag("--chat", args->chat, "encode each text as a user turn in the model's chat format");
   cmd->add_option("--chat-template", args->chat_template,
                   "chat format instead of the model's own: llada or chatml (implies --chat)");
   cmd->add_option("--system", args->system, "system message for --chat");
@@ -78,7 +80,8 @@ void AddTokenizeCommand(CLI::App& app) {
       std::vector<ChatMessage> messages;
       if (!args->system.empty()) messages.push_back({"system", args->system});
       messages.push_back({"user", input});
-      return ApplyChatTemplate(*tokenizer, messages, ChatTemplateFor(*tokenizer, args->chat_template));
+      return ApplyChatTemplate(*tokenizer, messages,
+                               ChatTemplateFor(*tokenizer, args->chat_template));
     };
     if (decode->count()) {
       DecodeOptions options;
