@@ -8,12 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "base/error.h"
 #include "test_support.h"
@@ -435,6 +437,32 @@ TEST(Bpe, LongWordsMergeLikeShortOnes) {
   ASSERT_EQ(ids.size(), 1001u);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 257), 1000);
   EXPECT_EQ(ids.back(), 'a');
+}
+
+TEST(Bpe, EncodeFromSeveralThreadsAgreesWithOneThread) {
+  const Tokenizer tokenizer(ByteLevelSpec({{"a", "b"}, {"ab", "c"}, {"c", "c"}, {" ", "a"}}));
+  std::vector<std::string> texts;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    std::string text;
+    for (int j = 0; j < 40; ++j) text += "abc d"[rng() % 5];
+    texts.push_back(text);
+  }
+  std::vector<std::vector<int>> expected;
+  for (const std::string& text : texts) expected.push_back(tokenizer.Encode(text));
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        for (size_t i = t; i < texts.size(); i += 3) {
+          if (tokenizer.Encode(texts[i]) != expected[i]) ++mismatches;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(mismatches, 0);
 }
 
 json TinyTokenizerJson(const json& merges) {
@@ -890,7 +918,9 @@ TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {
   gguf.pre = "llama-bpe";
   EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345"), (Strings{"123", "45"}));
   gguf.pre = "gpt2";
-  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345 ab"), (Strings{"12345", "\xC4\xA0" "ab"}));
+  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345 ab"), (Strings{"12345",
+                                                                            "\xC4\xA0"
+                                                                            "ab"}));
   gguf.pre = "mystery";
   EXPECT_THROW(SpecFromGguf(gguf), Error);
 }
