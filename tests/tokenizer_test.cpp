@@ -747,7 +747,7 @@ TEST(TokenizeCli, ReadsJsonlSkipsSpecialTokensAndAppliesTheChatTemplate) {
   const std::string input = temp + "/in.jsonl";
   std::ofstream(input) << "{\"text\": \"hi!\"}\n\n{\"text\": \"<|mdm_mask|>\", \"id\": 7}\n";
   const std::string want =
-      "{\"ids\":[256,33],\"text\":\"hi!\"}\n{\"ids\":[258],\"text\":\"<|mdm_mask|>\"}\n";
+      "{\"text\":\"hi!\",\"ids\":[256,33]}\n{\"text\":\"<|mdm_mask|>\",\"ids\":[258]}\n";
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl " + input, &out), 0) << out;
   EXPECT_EQ(out, want);
   ASSERT_EQ(testing::RunCli("tokenize -m " + dir + " --input-jsonl - < " + input, &out), 0) << out;

@@ -111,7 +111,7 @@ void AddTokenizeCommand(CLI::App& app) {
           Fail(args->input_jsonl, ":", number, ": expected an object with a string \"text\"");
         }
         const std::string input = record["text"].get<std::string>();
-        nlohmann::json out = {{"text", input}, {"ids", encode(input)}};
+        const nlohmann::ordered_json out = {{"text", input}, {"ids", encode(input)}};
         std::printf("%s\n", out.dump().c_str());
       }
     }
