@@ -148,7 +148,7 @@ TEST_P(ReferenceTokenizer, ReferenceGoldensGiveTheSameIdsAndText) {
   const Tokenizer& tokenizer = Reference(GetParam());
   const auto records = Goldens(GetParam(), "text");
   ASSERT_GE(records.size(), 400u);
-  DecodeOptions skip;
+  DetokenizeOptions skip;
   skip.skip_special_tokens = true;
   int failures = 0;
   for (const json& record : records) {
@@ -185,7 +185,7 @@ TEST_P(ReferenceTokenizer, ChatTemplatesGiveTheReferencePromptAndIds) {
 TEST_P(ReferenceTokenizer, DecodeInvertsEncode) {
   const Tokenizer& tokenizer = Reference(GetParam());
   const bool nfc = std::string(GetParam()) == "qwen3";
-  DecodeOptions raw;
+  DetokenizeOptions raw;
   raw.clean_up_spaces = false;
   for (const json& record : Goldens(GetParam(), "text")) {
     const std::string text = record["text"];
@@ -198,7 +198,7 @@ TEST_P(ReferenceTokenizer, StreamingDecodeMatchesDecode) {
   const Tokenizer& tokenizer = Reference(GetParam());
   for (bool skip : {false, true}) {
     for (bool clean_up : {false, true}) {
-      DecodeOptions options;
+      DetokenizeOptions options;
       options.skip_special_tokens = skip;
       options.clean_up_spaces = clean_up;
       StreamingDecoder stream(tokenizer, options);
@@ -229,7 +229,7 @@ TEST_P(ReferenceTokenizer, SpecialTokensAreSplitOutOfText) {
   EXPECT_EQ(ids[1], marker_id);
   EXPECT_EQ(ids[2], marker_id);
   EXPECT_TRUE(tokenizer.IsSpecial(marker_id));
-  DecodeOptions skip;
+  DetokenizeOptions skip;
   skip.skip_special_tokens = true;
   EXPECT_EQ(tokenizer.Decode(ids, skip), "a b");
   // A marker cut short is ordinary text.
@@ -529,7 +529,7 @@ TEST(AddedTokens, LeftmostLongestMatchesOnRawText) {
   EXPECT_EQ(tokenizer.Encode("x<a><b>y"), Ids({'x', 301, 'y'}));
   EXPECT_EQ(tokenizer.Encode("<a><a>"), Ids({300, 300}));
   EXPECT_EQ(tokenizer.Encode("abc"), Ids({'a', 302}));
-  DecodeOptions skip;
+  DetokenizeOptions skip;
   skip.skip_special_tokens = true;
   EXPECT_EQ(tokenizer.Decode(Ids({'x', 301, 302}), skip), "xbc");  // only special ones go
   EXPECT_EQ(tokenizer.Decode(Ids({'x', 301, 302})), "x<a><b>bc");
@@ -831,7 +831,7 @@ TEST(StreamingDecoder, RandomIdsGiveWhatDecodeGives) {
     std::vector<int> ids(1 + rng() % 30);
     for (int& id : ids) id = pool[rng() % pool.size()];
     for (int flags = 0; flags < 4; ++flags) {
-      DecodeOptions options;
+      DetokenizeOptions options;
       options.skip_special_tokens = flags & 1;
       options.clean_up_spaces = (flags & 2) != 0;
       StreamingDecoder stream(tokenizer, options);
@@ -847,7 +847,7 @@ TEST(Decode, CleanUpFollowsTheReferenceRules) {
   EXPECT_EQ(CleanUpTokenizationSpaces("a . b , c ! d ? I 'm it 's we 've they 're do n't x ' y"),
             "a. b, c! d? I'm it's we've they're don't x'y");
   const Tokenizer tokenizer(ByteLevelSpec({}));
-  DecodeOptions on;
+  DetokenizeOptions on;
   on.clean_up_spaces = true;
   EXPECT_EQ(tokenizer.Decode(ByteIds("Hi , there ."), on), "Hi, there.");
   EXPECT_EQ(tokenizer.Decode(ByteIds("Hi , there .")), "Hi , there .");  // spec default: off

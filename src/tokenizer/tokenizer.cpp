@@ -643,7 +643,7 @@ void Tokenizer::MergeWord(std::string_view piece, std::vector<int>& ids) const {
   for (int i = n > 0 ? 0 : -1; i >= 0; i = next[size_t(i)]) ids.push_back(symbol[size_t(i)]);
 }
 
-std::string Tokenizer::Decode(std::span<const int> ids, const DecodeOptions& options) const {
+std::string Tokenizer::Decode(std::span<const int> ids, const DetokenizeOptions& options) const {
   std::string bytes;
   for (int id : ids) {
     CheckId(id);
@@ -657,7 +657,7 @@ std::string Tokenizer::Decode(std::span<const int> ids, const DecodeOptions& opt
   return text;
 }
 
-StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, const DecodeOptions& options)
+StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, const DetokenizeOptions& options)
     : tokenizer_(tokenizer),
       skip_special_(options.skip_special_tokens),
       clean_up_(options.clean_up_spaces.value_or(tokenizer.clean_up_tokenization_spaces())) {}

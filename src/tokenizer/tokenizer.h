@@ -89,7 +89,7 @@ struct SpecialIds {
   int unk = -1;
 };
 
-struct DecodeOptions {
+struct DetokenizeOptions {
   bool skip_special_tokens = false;
   // Undo spaces before punctuation (" ." -> ".", " n't" -> "n't", ...); unset = the value of
   // clean_up_tokenization_spaces in tokenizer_config.json.
@@ -111,7 +111,7 @@ class Tokenizer {
   // as "<|im_end|>" becomes its single id. Ill-formed UTF-8 is read as U+FFFD.
   std::vector<int> Encode(std::string_view text) const;
   // Throws Error for an id without a token.
-  std::string Decode(std::span<const int> ids, const DecodeOptions& options = {}) const;
+  std::string Decode(std::span<const int> ids, const DetokenizeOptions& options = {}) const;
 
   // The pre-tokens BPE sees for `text`: normalized, split and mapped to byte-level
   // characters; added tokens are not split out here. For inspection and tests.
@@ -173,7 +173,7 @@ class Tokenizer {
 // Tokenizer::Decode of the same ids.
 class StreamingDecoder {
  public:
-  explicit StreamingDecoder(const Tokenizer& tokenizer, const DecodeOptions& options = {});
+  explicit StreamingDecoder(const Tokenizer& tokenizer, const DetokenizeOptions& options = {});
   std::string Push(int id);
   std::string Push(std::span<const int> ids);
   std::string Finish();  // flushes what is held back; the decoder can then be reused

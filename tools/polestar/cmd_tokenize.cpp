@@ -84,7 +84,7 @@ void AddTokenizeCommand(CLI::App& app) {
                                ChatTemplateFor(*tokenizer, args->chat_template));
     };
     if (decode->count()) {
-      DecodeOptions options;
+      DetokenizeOptions options;
       options.skip_special_tokens = args->skip_special;
       const std::string out = tokenizer->Decode(ParseIds(args->decode), options);
       std::fwrite(out.data(), 1, out.size(), stdout);
