@@ -166,6 +166,17 @@ void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, 
   }
 }
 
+// Asks for the weights the next Pack will read ([16 rows from n0, kDepth values from k0])
+// while the tiles work on this panel, so the pack does not wait on memory.
+template <typename Format>
+void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
+  const int64_t bytes = Format::kBytes * std::min(kDepth, w.cols - k0);
+  for (int64_t n = n0; n < std::min(n0 + kPanelCols, n_end); ++n) {
+    const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
+    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
+  }
+}
+
 // y[R, 16] (+)= x[R, depth] · panel[depth, 16]; rows of x are ldx apart, of y ldy apart.
 // The accumulators are named variables rather than an array: GCC keeps an array of vectors
 // on the stack here, which costs a store per FMA.
@@ -253,11 +264,18 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - k0);
       Pack<Format>(w, n0, cols, k0, depth, panel);
-      for (int64_t i0 = 0; i0 < m; i0 += kTileRows) {
+      Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kPanelCols, k0 + depth < k ? k0 + depth : 0,
+                       n_end);
+      // Rows are dealt out evenly (M = 32: 6 6 5 5 5 5, not 6 6 6 6 6 2): a tile of fewer
+      // than four rows has too few accumulators to cover the FMA latency.
+      const int64_t tiles = (m + kTileRows - 1) / kTileRows;
+      for (int64_t t = 0, i0 = 0; t < tiles; ++t) {
+        const int64_t rows = m / tiles + (t < m % tiles ? 1 : 0);
         const float* xi = x + i0 * k + k0;
         float* yi = y_panel + i0 * ldy;
         const bool accumulate = k0 > 0;
-        switch (std::min<int64_t>(kTileRows, m - i0)) {
+        i0 += rows;
+        switch (rows) {
           case 1: PanelTileCols<1>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
           case 2: PanelTileCols<2>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
           case 3: PanelTileCols<3>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
