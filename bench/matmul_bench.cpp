@@ -48,14 +48,20 @@ Options ParseOptions(int argc, char** argv) {
     const std::string flag = argv[i];
     const char* value = i + 1 < argc ? argv[i + 1] : nullptr;
     if (value == nullptr) {
-      std::fprintf(stderr, "usage: matmul_bench [--threads T] [--m LIST] [--n LIST] [--k K] [--reps R]\n");
+      std::fprintf(stderr,
+                   "usage: matmul_bench [--threads T] [--m LIST] [--n LIST] [--k K] [--reps R]\n");
       std::exit(2);
     }
-    if (flag == "--threads") options.threads = std::atoi(value);
-    else if (flag == "--m") options.m = ParseList(value);
-    else if (flag == "--n") options.n = ParseList(value);
-    else if (flag == "--k") options.k = std::stoll(value);
-    else if (flag == "--reps") options.reps = std::max(1, std::atoi(value));
+    if (flag == "--threads")
+      options.threads = std::atoi(value);
+    else if (flag == "--m")
+      options.m = ParseList(value);
+    else if (flag == "--n")
+      options.n = ParseList(value);
+    else if (flag == "--k")
+      options.k = std::stoll(value);
+    else if (flag == "--reps")
+      options.reps = std::max(1, std::atoi(value));
     else {
       std::fprintf(stderr, "matmul_bench: unknown flag %s\n", flag.c_str());
       std::exit(2);
@@ -72,7 +78,8 @@ double BestSeconds(int reps, Fn&& fn) {
   for (int r = 0; r < reps; ++r) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return best;
 }
@@ -131,8 +138,8 @@ int Run(const Options& options) {
       const double flops = 2.0 * double(m) * double(n) * double(k);
 
       const double blas = BestSeconds(options.reps, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f,
-                    x.data(), int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data(),
+                    int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
       });
       struct Case {
         const char* name;
@@ -161,8 +168,8 @@ int Run(const Options& options) {
                       "\"max_rel_error\":%.3g,\"openblas_core\":\"%s\"}",
                       static_cast<long long>(m), static_cast<long long>(n),
                       static_cast<long long>(k), threads, c.name, c.seconds * 1e3,
-                      flops / c.seconds * 1e-9, blas * 1e3, flops / blas * 1e-9,
-                      blas / c.seconds, c.error, openblas_get_corename());
+                      flops / c.seconds * 1e-9, blas * 1e3, flops / blas * 1e-9, blas / c.seconds,
+                      c.error, openblas_get_corename());
         json.push_back(line);
       }
     }

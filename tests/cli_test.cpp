@@ -70,7 +70,7 @@ TEST(CliForward, LogitsMatchTheReference) {
     const std::string dir = testing::FixtureDir(fixture);
     const std::string out = testing::TempDir() + "/logits.safetensors";
     const CliResult r = Polestar("forward -m " + Quote(dir) + " --input " +
-                            Quote(dir + "/expected.safetensors") + " --output " + Quote(out));
+                                 Quote(dir + "/expected.safetensors") + " --output " + Quote(out));
     ASSERT_EQ(r.exit_code, 0) << r.output;
 
     TensorStore expected, got;
@@ -113,7 +113,7 @@ TEST(CliErrors, ForwardInputs) {
   const std::string no_ids = dir + "/no_ids.safetensors";
   WriteSafetensors(no_ids, {F32Tensor("x", {1}, {1.0f})});
   CliResult r = Polestar("forward -m " + model + " --input " + Quote(no_ids) + " --output " +
-                    Quote(dir + "/out.safetensors"));
+                         Quote(dir + "/out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr(no_ids + ": no tensor input_ids"));
 
@@ -121,7 +121,7 @@ TEST(CliErrors, ForwardInputs) {
   const std::string bad_token = dir + "/bad_token.safetensors";
   WriteSafetensors(bad_token, {I64Tensor("input_ids", {1, 3}, {1, 999, 2})});
   r = Polestar("forward -m " + model + " --input " + Quote(bad_token) + " --output " +
-          Quote(dir + "/out.safetensors"));
+               Quote(dir + "/out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("token id 999 at position 1"));
 
@@ -129,7 +129,7 @@ TEST(CliErrors, ForwardInputs) {
   const std::string floats = dir + "/floats.safetensors";
   WriteSafetensors(floats, {F32Tensor("input_ids", {1, 2}, {1.0f, 2.0f})});
   r = Polestar("forward -m " + model + " --input " + Quote(floats) + " --output " +
-          Quote(dir + "/out.safetensors"));
+               Quote(dir + "/out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("input_ids must be I64 of shape [1, L]"));
 
@@ -137,14 +137,14 @@ TEST(CliErrors, ForwardInputs) {
   const std::string corrupt = dir + "/corrupt.safetensors";
   std::ofstream(corrupt) << "not a safetensors file";
   r = Polestar("forward -m " + model + " --input " + Quote(corrupt) + " --output " +
-          Quote(dir + "/out.safetensors"));
+               Quote(dir + "/out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr(corrupt + ": header length"));
 
   // An output that cannot be created.
   const std::string good_input = Quote(testing::FixtureDir("llada-tiny") + "/expected.safetensors");
   r = Polestar("forward -m " + model + " --input " + good_input + " --output " +
-          Quote(dir + "/missing-dir/out.safetensors"));
+               Quote(dir + "/missing-dir/out.safetensors"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("missing-dir/out.safetensors: cannot create"));
 }

@@ -93,7 +93,8 @@ TEST(SafetensorsRead, EmptyAndShortFilesAreTruncated) {
 
 TEST(SafetensorsRead, HeaderLengthOutOfRange) {
   const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
-  for (uint64_t length : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40, uint64_t(header.size() + 5)}) {
+  for (uint64_t length :
+       {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40, uint64_t(header.size() + 5)}) {
     const std::string path = WriteCase(Safetensors(length, header, 4));
     ExpectError([&] { Read(path); }, {path, "header length", "out of range"});
   }
@@ -129,17 +130,18 @@ TEST(SafetensorsRead, TruncatedRealCheckpoint) {
 }
 
 TEST(SafetensorsRead, OverlappingTensorsNameBoth) {
-  const std::string path = WriteCase(Safetensors(
-      R"({"first":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("second":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-      12));
+  const std::string path =
+      WriteCase(Safetensors(R"({"first":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("second":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                            12));
   ExpectError([&] { Read(path); }, {path, "overlap", "'first'", "'second'"});
 }
 
 TEST(SafetensorsRead, DtypeShapeAndByteCountMismatch) {
   const std::string path =
       WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
-  ExpectError([&] { Read(path); }, {path, "'a'", "8 bytes do not match dtype F32", "12 bytes expected"});
+  ExpectError([&] { Read(path); },
+              {path, "'a'", "8 bytes do not match dtype F32", "12 bytes expected"});
   const std::string bf16 =
       WriteCase(Safetensors(R"({"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", 8));
   ExpectError([&] { Read(bf16); }, {bf16, "BF16", "12 bytes expected"});
@@ -173,7 +175,8 @@ Checkpoint LoadFixture(const std::string& name) {
   checkpoint.config = ReadJsonFile(dir + "/config.json");
   const TensorStore store = ReadSafetensorsDir(dir);
   for (const auto& [tensor_name, t] : store.tensors()) {
-    checkpoint.tensors.push_back({tensor_name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
+    checkpoint.tensors.push_back(
+        {tensor_name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
   }
   return checkpoint;
 }
@@ -279,27 +282,46 @@ TEST_P(ModelConfigTest, NamesFileAndProblem) {
 INSTANTIATE_TEST_SUITE_P(
     Nonsense, ModelConfigTest,
     ::testing::Values(
-        BadConfig{"zero_heads", "llada-tiny", {{"n_heads", 0}, {"n_kv_heads", 0}}, "head count (0) must be positive"},
-        BadConfig{"heads_not_dividing_width", "llada-tiny", {{"n_heads", 5}, {"n_kv_heads", 5}},
+        BadConfig{"zero_heads",
+                  "llada-tiny",
+                  {{"n_heads", 0}, {"n_kv_heads", 0}},
+                  "head count (0) must be positive"},
+        BadConfig{"heads_not_dividing_width",
+                  "llada-tiny",
+                  {{"n_heads", 5}, {"n_kv_heads", 5}},
                   "head count (5) must divide the hidden width (64)"},
-        BadConfig{"kv_heads_not_dividing_heads", "llada-tiny", {{"n_kv_heads", 3}},
+        BadConfig{"kv_heads_not_dividing_heads",
+                  "llada-tiny",
+                  {{"n_kv_heads", 3}},
                   "key/value head count (3) must divide the head count (4)"},
-        BadConfig{"mask_outside_vocab", "llada-tiny", {{"mask_token_id", 160}},
+        BadConfig{"mask_outside_vocab",
+                  "llada-tiny",
+                  {{"mask_token_id", 160}},
                   "mask token id (160) must lie inside the vocabulary (160)"},
         BadConfig{"negative_mask", "llada-tiny", {{"mask_token_id", -2}}, "mask token id (-2)"},
         BadConfig{"eos_outside_vocab", "llada-tiny", {{"eos_token_id", 1000}}, "eos 1000"},
-        BadConfig{"zero_layers", "llada-tiny", {{"n_layers", 0}}, "layer count (0) must be positive"},
-        BadConfig{"string_layers", "llada-tiny", {{"n_layers", "2"}}, "n_layers must be an integer"},
+        BadConfig{
+            "zero_layers", "llada-tiny", {{"n_layers", 0}}, "layer count (0) must be positive"},
+        BadConfig{
+            "string_layers", "llada-tiny", {{"n_layers", "2"}}, "n_layers must be an integer"},
         BadConfig{"huge_layers", "llada-tiny", {{"n_layers", 1000000000000}}, "n_layers"},
-        BadConfig{"string_bias_flag", "llada-tiny", {{"include_qkv_bias", "yes"}},
+        BadConfig{"string_bias_flag",
+                  "llada-tiny",
+                  {{"include_qkv_bias", "yes"}},
                   "include_qkv_bias must be true or false"},
-        BadConfig{"huge_context", "llada-tiny", {{"max_sequence_length", 2000000000}},
+        BadConfig{"huge_context",
+                  "llada-tiny",
+                  {{"max_sequence_length", 2000000000}},
                   "maximum sequence length (2000000000)"},
         BadConfig{"negative_eps", "llada-tiny", {{"rms_norm_eps", -1.0}}, "rms_norm_eps"},
-        BadConfig{"dream_kv_heads", "dream-tiny", {{"num_key_value_heads", 3}},
+        BadConfig{"dream_kv_heads",
+                  "dream-tiny",
+                  {{"num_key_value_heads", 3}},
                   "key/value head count (3) must divide the head count (4)"},
         BadConfig{"dream_zero_width", "dream-tiny", {{"hidden_size", 0}}, "hidden width (0)"},
-        BadConfig{"dream_string_sliding", "dream-tiny", {{"use_sliding_window", "no"}},
+        BadConfig{"dream_string_sliding",
+                  "dream-tiny",
+                  {{"use_sliding_window", "no"}},
                   "use_sliding_window must be true or false"}),
     [](const auto& info) { return std::string(info.param.label); });
 
@@ -373,11 +395,11 @@ TEST(ShardedCheckpoint, IndexNamingATensorTheShardLacks) {
   const std::string dir = WriteSharded(LoadFixture("llada-tiny"), "sharded");
   const std::string index_path = dir + "/model.safetensors.index.json";
   nlohmann::json index = ReadJsonFile(index_path);
-  index["weight_map"]["model.transformer.blocks.9.q_proj.weight"] = "model-00001-of-00002.safetensors";
+  index["weight_map"]["model.transformer.blocks.9.q_proj.weight"] =
+      "model-00001-of-00002.safetensors";
   WriteBytes(index_path, index.dump());
-  ExpectError([&] { Model::Load(dir); },
-              {index_path, "model.transformer.blocks.9.q_proj.weight",
-               "model-00001-of-00002.safetensors"});
+  ExpectError([&] { Model::Load(dir); }, {index_path, "model.transformer.blocks.9.q_proj.weight",
+                                          "model-00001-of-00002.safetensors"});
 }
 
 TEST(ShardedCheckpoint, MalformedIndex) {

@@ -1,6 +1,8 @@
 // Every AVX2 kernel against its scalar twin over many sizes (tails of every vector width,
 // odd K, M = 1..7 and beyond, pointers off alignment), and the scalar BF16/F16 conversions
 // against hand-computed bit patterns.
+#include "ops/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
-#include "ops/ops.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -103,9 +104,9 @@ TEST(F16, FromF32RoundsToNearestEven) {
 }
 
 TEST(F16, FromF32OverflowNanAndSubnormals) {
-  EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);   // largest finite
-  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);   // below the halfway point to 65536
-  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);   // halfway: to even, which is infinity
+  EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);  // largest finite
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);  // below the halfway point to 65536
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);  // halfway: to even, which is infinity
   EXPECT_EQ(F32ToF16(1e6f), 0x7c00);
   EXPECT_EQ(F32ToF16(-1e6f), 0xfc00);
   EXPECT_EQ(F32ToF16(INFINITY), 0x7c00);
@@ -115,9 +116,9 @@ TEST(F16, FromF32OverflowNanAndSubnormals) {
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400);
   EXPECT_EQ(F32ToF16(1023 * std::ldexp(1.0f, -24)), 0x03ff);
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);      // tie between 0 and 1: to 0
-  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -26)), 0x0001);  // 0.75 of the smallest: up
-  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -25)), 0x0002);  // tie between 1 and 2: to 2
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);       // tie between 0 and 1: to 0
+  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -26)), 0x0001);   // 0.75 of the smallest: up
+  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -25)), 0x0002);   // tie between 1 and 2: to 2
   EXPECT_EQ(F32ToF16(-5 * std::ldexp(1.0f, -25)), 0x8002);  // tie between 2 and 3: to 2
   EXPECT_EQ(F32ToF16(1e-10f), 0x0000);
   // A value that rounds up out of the subnormals into the smallest normal.
@@ -147,8 +148,10 @@ TEST(Avx2Dequantize, AllSixteenBitPatternsMatchScalar) {
   for (DType type : {DType::kBF16, DType::kF16}) {
     const int64_t count = 0x10000 + 5;
     std::vector<uint16_t> bits(size_t(count) + 1);
-    for (int64_t i = 0; i < count; ++i) bits[size_t(i) + 1] = uint16_t(i * 40503);  // odd: a permutation
-    const WeightView w{type, reinterpret_cast<const uint8_t*>(bits.data() + 1), 1, count, 2 * count};
+    for (int64_t i = 0; i < count; ++i)
+      bits[size_t(i) + 1] = uint16_t(i * 40503);  // odd: a permutation
+    const WeightView w{type, reinterpret_cast<const uint8_t*>(bits.data() + 1), 1, count,
+                       2 * count};
     std::vector<float> got(static_cast<size_t>(count)), want(static_cast<size_t>(count));
     avx2::DequantizeRow(w, 0, got.data());
     reference::DequantizeRow(w, 0, want.data());
@@ -335,7 +338,8 @@ TEST(Avx2Vector, DotMatchesScalar) {
     const auto a = RandomVector(n, 1.0f, rng), b = RandomVector(n, 1.0f, rng);
     double magnitude = 0;
     for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(a[i + 1] * b[i + 1]);
-    EXPECT_NEAR(avx2::Dot(a.data() + 1, b.data() + 1, n), reference::Dot(a.data() + 1, b.data() + 1, n),
+    EXPECT_NEAR(avx2::Dot(a.data() + 1, b.data() + 1, n),
+                reference::Dot(a.data() + 1, b.data() + 1, n),
                 2.0 * double(n + 1) * kUlp * magnitude)
         << "n=" << n;
   }
@@ -364,7 +368,8 @@ TEST(Avx2Vector, SiluMulMatchesScalar) {
     avx2::SiluMul(got.data() + 1, up.data() + 1, n);
     reference::SiluMul(want.data() + 1, up.data() + 1, n);
     for (int64_t i = 1; i <= n; ++i) {
-      ASSERT_NEAR(got[i], want[i], 8 * kUlp * std::fabs(want[i]) + 1e-30f) << "n=" << n << " i=" << i;
+      ASSERT_NEAR(got[i], want[i], 8 * kUlp * std::fabs(want[i]) + 1e-30f)
+          << "n=" << n << " i=" << i;
     }
   }
 }
@@ -459,8 +464,10 @@ TEST(Avx2Attention, AttendHeadMatchesScalar) {
       double score_error = 0;
       for (int64_t j = 0; j < l; ++j) {
         double magnitude = 0;
-        for (int d = 0; d < head_dim; ++d) magnitude += std::fabs(q[d + 1] * k_head[j * kv_stride + d]);
-        score_error = std::max(score_error, 2.0 * (head_dim + 1) * kUlp * magnitude / std::sqrt(head_dim));
+        for (int d = 0; d < head_dim; ++d)
+          magnitude += std::fabs(q[d + 1] * k_head[j * kv_stride + d]);
+        score_error =
+            std::max(score_error, 2.0 * (head_dim + 1) * kUlp * magnitude / std::sqrt(head_dim));
       }
       const double prob_tolerance = 2 * score_error + (2 * l + 10) * kUlp;
       for (int64_t j = 0; j < l; ++j) {
@@ -468,7 +475,8 @@ TEST(Avx2Attention, AttendHeadMatchesScalar) {
       }
       for (int d = 0; d < head_dim; ++d) {
         double weighted = 0;
-        for (int64_t j = 0; j < l; ++j) weighted += want_p[j] * std::fabs(v_head[j * kv_stride + d]);
+        for (int64_t j = 0; j < l; ++j)
+          weighted += want_p[j] * std::fabs(v_head[j * kv_stride + d]);
         ASSERT_NEAR(got[d + 1], want[d], (prob_tolerance + 2 * (l + 1) * kUlp) * weighted + 1e-30)
             << label << " d=" << d;
       }
@@ -487,12 +495,12 @@ TEST(Attention, ThreadedGroupedHeadsMatchScalar) {
   const auto v = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
   std::vector<float> got(size_t(m * heads * head_dim)), want(got.size()), no_probs(got.size());
   std::vector<float> got_p(size_t(m * heads * l)), want_p(got_p.size());
-  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
-            got.data(), got_p.data());
+  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim, got.data(),
+            got_p.data());
   Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
             no_probs.data());
-  reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads,
-                       head_dim, want.data(), want_p.data());
+  reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                       want.data(), want_p.data());
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
     ASSERT_EQ(no_probs[i], got[i]) << i;

@@ -15,7 +15,8 @@ void ModelConfig::Validate(const std::string& where) const {
   require(layers > 0, "layer count (", layers, ") must be positive");
   require(heads > 0, "head count (", heads, ") must be positive");
   require(kv_heads > 0, "key/value head count (", kv_heads, ") must be positive");
-  require(width % heads == 0, "head count (", heads, ") must divide the hidden width (", width, ")");
+  require(width % heads == 0, "head count (", heads, ") must divide the hidden width (", width,
+          ")");
   require(heads % kv_heads == 0, "key/value head count (", kv_heads,
           ") must divide the head count (", heads, ")");
   require(head_dim > 0 && head_dim % 2 == 0, "head dimension (", head_dim,

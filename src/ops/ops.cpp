@@ -13,8 +13,8 @@ namespace polestar {
 
 // Lives here, in a file built without AVX2 flags, so the check itself runs on any CPU.
 bool avx2::Supported() {
-  static const bool supported = __builtin_cpu_supports("avx2") &&
-                                __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                __builtin_cpu_supports("f16c");
   return supported;
 }
 
@@ -130,9 +130,8 @@ void Attention(const float* q, int64_t m, const float* k, const float* v, int64_
 
 void SiluMul(float* gate, const float* up, int64_t count) {
   const auto kernel = avx2::Supported() ? avx2::SiluMul : reference::SiluMul;
-  ParallelFor(count, kMinParallelWork / 16, [&](int64_t begin, int64_t end) {
-    kernel(gate + begin, up + begin, end - begin);
-  });
+  ParallelFor(count, kMinParallelWork / 16,
+              [&](int64_t begin, int64_t end) { kernel(gate + begin, up + begin, end - begin); });
 }
 
 void AddInPlace(float* x, const float* y, int64_t n) {

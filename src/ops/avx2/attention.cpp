@@ -9,8 +9,8 @@ namespace polestar::avx2 {
 namespace {
 
 // scores[j] = q · k_j * scale for j < l; keys are kv_stride floats apart.
-void Scores(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
-            float scale, float* scores) {
+void Scores(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim, float scale,
+            float* scores) {
   const int d8 = head_dim & ~7;
   int64_t j = 0;
   for (; j + 4 <= l; j += 4) {
@@ -49,7 +49,8 @@ void WeightedSum(const float* probs, const float* v, int64_t l, int64_t kv_strid
   for (int64_t j = 0; j < l; ++j) {
     const __m256 p = _mm256_broadcast_ss(probs + j);
     const float* vj = v + j * kv_stride;
-    for (int c = 0; c < kVectors; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+    for (int c = 0; c < kVectors; ++c)
+      acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * c), acc[c]);
   }
   for (int c = 0; c < kVectors; ++c) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
@@ -62,15 +63,11 @@ void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64
   SoftmaxRow(probs, l);
   int d = 0;
   for (; d + 64 <= head_dim; d += 64) WeightedSum<8>(probs, v + d, l, kv_stride, out + d);
-  switch ((head_dim - d) / 8) {
-    case 1: WeightedSum<1>(probs, v + d, l, kv_stride, out + d); break;
-    case 2: WeightedSum<2>(probs, v + d, l, kv_stride, out + d); break;
-    case 3: WeightedSum<3>(probs, v + d, l, kv_stride, out + d); break;
-    case 4: WeightedSum<4>(probs, v + d, l, kv_stride, out + d); break;
-    case 5: WeightedSum<5>(probs, v + d, l, kv_stride, out + d); break;
-    case 6: WeightedSum<6>(probs, v + d, l, kv_stride, out + d); break;
-    case 7: WeightedSum<7>(probs, v + d, l, kv_stride, out + d); break;
-    default: break;
+  using SumFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
+  constexpr SumFn kSums[8] = {nullptr,        WeightedSum<1>, WeightedSum<2>, WeightedSum<3>,
+                              WeightedSum<4>, WeightedSum<5>, WeightedSum<6>, WeightedSum<7>};
+  if (const int vectors = (head_dim - d) / 8; vectors > 0) {
+    kSums[vectors](probs, v + d, l, kv_stride, out + d);
   }
   d = head_dim & ~7;
   for (; d < head_dim; ++d) {

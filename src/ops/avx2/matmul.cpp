@@ -89,7 +89,9 @@ struct F32Format {
     std::memcpy(&value, p, 4);
     return value;
   }
-  static __m256 Load8(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+  static __m256 Load8(const uint8_t* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
   static void Pack16x8(const uint8_t* const rows[16], int64_t k, float* out) {
     for (int half = 0; half < 2; ++half) {
       __m256 r[8];
@@ -123,7 +125,8 @@ struct Bf16Format {
     LoadTranspose16(lane0, lane1, 2 * k, t);
     const __m256i zero = _mm256_setzero_si256();
     for (int kk = 0; kk < 8; ++kk) {
-      _mm256_store_ps(out + kk * kPanelCols, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, t[kk])));
+      _mm256_store_ps(out + kk * kPanelCols,
+                      _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, t[kk])));
       _mm256_store_ps(out + kk * kPanelCols + 8,
                       _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, t[kk])));
     }
@@ -145,7 +148,8 @@ struct F16Format {
     LoadTranspose16(rows, rows + 8, 2 * k, t);
     for (int kk = 0; kk < 8; ++kk) {
       _mm256_store_ps(out + kk * kPanelCols, _mm256_cvtph_ps(_mm256_castsi256_si128(t[kk])));
-      _mm256_store_ps(out + kk * kPanelCols + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(t[kk], 1)));
+      _mm256_store_ps(out + kk * kPanelCols + 8,
+                      _mm256_cvtph_ps(_mm256_extracti128_si256(t[kk], 1)));
     }
   }
 };
@@ -161,7 +165,8 @@ void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, 
   }
   for (; kk < depth; ++kk) {
     for (int j = 0; j < kPanelCols; ++j) {
-      panel[kk * kPanelCols + j] = j < cols ? Format::Load1(rows[j] + Format::kBytes * (k0 + kk)) : 0.0f;
+      panel[kk * kPanelCols + j] =
+          j < cols ? Format::Load1(rows[j] + Format::kBytes * (k0 + kk)) : 0.0f;
     }
   }
 }
@@ -253,6 +258,12 @@ void PanelTileCols(const float* x, int64_t ldx, const float* panel, int64_t dept
   for (int r = 0; r < R; ++r) std::copy(tile[r], tile[r] + cols, y + r * ldy);
 }
 
+using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
+                             int);
+constexpr PanelTileFn kTiles[kTileRows + 1] = {nullptr,          PanelTileCols<1>, PanelTileCols<2>,
+                                               PanelTileCols<3>, PanelTileCols<4>, PanelTileCols<5>,
+                                               PanelTileCols<6>};
+
 template <typename Format>
 void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                   float* y, int64_t ldy) {
@@ -275,14 +286,7 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
         float* yi = y_panel + i0 * ldy;
         const bool accumulate = k0 > 0;
         i0 += rows;
-        switch (rows) {
-          case 1: PanelTileCols<1>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-          case 2: PanelTileCols<2>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-          case 3: PanelTileCols<3>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-          case 4: PanelTileCols<4>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-          case 5: PanelTileCols<5>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-          default: PanelTileCols<6>(xi, k, panel, depth, yi, ldy, accumulate, cols); break;
-        }
+        kTiles[rows](xi, k, panel, depth, yi, ldy, accumulate, cols);
       }
     }
   }
@@ -328,16 +332,23 @@ void DotColumnsRows(const float* x, const WeightView& w, int64_t n_begin, int64_
   for (; n + kDotCols <= n_end; n += kDotCols) {
     DotTile<Format, R, kDotCols>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
   }
-  for (; n < n_end; ++n) DotTile<Format, R, 1>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
+  for (; n < n_end; ++n)
+    DotTile<Format, R, 1>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
 }
 
 template <typename Format>
 void DotColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                 float* y, int64_t ldy) {
   switch (m) {
-    case 1: DotColumnsRows<Format, 1>(x, w, n_begin, n_end, y, ldy); break;
-    case 2: DotColumnsRows<Format, 2>(x, w, n_begin, n_end, y, ldy); break;
-    default: DotColumnsRows<Format, 3>(x, w, n_begin, n_end, y, ldy); break;
+    case 1:
+      DotColumnsRows<Format, 1>(x, w, n_begin, n_end, y, ldy);
+      break;
+    case 2:
+      DotColumnsRows<Format, 2>(x, w, n_begin, n_end, y, ldy);
+      break;
+    default:
+      DotColumnsRows<Format, 3>(x, w, n_begin, n_end, y, ldy);
+      break;
   }
   static_assert(kDotMaxRows == 3);
 }
@@ -360,10 +371,14 @@ void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_beg
                    float* y, int64_t ldy) {
   if (m <= 0 || n_end <= n_begin) return;
   switch (w.dtype) {
-    case DType::kF32: return Columns<F32Format>(x, m, w, n_begin, n_end, y, ldy);
-    case DType::kBF16: return Columns<Bf16Format>(x, m, w, n_begin, n_end, y, ldy);
-    case DType::kF16: return Columns<F16Format>(x, m, w, n_begin, n_end, y, ldy);
-    default: return reference::MatMulColumns(x, m, w, n_begin, n_end, y, ldy);
+    case DType::kF32:
+      return Columns<F32Format>(x, m, w, n_begin, n_end, y, ldy);
+    case DType::kBF16:
+      return Columns<Bf16Format>(x, m, w, n_begin, n_end, y, ldy);
+    case DType::kF16:
+      return Columns<F16Format>(x, m, w, n_begin, n_end, y, ldy);
+    default:
+      return reference::MatMulColumns(x, m, w, n_begin, n_end, y, ldy);
   }
 }
 
@@ -379,7 +394,8 @@ void DequantizeRow(const WeightView& w, int64_t n, float* out) {
       for (; k + 8 <= w.cols; k += 8) _mm256_storeu_ps(out + k, F16Format::Load8(row + 2 * k));
       for (; k < w.cols; ++k) out[k] = F16Format::Load1(row + 2 * k);
       return;
-    default: return reference::DequantizeRow(w, n, out);
+    default:
+      return reference::DequantizeRow(w, n, out);
   }
 }
 

@@ -44,7 +44,8 @@ void SiluMul(float* gate, const float* up, int64_t count) {
   for (; i + 8 <= count; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
     const __m256 denominator = _mm256_add_ps(one, Exp(_mm256_xor_ps(g, sign)));
-    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(gate + i,
+                     _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
   }
   for (; i < count; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
