@@ -4,7 +4,7 @@
 //
 //   matmul_bench [--threads T] [--m 1,8,32,128] [--n 4096,12288] [--k 4096] [--reps R]
 //
-// Times are the best of R runs after one warm-up. OpenBLAS picks its kernels by CPU model
+// Times are the best of R rounds after one warm-up. OpenBLAS picks its kernels by CPU model
 // (printed as "openblas core"); OPENBLAS_CORETYPE=Haswell forces its AVX2 kernels.
 #include <cblas.h>
 
@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -71,15 +72,20 @@ Options ParseOptions(int argc, char** argv) {
   return options;
 }
 
-template <typename Fn>
-double BestSeconds(int reps, Fn&& fn) {
-  fn();  // warm-up: page in weights, spin up threads
-  double best = 1e30;
+double Seconds(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Best time of each function over `reps` rounds after one warm-up (page in the weights,
+// start the threads). Rounds visit the functions in turn, so load from other processes
+// on a shared machine falls on all of them alike.
+std::vector<double> BestSeconds(int reps, const std::vector<std::function<void()>>& fns) {
+  std::vector<double> best(fns.size(), 1e30);
+  for (const auto& fn : fns) fn();
   for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (size_t i = 0; i < fns.size(); ++i) best[i] = std::min(best[i], Seconds(fns[i]));
   }
   return best;
 }
@@ -137,10 +143,6 @@ int Run(const Options& options) {
       std::vector<float> y(size_t(m * n)), y_blas(size_t(m * n));  // [M, N]
       const double flops = 2.0 * double(m) * double(n) * double(k);
 
-      const double blas = BestSeconds(options.reps, [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data(),
-                    int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
-      });
       struct Case {
         const char* name;
         WeightView view;
@@ -150,9 +152,19 @@ int Run(const Options& options) {
       Case cases[] = {{"BF16", View(DType::kBF16, w.bf16.data(), n, k)},
                       {"F16", View(DType::kF16, w.f16.data(), n, k)},
                       {"F32", View(DType::kF32, w.f32.data(), n, k)}};
-      for (Case& c : cases) {
-        c.seconds = BestSeconds(options.reps, [&] { MatMul(x.data(), m, c.view, y.data()); });
-        c.error = MaxRelativeError(y, y_blas);
+      std::vector<std::function<void()>> fns = {[&] {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data(),
+                    int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
+      }};
+      for (const Case& c : cases) {
+        fns.push_back([&] { MatMul(x.data(), m, c.view, y.data()); });
+      }
+      const std::vector<double> best = BestSeconds(options.reps, fns);
+      const double blas = best[0];
+      for (size_t i = 0; i < 3; ++i) {
+        cases[i].seconds = best[i + 1];
+        fns[i + 1]();
+        cases[i].error = MaxRelativeError(y, y_blas);
       }
       std::printf("%6lld %6lld %6lld | %9.1f %9.1f %9.1f %9.1f |          | %8.2f  %8.2f  %8.2f\n",
                   static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
