@@ -106,7 +106,11 @@ std::unique_ptr<Model> Model::Load(const std::string& path) {
   const std::string config_path = (fs::path(path) / "config.json").string();
   if (!fs::exists(config_path)) Fail(path, ": no config.json");
   const nlohmann::json raw = ReadJsonFile(config_path);
-  const std::string model_type = raw.value("model_type", "");
+  if (!raw.is_object()) Fail(config_path, ": not a JSON object");
+  if (!raw.contains("model_type") || !raw["model_type"].is_string()) {
+    Fail(config_path, ": no model_type string (supported: llada, Dream)");
+  }
+  const std::string model_type = raw["model_type"];
   ModelConfig config;
   TensorNames names;
   if (model_type == "llada") {
