@@ -140,6 +140,27 @@ class WidenLayer : public LayerHook {
   int layer_, length_;
 };
 
+// Passes everything on to the policy's hook and, where the last layer runs every row, asks
+// for the logits of every row.
+class LogitsForEveryRowIfWidened : public LayerHook {
+ public:
+  LogitsForEveryRowIfWidened(LayerHook* inner, int last_layer, int length)
+      : inner_(inner), last_layer_(last_layer), length_(length) {}
+  void BeforeQueries(LayerRows& rows) override {
+    inner_->BeforeQueries(rows);
+    if (rows.layer == last_layer_ && int(rows.query_rows->size()) == length_) {
+      *rows.logit_rows = Range(0, length_);
+    }
+  }
+  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+    inner_->OnAttention(layer, query_rows, probs);
+  }
+
+ private:
+  LayerHook* inner_;
+  int last_layer_, length_;
+};
+
 KvCache FullPass(const Model& model, const std::vector<int>& canvas) {
   KvCache cache = MakeCache(model, int64_t(canvas.size()), true);
   Forward forward(model, cache);
@@ -187,7 +208,8 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   DecodeContext next{*model, o, c1, prompt_length, config.mask_id, block, 1, 3, cache, forward};
   StepPlan plan = policy->Plan(next);
   EXPECT_EQ(plan.input_rows, Range(8, 11 + 16));  // the commits, then the window [11, 27)
-  plan.logit_rows = Range(0, length);             // available only if the last layer ran every row
+  LogitsForEveryRowIfWidened all_logits(plan.hook, config.layers - 1, length);
+  plan.hook = &all_logits;
   const StepResult got = forward.Run(c1, plan);
   const nlohmann::json stats = policy->StepStats();
   EXPECT_EQ(stats["fired_layer"], 0);
