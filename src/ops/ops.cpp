@@ -6,11 +6,13 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {
 
 void MatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias) {
+  if (QuantMatMul(x, m, w, y, bias)) return;  // block-quantised weights (ops/quant.h)
   // Columns of the output are independent; split them across threads in chunks that keep
   // each thread's slice of w contiguous.
   const int64_t grain = std::max<int64_t>(16, 4096 / std::max<int64_t>(w.cols, 1));

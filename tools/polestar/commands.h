@@ -7,5 +7,6 @@ namespace polestar::cli {
 
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
+void AddConvertCommand(CLI::App& app);
 
 }  // namespace polestar::cli
