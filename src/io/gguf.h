@@ -42,6 +42,8 @@ struct GgufValue {
   static GgufValue Strings(const std::vector<std::string>& v);
   static GgufValue I32s(const std::vector<int32_t>& v);
   static GgufValue F32s(const std::vector<float>& v);
+
+  bool operator==(const GgufValue& other) const = default;
 };
 
 // Key/value metadata in file order, with typed getters that throw Error naming the file

@@ -42,10 +42,6 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
   c.max_positions = std::min(count(key("context_length")), 32768);
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
-  if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
-    Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,
-         " (partial rotary embeddings are not supported)");
-  }
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
     Fail(origin, ": ", key("attention.causal"), " is true; diffusion models attend both ways");
   }
@@ -67,6 +63,10 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
                                                    : c.arch == Arch::kDream;
   c.rope_interleaved = c.arch == Arch::kLlada;
   c.Validate(origin);
+  if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
+    Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,
+         " (partial rotary embeddings are not supported)");
+  }
   return c;
 }
 

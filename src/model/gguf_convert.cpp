@@ -1,5 +1,6 @@
 #include "model/gguf_convert.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -283,7 +284,8 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
     const int64_t source_row_bytes = cols * BlockBytes(source.dtype);
     const int64_t out_row_bytes = RowBytes(out_type, cols);
     std::vector<uint8_t> out(size_t(rows * out_row_bytes));  // the tensor as written
-    ParallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    // Chunks of at least 64K values, so small tensors are converted without waking threads.
+    ParallelFor(rows, std::max<int64_t>(1, 65536 / cols), [&](int64_t begin, int64_t end) {
       std::vector<float> row(static_cast<size_t>(cols));  // [K]
       for (int64_t r = begin; r < end; ++r) {
         const int64_t from = SourceRow(r, rows, t.permute_heads);
