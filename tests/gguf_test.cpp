@@ -1,6 +1,8 @@
 // GGUF: reading llama.cpp's files (fixtures written by ggml), rejecting damaged ones,
 // writing, running the fixtures' models against the PyTorch reference logits, and
 // converting Hugging Face checkpoints bit for bit as llama.cpp does.
+#include "io/gguf.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include <numeric>
 
 #include "base/error.h"
-#include "io/gguf.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/gguf_convert.h"
@@ -138,8 +139,7 @@ TEST(GgufWrite, RoundTripsEveryValueTypeAndTensorData) {
   ASSERT_EQ(file.metadata.entries().size(), m.entries().size());
   for (size_t i = 0; i < m.entries().size(); ++i) {
     EXPECT_EQ(file.metadata.entries()[i].first, m.entries()[i].first);
-    EXPECT_TRUE(file.metadata.entries()[i].second == m.entries()[i].second)
-        << m.entries()[i].first;
+    EXPECT_TRUE(file.metadata.entries()[i].second == m.entries()[i].second) << m.entries()[i].first;
   }
   EXPECT_EQ(file.metadata.GetInts("ints"), (std::vector<int64_t>{1, -2, 3}));
   EXPECT_EQ(file.metadata.GetFloats("floats"), (std::vector<double>{0.5, -1.5}));
@@ -186,9 +186,8 @@ TEST(GgufRead, VocabularyWithMergesAndErrors) {
     m.Add("tokenizer.ggml.token_type", GgufValue::I32s({1, 1}));
   });
   ExpectError([&] { ReadGgufVocab(short_types); }, {"types.gguf", "token_type has 2 entries"});
-  const GgufMetadata bad_id = write("id.gguf", [](GgufMetadata& m) {
-    m.Add("tokenizer.ggml.eos_token_id", GgufValue::U32(4));
-  });
+  const GgufMetadata bad_id = write(
+      "id.gguf", [](GgufMetadata& m) { m.Add("tokenizer.ggml.eos_token_id", GgufValue::U32(4)); });
   ExpectError([&] { ReadGgufVocab(bad_id); }, {"id.gguf", "eos_token_id = 4"});
   const GgufMetadata bad_merge = write("merge.gguf", [](GgufMetadata& m) {
     m.Add("tokenizer.ggml.merges", GgufValue::Strings({"ab"}));
@@ -434,11 +433,12 @@ TEST_P(GgufFixture, LogitsMatchReferenceOnDequantisedWeights) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufFixture,
-                         ::testing::Values("gguf-llada-q8_0", "gguf-llada-f16",
-                                           "gguf-dream-q8_0", "gguf-llada-q4_k_m"),
+                         ::testing::Values("gguf-llada-q8_0", "gguf-llada-f16", "gguf-dream-q8_0",
+                                           "gguf-llada-q4_k_m"),
                          [](const auto& info) {
                            std::string name = info.param;
-                           for (char& ch : name) if (ch == '-') ch = '_';
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
                            return name;
                          });
 
@@ -508,7 +508,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Conversion{"llada-c", GgufFileType::kQ4_K_M, "gguf-llada-q4_k_m"}),
     [](const auto& info) {
       std::string name = std::string(info.param.fixture);
-      for (char& ch : name) if (ch == '-') ch = '_';
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
       return name;
     });
 
@@ -532,9 +533,9 @@ TEST(GgufConvertQ4_K_M, QuantisationErrorNoWorseThanGgml) {
       {"token_embd.weight", "model.transformer.wte.weight"},
       {"output.weight", "model.transformer.ff_out.weight"}};
   const std::pair<const char*, const char*> leaves[] = {
-      {"attn_q.weight", "q_proj.weight"},      {"attn_k.weight", "k_proj.weight"},
-      {"attn_v.weight", "v_proj.weight"},      {"attn_output.weight", "attn_out.weight"},
-      {"ffn_gate.weight", "ff_proj.weight"},   {"ffn_up.weight", "up_proj.weight"},
+      {"attn_q.weight", "q_proj.weight"},    {"attn_k.weight", "k_proj.weight"},
+      {"attn_v.weight", "v_proj.weight"},    {"attn_output.weight", "attn_out.weight"},
+      {"ffn_gate.weight", "ff_proj.weight"}, {"ffn_up.weight", "up_proj.weight"},
       {"ffn_down.weight", "ff_out.weight"}};
   for (int l = 0; l < 2; ++l) {
     for (const auto& [gguf_leaf, hf_leaf] : leaves) {
@@ -544,8 +545,8 @@ TEST(GgufConvertQ4_K_M, QuantisationErrorNoWorseThanGgml) {
   }
   for (const auto& [name, t] : ggml.tensors()) {
     if (!IsBlockQuantized(t.dtype)) continue;
-    const bool permuted = name.find("attn_q") != std::string::npos ||
-                          name.find("attn_k") != std::string::npos;
+    const bool permuted =
+        name.find("attn_q") != std::string::npos || name.find("attn_k") != std::string::npos;
     const TensorRef& src = source.Get(hf_names.at(name));
     const TensorRef& mine = ours.Get(name);
     ASSERT_EQ(mine.dtype, t.dtype) << name;
@@ -568,8 +569,8 @@ TEST(GgufConvertQ4_K_M, QuantisationErrorNoWorseThanGgml) {
     count += double(rows * cols);
   }
   const double ours_rms = std::sqrt(ours_sq / count), ggml_rms = std::sqrt(ggml_sq / count);
-  std::printf("Q4_K_M RMS quantisation error over %.0f weights: polestar %.6e, ggml %.6e\n",
-              count, ours_rms, ggml_rms);
+  std::printf("Q4_K_M RMS quantisation error over %.0f weights: polestar %.6e, ggml %.6e\n", count,
+              ours_rms, ggml_rms);
   RecordProperty("rms_polestar", std::to_string(ours_rms));
   RecordProperty("rms_ggml", std::to_string(ggml_rms));
   EXPECT_LE(ours_rms, ggml_rms * 1.01);
@@ -595,7 +596,8 @@ TEST(GgufConvertTypes, Bf16AndQ4_0FilesRunCloseToTheF32Model) {
   // Widths of 64 do not fit Q4_K / Q6_K blocks: llama.cpp falls back to a 32-block type.
   EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.attn_q.weight", 64, false), DType::kQ8_0);
   EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.attn_q.weight", 256, false), DType::kQ4_K);
-  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.3.ffn_down.weight", 512, false), DType::kQ6_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.3.ffn_down.weight", 512, false),
+            DType::kQ6_K);
   EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_0, "output.weight", 4096, false), DType::kQ6_K);
   EXPECT_EQ(GgufTensorType(GgufFileType::kQ8_0, "blk.0.ffn_norm.weight", 64, true), DType::kF32);
 }
@@ -617,7 +619,9 @@ TEST(GgufConvertTokenizer, WritesTokenizerJsonAsGgufVocabulary) {
   std::ofstream(hf + "/tokenizer.json") << tokenizer.dump();
   std::ofstream(hf + "/tokenizer_config.json") << R"({"chat_template": "{{ bos_token }}"})";
   std::string out;
-  ASSERT_EQ(testing::RunCli("convert -q -m " + hf + " -o " + dir + "/tok.gguf --type q8_0", &out, true), 0)
+  ASSERT_EQ(
+      testing::RunCli("convert -q -m " + hf + " -o " + dir + "/tok.gguf --type q8_0", &out, true),
+      0)
       << out;
   TensorStore store;
   const GgufVocab vocab = ReadGgufVocab(ReadGgufFile(dir + "/tok.gguf", store).metadata);
@@ -635,7 +639,8 @@ TEST(GgufConvertTokenizer, WritesTokenizerJsonAsGgufVocabulary) {
   EXPECT_TRUE(vocab.add_bos);
   EXPECT_EQ(vocab.chat_template, "{{ bos_token }}");
   EXPECT_EQ(vocab.pre, "llama-bpe");
-  EXPECT_EQ(testing::RunCli("convert -m " + hf + " -o " + dir + "/x.gguf --type q3_k", &out, true), 1);
+  EXPECT_EQ(testing::RunCli("convert -m " + hf + " -o " + dir + "/x.gguf --type q3_k", &out, true),
+            1);
   EXPECT_NE(out.find("unknown GGUF type 'q3_k'"), std::string::npos) << out;
 }
 

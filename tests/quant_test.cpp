@@ -1,6 +1,8 @@
 // Block-quantised weight formats: dequantisation against values worked out by hand from the
 // format definitions, the quantisers against hand-computed cases and error bounds, and the
 // AVX2 kernels against their scalar twins.
+#include "ops/quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -68,20 +69,21 @@ TEST(BlockFormat, Q4_0ByHand) {
 
 TEST(BlockFormat, Q4_KByHand) {
   std::vector<uint8_t> block(144);
-  PutF16(block.data(), 0.25f);      // d
+  PutF16(block.data(), 0.25f);       // d
   PutF16(block.data() + 2, 0.125f);  // dmin
   PackScalesK(kSubScales, kSubMins, block.data() + 4);
   int q[256];
   for (int i = 0; i < 256; ++i) q[i] = (i * 7) % 16;
   // 64 values per 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high nibbles.
   for (int c = 0; c < 4; ++c) {
-    for (int l = 0; l < 32; ++l) block[16 + 32 * c + l] = uint8_t(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+    for (int l = 0; l < 32; ++l)
+      block[16 + 32 * c + l] = uint8_t(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
   }
   const std::vector<float> y = Dequantize(DType::kQ4_K, block, 256);
-  EXPECT_EQ(y[1], 1.75f);       // 0.25 * 1 * 7
-  EXPECT_EQ(y[96], -0.875f);    // sub-block 3: q 0, min 0.125 * 7
-  EXPECT_EQ(y[97], 109.375f);   // 0.25 * 63 * 7 - 0.875
-  EXPECT_EQ(y[224], -7.375f);   // sub-block 7: q 0, min 0.125 * 59
+  EXPECT_EQ(y[1], 1.75f);      // 0.25 * 1 * 7
+  EXPECT_EQ(y[96], -0.875f);   // sub-block 3: q 0, min 0.125 * 7
+  EXPECT_EQ(y[97], 109.375f);  // 0.25 * 63 * 7 - 0.875
+  EXPECT_EQ(y[224], -7.375f);  // sub-block 7: q 0, min 0.125 * 59
   for (int i = 0; i < 256; ++i) {
     const int j = i / 32;
     EXPECT_EQ(y[i], 0.25 * kSubScales[j] * q[i] - 0.125 * kSubMins[j]) << i;
@@ -104,8 +106,8 @@ TEST(BlockFormat, Q5_KByHand) {
     }
   }
   const std::vector<float> y = Dequantize(DType::kQ5_K, block, 256);
-  EXPECT_EQ(y[2], 5.5f);     // q = 22 (fifth bit set): 0.25 * 1 * 22
-  EXPECT_EQ(y[3], 0.25f);    // q = 33 % 32 = 1
+  EXPECT_EQ(y[2], 5.5f);      // q = 22 (fifth bit set): 0.25 * 1 * 22
+  EXPECT_EQ(y[3], 0.25f);     // q = 33 % 32 = 1
   EXPECT_EQ(y[40], 11.375f);  // sub-block 1, q = 440 % 32 = 24: 0.25 * 2 * 24 - 0.125 * 5
   for (int i = 0; i < 256; ++i) {
     const int j = i / 32;
@@ -132,7 +134,7 @@ TEST(BlockFormat, Q6_KByHand) {
   std::memcpy(block.data() + 192, scales, 16);
   PutF16(block.data() + 208, 0.5f);
   const std::vector<float> y = Dequantize(DType::kQ6_K, block, 256);
-  EXPECT_EQ(y[0], -16.0f);     // 0.5 * 1 * (0 - 32)
+  EXPECT_EQ(y[0], -16.0f);      // 0.5 * 1 * (0 - 32)
   EXPECT_EQ(y[16], 16.0f);      // 0.5 * -2 * (80 % 64 - 32)
   EXPECT_EQ(y[255], -1728.0f);  // 0.5 * -128 * (1275 % 64 - 32)
   for (int i = 0; i < 256; ++i) EXPECT_EQ(y[i], 0.5 * scales[i / 16] * (q[i] - 32)) << i;
@@ -173,9 +175,9 @@ TEST(Quantizer, HalfPrecisionRounding) {
   EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
   EXPECT_EQ(F32ToF16(0.1f), 0x2e66);
   EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);
-  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);          // rounds up to infinity
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);                      // rounds up to infinity
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);         // tie to even: zero
   EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
   EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
   auto bf16 = [](uint32_t bits) {
@@ -203,7 +205,7 @@ TEST(Quantizer, RoundTripErrorBounds) {
   const struct {
     DType type;
     double max_relative_rms;
-  } cases[] = {{DType::kQ8_0, 0.0061}, {DType::kQ4_0, 0.099}, {DType::kQ4_K, 0.082},
+  } cases[] = {{DType::kQ8_0, 0.0061}, {DType::kQ4_0, 0.099},  {DType::kQ4_K, 0.082},
                {DType::kQ5_K, 0.041},  {DType::kQ6_K, 0.0205}, {DType::kF16, 0.00025},
                {DType::kBF16, 0.0019}};
   const int64_t n = 256 * 64;
@@ -244,11 +246,18 @@ std::vector<uint8_t> RandomBlocks(DType type, int64_t blocks, std::mt19937& rng)
     uint8_t* block = bytes.data() + b * BlockBytes(type);
     switch (type) {
       case DType::kQ4_K:
-      case DType::kQ5_K: PutF16(block + 2, scale(rng)); [[fallthrough]];
+      case DType::kQ5_K:
+        PutF16(block + 2, scale(rng));
+        [[fallthrough]];
       case DType::kQ8_0:
-      case DType::kQ4_0: PutF16(block, scale(rng)); break;
-      case DType::kQ6_K: PutF16(block + 208, scale(rng)); break;
-      default: break;
+      case DType::kQ4_0:
+        PutF16(block, scale(rng));
+        break;
+      case DType::kQ6_K:
+        PutF16(block + 208, scale(rng));
+        break;
+      default:
+        break;
     }
   }
   return bytes;
@@ -315,7 +324,8 @@ TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
     for (int64_t c = 0; c < n; ++c) want[i * n + c] += bias[c];
   }
   ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data()));
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
   EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr));
 }

@@ -14,7 +14,7 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr size_t kMaxNameBytes = 63;     // ggml's GGML_MAX_NAME (64) less the terminator
+constexpr size_t kMaxNameBytes = 63;  // ggml's GGML_MAX_NAME (64) less the terminator
 constexpr uint32_t kMaxDims = 4;
 constexpr int kMaxArrayDepth = 4;
 constexpr uint64_t kMaxElements = uint64_t{1} << 48;
@@ -66,17 +66,22 @@ size_t MinValueBytes(GgufType type) {
   switch (type) {
     case GgufType::kU8:
     case GgufType::kI8:
-    case GgufType::kBool: return 1;
+    case GgufType::kBool:
+      return 1;
     case GgufType::kU16:
-    case GgufType::kI16: return 2;
+    case GgufType::kI16:
+      return 2;
     case GgufType::kU32:
     case GgufType::kI32:
-    case GgufType::kF32: return 4;
+    case GgufType::kF32:
+      return 4;
     case GgufType::kString:
     case GgufType::kU64:
     case GgufType::kI64:
-    case GgufType::kF64: return 8;
-    case GgufType::kArray: return 12;
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kArray:
+      return 12;
   }
   return 1;
 }
@@ -86,18 +91,42 @@ GgufValue ReadValue(Cursor& in, GgufType type, const std::string& key, int depth
   GgufValue value;
   value.type = type;
   switch (type) {
-    case GgufType::kU8: value.data = uint64_t{in.Read<uint8_t>(key)}; break;
-    case GgufType::kU16: value.data = uint64_t{in.Read<uint16_t>(key)}; break;
-    case GgufType::kU32: value.data = uint64_t{in.Read<uint32_t>(key)}; break;
-    case GgufType::kU64: value.data = in.Read<uint64_t>(key); break;
-    case GgufType::kI8: value.data = int64_t{in.Read<int8_t>(key)}; break;
-    case GgufType::kI16: value.data = int64_t{in.Read<int16_t>(key)}; break;
-    case GgufType::kI32: value.data = int64_t{in.Read<int32_t>(key)}; break;
-    case GgufType::kI64: value.data = in.Read<int64_t>(key); break;
-    case GgufType::kF32: value.data = double{in.Read<float>(key)}; break;
-    case GgufType::kF64: value.data = in.Read<double>(key); break;
-    case GgufType::kBool: value.data = in.Read<uint8_t>(key) != 0; break;
-    case GgufType::kString: value.data = in.ReadString("value of " + key); break;
+    case GgufType::kU8:
+      value.data = uint64_t{in.Read<uint8_t>(key)};
+      break;
+    case GgufType::kU16:
+      value.data = uint64_t{in.Read<uint16_t>(key)};
+      break;
+    case GgufType::kU32:
+      value.data = uint64_t{in.Read<uint32_t>(key)};
+      break;
+    case GgufType::kU64:
+      value.data = in.Read<uint64_t>(key);
+      break;
+    case GgufType::kI8:
+      value.data = int64_t{in.Read<int8_t>(key)};
+      break;
+    case GgufType::kI16:
+      value.data = int64_t{in.Read<int16_t>(key)};
+      break;
+    case GgufType::kI32:
+      value.data = int64_t{in.Read<int32_t>(key)};
+      break;
+    case GgufType::kI64:
+      value.data = in.Read<int64_t>(key);
+      break;
+    case GgufType::kF32:
+      value.data = double{in.Read<float>(key)};
+      break;
+    case GgufType::kF64:
+      value.data = in.Read<double>(key);
+      break;
+    case GgufType::kBool:
+      value.data = in.Read<uint8_t>(key) != 0;
+      break;
+    case GgufType::kString:
+      value.data = in.ReadString("value of " + key);
+      break;
     case GgufType::kArray: {
       const uint32_t element = in.Read<uint32_t>("element type of " + key);
       if (!IsKnownValueType(element)) {
@@ -133,22 +162,22 @@ struct GgmlType {
 
 // ggml's type ids (ggml.h), so unsupported types are named in errors.
 constexpr GgmlType kGgmlTypes[] = {
-    {0, "F32", true, DType::kF32},      {1, "F16", true, DType::kF16},
-    {2, "Q4_0", true, DType::kQ4_0},    {3, "Q4_1", false, DType::kF32},
-    {6, "Q5_0", false, DType::kF32},    {7, "Q5_1", false, DType::kF32},
-    {8, "Q8_0", true, DType::kQ8_0},    {9, "Q8_1", false, DType::kF32},
-    {10, "Q2_K", false, DType::kF32},   {11, "Q3_K", false, DType::kF32},
-    {12, "Q4_K", true, DType::kQ4_K},   {13, "Q5_K", true, DType::kQ5_K},
-    {14, "Q6_K", true, DType::kQ6_K},   {15, "Q8_K", false, DType::kF32},
+    {0, "F32", true, DType::kF32},       {1, "F16", true, DType::kF16},
+    {2, "Q4_0", true, DType::kQ4_0},     {3, "Q4_1", false, DType::kF32},
+    {6, "Q5_0", false, DType::kF32},     {7, "Q5_1", false, DType::kF32},
+    {8, "Q8_0", true, DType::kQ8_0},     {9, "Q8_1", false, DType::kF32},
+    {10, "Q2_K", false, DType::kF32},    {11, "Q3_K", false, DType::kF32},
+    {12, "Q4_K", true, DType::kQ4_K},    {13, "Q5_K", true, DType::kQ5_K},
+    {14, "Q6_K", true, DType::kQ6_K},    {15, "Q8_K", false, DType::kF32},
     {16, "IQ2_XXS", false, DType::kF32}, {17, "IQ2_XS", false, DType::kF32},
     {18, "IQ3_XXS", false, DType::kF32}, {19, "IQ1_S", false, DType::kF32},
-    {20, "IQ4_NL", false, DType::kF32}, {21, "IQ3_S", false, DType::kF32},
-    {22, "IQ2_S", false, DType::kF32},  {23, "IQ4_XS", false, DType::kF32},
-    {24, "I8", false, DType::kF32},     {25, "I16", false, DType::kF32},
-    {26, "I32", true, DType::kI32},     {27, "I64", true, DType::kI64},
-    {28, "F64", false, DType::kF32},    {29, "IQ1_M", false, DType::kF32},
-    {30, "BF16", true, DType::kBF16},   {34, "TQ1_0", false, DType::kF32},
-    {35, "TQ2_0", false, DType::kF32},  {39, "MXFP4", false, DType::kF32},
+    {20, "IQ4_NL", false, DType::kF32},  {21, "IQ3_S", false, DType::kF32},
+    {22, "IQ2_S", false, DType::kF32},   {23, "IQ4_XS", false, DType::kF32},
+    {24, "I8", false, DType::kF32},      {25, "I16", false, DType::kF32},
+    {26, "I32", true, DType::kI32},      {27, "I64", true, DType::kI64},
+    {28, "F64", false, DType::kF32},     {29, "IQ1_M", false, DType::kF32},
+    {30, "BF16", true, DType::kBF16},    {34, "TQ1_0", false, DType::kF32},
+    {35, "TQ2_0", false, DType::kF32},   {39, "MXFP4", false, DType::kF32},
 };
 
 const GgmlType* FindGgmlType(uint32_t id) {
@@ -203,7 +232,7 @@ GgufTensorInfo ReadTensorInfo(Cursor& in, size_t index, const std::string& origi
 }  // namespace
 
 const char* GgufTypeName(GgufType type) {
-  static const char* const kNames[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+  static const char* const kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                        "bool", "string", "array", "u64", "i64", "f64"};
   const auto index = uint32_t(type);
   return index < std::size(kNames) ? kNames[index] : "unknown";
@@ -456,18 +485,42 @@ void AppendValue(std::string& out, const GgufValue& v) {
   auto as_unsigned = [&] { return std::get<uint64_t>(v.data); };
   auto as_signed = [&] { return std::get<int64_t>(v.data); };
   switch (v.type) {
-    case GgufType::kU8: AppendScalar(out, uint8_t(as_unsigned())); break;
-    case GgufType::kU16: AppendScalar(out, uint16_t(as_unsigned())); break;
-    case GgufType::kU32: AppendScalar(out, uint32_t(as_unsigned())); break;
-    case GgufType::kU64: AppendScalar(out, as_unsigned()); break;
-    case GgufType::kI8: AppendScalar(out, int8_t(as_signed())); break;
-    case GgufType::kI16: AppendScalar(out, int16_t(as_signed())); break;
-    case GgufType::kI32: AppendScalar(out, int32_t(as_signed())); break;
-    case GgufType::kI64: AppendScalar(out, as_signed()); break;
-    case GgufType::kF32: AppendScalar(out, float(std::get<double>(v.data))); break;
-    case GgufType::kF64: AppendScalar(out, std::get<double>(v.data)); break;
-    case GgufType::kBool: AppendScalar(out, uint8_t(std::get<bool>(v.data) ? 1 : 0)); break;
-    case GgufType::kString: AppendString(out, std::get<std::string>(v.data)); break;
+    case GgufType::kU8:
+      AppendScalar(out, uint8_t(as_unsigned()));
+      break;
+    case GgufType::kU16:
+      AppendScalar(out, uint16_t(as_unsigned()));
+      break;
+    case GgufType::kU32:
+      AppendScalar(out, uint32_t(as_unsigned()));
+      break;
+    case GgufType::kU64:
+      AppendScalar(out, as_unsigned());
+      break;
+    case GgufType::kI8:
+      AppendScalar(out, int8_t(as_signed()));
+      break;
+    case GgufType::kI16:
+      AppendScalar(out, int16_t(as_signed()));
+      break;
+    case GgufType::kI32:
+      AppendScalar(out, int32_t(as_signed()));
+      break;
+    case GgufType::kI64:
+      AppendScalar(out, as_signed());
+      break;
+    case GgufType::kF32:
+      AppendScalar(out, float(std::get<double>(v.data)));
+      break;
+    case GgufType::kF64:
+      AppendScalar(out, std::get<double>(v.data));
+      break;
+    case GgufType::kBool:
+      AppendScalar(out, uint8_t(std::get<bool>(v.data) ? 1 : 0));
+      break;
+    case GgufType::kString:
+      AppendString(out, std::get<std::string>(v.data));
+      break;
     case GgufType::kArray: {
       const auto& elements = std::get<std::vector<GgufValue>>(v.data);
       AppendScalar(out, uint32_t(v.element_type));
@@ -494,8 +547,8 @@ void GgufWriter::AddTensor(const std::string& name, DType type, const std::vecto
   info.offset = 0;
   if (!tensors_.empty()) {
     const GgufTensorInfo& last = tensors_.back();
-    info.offset = (last.offset + last.bytes + kDefaultAlignment - 1) / kDefaultAlignment *
-                  kDefaultAlignment;
+    info.offset =
+        (last.offset + last.bytes + kDefaultAlignment - 1) / kDefaultAlignment * kDefaultAlignment;
   }
   tensors_.push_back(std::move(info));
 }
@@ -551,7 +604,8 @@ void GgufWriter::Close() {
   PS_CHECK(file_ != nullptr && written_ == tensors_.size());
   // llama.cpp's writer pads the last tensor as well.
   static const char kZeros[kDefaultAlignment] = {};
-  const size_t padding = size_t((kDefaultAlignment - position_ % kDefaultAlignment) % kDefaultAlignment);
+  const size_t padding =
+      size_t((kDefaultAlignment - position_ % kDefaultAlignment) % kDefaultAlignment);
   const bool ok = std::fwrite(kZeros, 1, padding, file_) == padding;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
@@ -607,9 +661,12 @@ GgufVocab ReadGgufVocab(const GgufMetadata& m) {
   special("tokenizer.ggml.padding_token_id", &vocab.pad_id);
   special("tokenizer.ggml.mask_token_id", &vocab.mask_id);
   special("tokenizer.ggml.unknown_token_id", &vocab.unk_id);
-  if (m.Has("tokenizer.ggml.add_bos_token")) vocab.add_bos = m.GetBool("tokenizer.ggml.add_bos_token");
-  if (m.Has("tokenizer.ggml.add_eos_token")) vocab.add_eos = m.GetBool("tokenizer.ggml.add_eos_token");
-  if (m.Has("tokenizer.chat_template")) vocab.chat_template = m.GetString("tokenizer.chat_template");
+  if (m.Has("tokenizer.ggml.add_bos_token"))
+    vocab.add_bos = m.GetBool("tokenizer.ggml.add_bos_token");
+  if (m.Has("tokenizer.ggml.add_eos_token"))
+    vocab.add_eos = m.GetBool("tokenizer.ggml.add_eos_token");
+  if (m.Has("tokenizer.chat_template"))
+    vocab.chat_template = m.GetString("tokenizer.chat_template");
   return vocab;
 }
 

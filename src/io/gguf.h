@@ -20,8 +20,19 @@
 namespace polestar {
 
 enum class GgufType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 const char* GgufTypeName(GgufType type);
@@ -138,7 +149,7 @@ struct GgufVocab {
   std::vector<std::string> merges;   // "left right", highest priority first
   int bos_id = -1, eos_id = -1, eot_id = -1, pad_id = -1, mask_id = -1, unk_id = -1;
   bool add_bos = false, add_eos = false;
-  std::string chat_template;         // tokenizer.chat_template, empty when absent
+  std::string chat_template;  // tokenizer.chat_template, empty when absent
 };
 
 // Throws Error naming the file and key when the vocabulary is missing or inconsistent

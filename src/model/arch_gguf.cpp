@@ -26,7 +26,8 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   auto key = [&](const char* leaf) { return arch + "." + leaf; };
   auto count = [&](const std::string& name) {
     const uint64_t value = m.GetUint(name);
-    if (value > uint64_t(std::numeric_limits<int>::max())) Fail(origin, ": ", name, " is too large");
+    if (value > uint64_t(std::numeric_limits<int>::max()))
+      Fail(origin, ": ", name, " is too large");
     return int(value);
   };
   auto id_or = [&](const char* name, int fallback) {
@@ -37,7 +38,8 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   c.layers = count(key("block_count"));
   c.ffn = count(key("feed_forward_length"));
   c.heads = count(key("attention.head_count"));
-  c.kv_heads = m.Has(key("attention.head_count_kv")) ? count(key("attention.head_count_kv")) : c.heads;
+  c.kv_heads =
+      m.Has(key("attention.head_count_kv")) ? count(key("attention.head_count_kv")) : c.heads;
   c.rms_eps = float(m.GetFloat(key("attention.layer_norm_rms_epsilon")));
   c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
   c.max_positions = std::min(count(key("context_length")), 32768);

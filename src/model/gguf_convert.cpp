@@ -23,17 +23,23 @@ namespace fs = std::filesystem;
 // llama.cpp's llama_ftype values, written as general.file_type.
 uint32_t FileTypeId(GgufFileType type) {
   switch (type) {
-    case GgufFileType::kF16: return 1;
-    case GgufFileType::kBF16: return 32;
-    case GgufFileType::kQ8_0: return 7;
-    case GgufFileType::kQ4_0: return 2;
-    case GgufFileType::kQ4_K_M: return 15;
+    case GgufFileType::kF16:
+      return 1;
+    case GgufFileType::kBF16:
+      return 32;
+    case GgufFileType::kQ8_0:
+      return 7;
+    case GgufFileType::kQ4_0:
+      return 2;
+    case GgufFileType::kQ4_K_M:
+      return 15;
   }
   return 0;
 }
 
 bool EndsWith(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // One tensor to write: where it comes from and how.
@@ -123,7 +129,8 @@ void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConf
       if (!added.contains("content") || !added["content"].is_string() || !added.contains("id")) {
         Fail(path, ": added_tokens entry without content and id");
       }
-      place(added["content"].get<std::string>(), added["id"], added.value("special", false) ? 3 : 4);
+      place(added["content"].get<std::string>(), added["id"],
+            added.value("special", false) ? 3 : 4);
     }
     for (int64_t i = 0; i < vocab; ++i) {
       if (!seen[size_t(i)]) {
@@ -193,9 +200,12 @@ DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t wi
     return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
   };
   switch (file_type) {
-    case GgufFileType::kF16: return DType::kF16;
-    case GgufFileType::kBF16: return DType::kBF16;
-    case GgufFileType::kQ8_0: return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
+    case GgufFileType::kF16:
+      return DType::kF16;
+    case GgufFileType::kBF16:
+      return DType::kBF16;
+    case GgufFileType::kQ8_0:
+      return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
     case GgufFileType::kQ4_0:
       return name == "output.weight" ? or_fallback(DType::kQ6_K)
                                      : (fits(DType::kQ4_0) ? DType::kQ4_0 : DType::kF16);
@@ -265,7 +275,8 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
       Fail(store.origin(), ": tensor '", t.hf_name, "' does not have the shape [", expected,
            "] that config.json implies");
     }
-    if (source.dtype != DType::kF32 && source.dtype != DType::kF16 && source.dtype != DType::kBF16) {
+    if (source.dtype != DType::kF32 && source.dtype != DType::kF16 &&
+        source.dtype != DType::kBF16) {
       Fail(store.origin(), ": tensor '", t.hf_name, "' has type ", DTypeName(source.dtype),
            " (F32, F16 or BF16 expected)");
     }
@@ -294,8 +305,9 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
       }
     });
     writer.WriteTensorData(out.data(), out.size());
-    if (log) log(Cat(t.gguf_name, " <- ", t.hf_name, " ", DTypeName(source.dtype), " -> ",
-                     DTypeName(out_type)));
+    if (log)
+      log(Cat(t.gguf_name, " <- ", t.hf_name, " ", DTypeName(source.dtype), " -> ",
+              DTypeName(out_type)));
   }
   writer.Close();
 }

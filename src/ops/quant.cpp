@@ -278,8 +278,8 @@ void QuantizeQ4_0(const float* x, uint8_t* block) {
 
 // Shared by Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins; writes d, dmin
 // and scales[12] into `header` (16 bytes) and the levels into L[256].
-void QuantizeScalesK(const float* x, int nmax, float rmin, float rdelta, int nstep,
-                     uint8_t* header, uint8_t* levels) {
+void QuantizeScalesK(const float* x, int nmax, float rmin, float rdelta, int nstep, uint8_t* header,
+                     uint8_t* levels) {
   float scales[8], mins[8], weights[32];
   float max_scale = 0, max_min = 0;
   for (int j = 0; j < 8; ++j) {
@@ -369,7 +369,8 @@ void QuantizeQ6_K(const float* x, uint8_t* block) {
   int8_t* block_scales = reinterpret_cast<int8_t*>(block + 192);
   const float iscale = -128.f / max_scale;
   StoreU16(block + 208, F32ToF16(1 / iscale));
-  for (int s = 0; s < 16; ++s) block_scales[s] = int8_t(std::min(127, NearestInt(iscale * scales[s])));
+  for (int s = 0; s < 16; ++s)
+    block_scales[s] = int8_t(std::min(127, NearestInt(iscale * scales[s])));
   const float d = F16ToF32(LoadU16(block + 208));
   for (int s = 0; s < 16; ++s) {
     const float ds = d * float(block_scales[s]);
@@ -400,8 +401,10 @@ bool IsBlockQuantized(DType type) {
     case DType::kQ4_0:
     case DType::kQ4_K:
     case DType::kQ5_K:
-    case DType::kQ6_K: return true;
-    default: return false;
+    case DType::kQ6_K:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -411,19 +414,32 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out) {
   const int block_bytes = BlockBytes(type);
   void (*block_fn)(const uint8_t*, float*) = nullptr;
   switch (type) {
-    case DType::kF32: std::memcpy(out, src, size_t(n) * 4); return;
+    case DType::kF32:
+      std::memcpy(out, src, size_t(n) * 4);
+      return;
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(LoadU16(src + 2 * i));
       return;
     case DType::kBF16:
       for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(LoadU16(src + 2 * i));
       return;
-    case DType::kQ8_0: block_fn = DequantizeQ8_0; break;
-    case DType::kQ4_0: block_fn = DequantizeQ4_0; break;
-    case DType::kQ4_K: block_fn = DequantizeQ4_K; break;
-    case DType::kQ5_K: block_fn = DequantizeQ5_K; break;
-    case DType::kQ6_K: block_fn = DequantizeQ6_K; break;
-    default: Fail("no dequantisation for weight type ", DTypeName(type));
+    case DType::kQ8_0:
+      block_fn = DequantizeQ8_0;
+      break;
+    case DType::kQ4_0:
+      block_fn = DequantizeQ4_0;
+      break;
+    case DType::kQ4_K:
+      block_fn = DequantizeQ4_K;
+      break;
+    case DType::kQ5_K:
+      block_fn = DequantizeQ5_K;
+      break;
+    case DType::kQ6_K:
+      block_fn = DequantizeQ6_K;
+      break;
+    default:
+      Fail("no dequantisation for weight type ", DTypeName(type));
   }
   for (int64_t b = 0; b < blocks; ++b) {
     block_fn(src + b * block_bytes, out + b * BlockSize(type));
@@ -436,19 +452,32 @@ void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
   const int block_bytes = BlockBytes(type);
   void (*block_fn)(const float*, uint8_t*) = nullptr;
   switch (type) {
-    case DType::kF32: std::memcpy(dst, src, size_t(n) * 4); return;
+    case DType::kF32:
+      std::memcpy(dst, src, size_t(n) * 4);
+      return;
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, F32ToF16(src[i]));
       return;
     case DType::kBF16:
       for (int64_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, F32ToBf16(src[i]));
       return;
-    case DType::kQ8_0: block_fn = QuantizeQ8_0; break;
-    case DType::kQ4_0: block_fn = QuantizeQ4_0; break;
-    case DType::kQ4_K: block_fn = QuantizeQ4_K; break;
-    case DType::kQ5_K: block_fn = QuantizeQ5_K; break;
-    case DType::kQ6_K: block_fn = QuantizeQ6_K; break;
-    default: Fail("no quantiser for weight type ", DTypeName(type));
+    case DType::kQ8_0:
+      block_fn = QuantizeQ8_0;
+      break;
+    case DType::kQ4_0:
+      block_fn = QuantizeQ4_0;
+      break;
+    case DType::kQ4_K:
+      block_fn = QuantizeQ4_K;
+      break;
+    case DType::kQ5_K:
+      block_fn = QuantizeQ5_K;
+      break;
+    case DType::kQ6_K:
+      block_fn = QuantizeQ6_K;
+      break;
+    default:
+      Fail("no quantiser for weight type ", DTypeName(type));
   }
   for (int64_t b = 0; b < blocks; ++b) {
     block_fn(src + b * BlockSize(type), dst + b * block_bytes);

@@ -16,7 +16,8 @@ void AddConvertCommand(CLI::App& app) {
     bool quiet = false;
   };
   auto args = std::make_shared<Args>();
-  cmd->add_option("-m,--model", args->model, "Hugging Face model folder (config.json + safetensors)")
+  cmd->add_option("-m,--model", args->model,
+                  "Hugging Face model folder (config.json + safetensors)")
       ->required();
   cmd->add_option("-o,--output", args->output, "GGUF file to write")->required();
   cmd->add_option("--type", args->type, "f16, bf16, q8_0, q4_0 or q4_k_m")->capture_default_str();

@@ -97,7 +97,8 @@ void DequantizeQ5_K(const uint8_t* block, float* out) {
     const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * chunk));
     for (int half = 0; half < 2; ++half) {
       const __m256i bit = _mm256_set1_epi8(char(1 << (2 * chunk + half)));
-      const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), sixteen);
+      const __m256i high =
+          _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), sixteen);
       const __m256i low = half == 0 ? _mm256_and_si256(packed, nibble)
                                     : _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
       uint8_t sc, m;
@@ -143,12 +144,18 @@ using BlockDequantizer = void (*)(const uint8_t*, float*);
 
 BlockDequantizer DequantizerFor(DType type) {
   switch (type) {
-    case DType::kQ8_0: return DequantizeQ8_0;
-    case DType::kQ4_0: return DequantizeQ4_0;
-    case DType::kQ4_K: return DequantizeQ4_K;
-    case DType::kQ5_K: return DequantizeQ5_K;
-    case DType::kQ6_K: return DequantizeQ6_K;
-    default: return nullptr;
+    case DType::kQ8_0:
+      return DequantizeQ8_0;
+    case DType::kQ4_0:
+      return DequantizeQ4_0;
+    case DType::kQ4_K:
+      return DequantizeQ4_K;
+    case DType::kQ5_K:
+      return DequantizeQ5_K;
+    case DType::kQ6_K:
+      return DequantizeQ6_K;
+    default:
+      return nullptr;
   }
 }
 
@@ -205,7 +212,8 @@ void QuantMatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t 
   std::vector<float> tile(static_cast<size_t>(kTileRows * k));  // [kTileRows, K]
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, n_end - n0);
-    for (int64_t r = 0; r < rows; ++r) avx2::DequantizeValues(w.dtype, w.Row(n0 + r), k, &tile[r * k]);
+    for (int64_t r = 0; r < rows; ++r)
+      avx2::DequantizeValues(w.dtype, w.Row(n0 + r), k, &tile[r * k]);
     float* y_tile = y + (n0 - n_begin);
     int64_t r = 0;
     for (; r + 2 <= rows; r += 2) DotRows<2>(x, m, &tile[r * k], k, y_tile + r, ldy);
