@@ -7,6 +7,7 @@
 //   quant_bench [--layers 16] [--context 512] [--block 32] [--steps 3] [--json out.json]
 //
 // Prints a table and writes the numbers as JSON.
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -97,19 +98,38 @@ std::vector<uint8_t> RandomWeights(DType type, int64_t count, uint64_t seed) {
   return bytes;
 }
 
-// Best time of one call over repeated calls filling `min_seconds`: on a shared machine the
-// fastest run is the one least disturbed by other processes.
-double Seconds(const std::function<void()>& fn, double min_seconds) {
+double CpuSeconds(clockid_t clock) {
+  timespec ts;
+  clock_gettime(clock, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// Best wall-clock and best CPU time of one call over repeated calls filling `min_seconds`.
+// The machine may be shared: the fastest run is the least disturbed one, and CPU time (of
+// the calling thread for single-threaded calls, of the process otherwise, waits included)
+// measures the work itself however busy the machine is.
+struct Timing {
+  double wall = 1e30, cpu = 1e30;
+};
+
+Timing Measure(const std::function<void()>& fn, double min_seconds, clockid_t cpu_clock,
+               int min_runs = 1) {
   using Clock = std::chrono::steady_clock;
   fn();  // warm-up
-  double best = 1e30, total = 0;
+  Timing best;
+  double total = 0;
+  int runs = 0;
   do {
     const auto start = Clock::now();
+    const double cpu_start = CpuSeconds(cpu_clock);
     fn();
-    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    best = std::min(best, elapsed);
-    total += elapsed;
-  } while (total < min_seconds);
+    const double cpu = CpuSeconds(cpu_clock) - cpu_start;
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+    best.wall = std::min(best.wall, wall);
+    best.cpu = std::min(best.cpu, cpu);
+    total += wall;
+    ++runs;
+  } while (total < min_seconds || runs < min_runs);
   return best;
 }
 
@@ -129,10 +149,14 @@ nlohmann::json MatMulBench(double min_seconds) {
   const Shape shapes[] = {{1, 5632, 2048}, {32, 5632, 2048}, {32, 2048, 5632}};
   const DType types[] = {DType::kBF16, DType::kQ8_0, DType::kQ4_0,
                          DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  const int threads = ThreadCount();
   nlohmann::json rows = nlohmann::json::array();
-  std::printf("\nmatmul y[M,N] = x[M,K] w[N,K]^T, best-of GFLOP/s (weight GB/s)\n");
-  std::printf("%-6s %4s %6s %6s %18s %18s %18s\n", "type", "M", "N", "K", "threaded", "1 thread",
-              "1 thread scalar");
+  std::printf(
+      "\nmatmul y[M,N] = x[M,K] w[N,K]^T in GFLOP/s: %d threads by wall clock; one thread\n"
+      "(dispatched kernel, and the scalar reference) by its CPU time\n",
+      threads);
+  std::printf("%-6s %4s %6s %6s %12s %12s %14s %14s\n", "type", "M", "N", "K", "threaded",
+              "1 thread", "weight GB/s", "1 thr scalar");
   for (const Shape& s : shapes) {
     Random rng{uint64_t(s.m * 7 + s.k)};
     std::vector<float> x(static_cast<size_t>(s.m * s.k));  // [M, K]
@@ -142,39 +166,35 @@ nlohmann::json MatMulBench(double min_seconds) {
       const std::vector<uint8_t> bytes = RandomWeights(type, s.n * s.k, 11);
       const WeightView w{type, bytes.data(), s.n, s.k, RowBytes(type, s.k)};
       const double flops = 2.0 * s.m * s.n * s.k;
-      const double weight_bytes = double(bytes.size());
-      auto rate = [&](double seconds) { return flops / seconds * 1e-9; };
-      const double threaded = Seconds([&] { MatMul(x.data(), s.m, w, y.data()); }, min_seconds);
-      double single = 0, scalar = 0;
-      if (IsBlockQuantized(type) && s.m == 32 && s.k == 2048) {
-        if (avx2::Supported()) {
-          single =
-              Seconds([&] { avx2::QuantMatMulColumns(x.data(), s.m, w, 0, s.n, y.data(), s.n); },
-                      min_seconds);
-        }
-        scalar = Seconds([&] { reference::MatMulColumns(x.data(), s.m, w, 0, s.n, y.data(), s.n); },
-                         min_seconds / 4);
+      auto matmul = [&] { MatMul(x.data(), s.m, w, y.data()); };
+      const Timing threaded = Measure(matmul, min_seconds, CLOCK_PROCESS_CPUTIME_ID);
+      SetThreadCount(1);
+      const Timing single = Measure(matmul, min_seconds, CLOCK_THREAD_CPUTIME_ID);
+      SetThreadCount(threads);
+      Timing scalar;
+      if (s.k == 2048) {
+        scalar = Measure([&] { reference::MatMulColumns(x.data(), s.m, w, 0, s.n, y.data(), s.n); },
+                         min_seconds / 4, CLOCK_THREAD_CPUTIME_ID);
       }
-      auto cell = [&](double seconds) {
-        char text[32] = "-";
-        if (seconds > 0) {
-          std::snprintf(text, sizeof text, "%7.1f (%5.1f)", rate(seconds),
-                        weight_bytes / seconds * 1e-9);
-        }
-        return std::string(text);
-      };
-      std::printf("%-6s %4lld %6lld %6lld %18s %18s %18s\n", std::string(DTypeName(type)).c_str(),
-                  (long long)s.m, (long long)s.n, (long long)s.k, cell(threaded).c_str(),
-                  cell(single).c_str(), cell(scalar).c_str());
+      const double gflops = flops / threaded.wall * 1e-9;
+      const double gflops_1 = flops / single.cpu * 1e-9;
+      const double gbps_1 = double(bytes.size()) / single.cpu * 1e-9;
+      std::printf("%-6s %4lld %6lld %6lld %12.1f %12.1f %14.2f",
+                  std::string(DTypeName(type)).c_str(), (long long)s.m, (long long)s.n,
+                  (long long)s.k, gflops, gflops_1, gbps_1);
       nlohmann::json row = {{"type", DTypeName(type)},
                             {"m", s.m},
                             {"n", s.n},
                             {"k", s.k},
-                            {"threads", ThreadCount()},
-                            {"gflops", rate(threaded)},
-                            {"weight_gbps", weight_bytes / threaded * 1e-9}};
-      if (single > 0) row["gflops_1thread_avx2"] = rate(single);
-      if (scalar > 0) row["gflops_1thread_scalar"] = rate(scalar);
+                            {"threads", threads},
+                            {"gflops_wall", gflops},
+                            {"gflops_1thread_cpu", gflops_1},
+                            {"weight_gbps_1thread_cpu", gbps_1}};
+      if (scalar.cpu < 1e30) {
+        std::printf(" %14.2f", flops / scalar.cpu * 1e-9);
+        row["gflops_1thread_scalar_cpu"] = flops / scalar.cpu * 1e-9;
+      }
+      std::printf("\n");
       rows.push_back(row);
     }
   }
@@ -262,14 +282,14 @@ nlohmann::json DecodeBench(const ModelShape& shape, int block, int steps) {
   std::printf(
       "\ndual-cache decode step: %d query rows against %d cached rows, logits for the block\n",
       block, shape.context);
-  std::printf("%-7s %10s %10s %10s %12s %12s %12s\n", "type", "params", "file MB", "best ms",
-              "GFLOP/s", "RSS MB", "RSS-file MB");
+  std::printf("%-7s %10s %10s %10s %10s %12s %12s %10s %12s\n", "type", "params", "file MB",
+              "wall ms", "CPU ms", "GFLOP/s", "GFLOP/CPU-s", "RSS MB", "RSS-file MB");
   for (const auto& variant : variants) {
     const std::string path = dir + "/" + variant.name + ".gguf";
     WriteRandomModel(path, shape, variant.type_for);
     const int64_t file_bytes = int64_t(fs::file_size(path));
     const int64_t rss_before = ResidentBytes();
-    double seconds = 0;
+    Timing timing;
     int64_t params = 0, rss = 0;
     {
       auto model = Model::Load(path);
@@ -289,29 +309,26 @@ nlohmann::json DecodeBench(const ModelShape& shape, int block, int steps) {
       for (int i = shape.context - block; i < shape.context; ++i) plan.input_rows.push_back(i);
       plan.logit_rows = plan.input_rows;
       Forward forward(*model, cache);
-      forward.Run(canvas, plan);  // warm-up: pages in every weight
-      seconds = 1e30;
-      for (int s = 0; s < steps; ++s) {
-        const auto start = std::chrono::steady_clock::now();
-        forward.Run(canvas, plan);
-        seconds = std::min(
-            seconds,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
+      // The warm-up run pages in every weight.
+      timing = Measure([&] { forward.Run(canvas, plan); }, 0.0, CLOCK_PROCESS_CPUTIME_ID, steps);
       rss = ResidentBytes() - rss_before - cache.Bytes();
     }
     fs::remove(path);
     const int64_t matmul_params = params -
                                   int64_t(shape.vocab) * shape.width  // no embedding matmul
                                   - int64_t(shape.layers * 2 + 1) * shape.width;
-    const double gflops = 2.0 * double(matmul_params) * block / seconds * 1e-9;
-    std::printf("%-7s %10.3g %10.1f %10.1f %12.1f %12.1f %12.1f\n", variant.name, double(params),
-                file_bytes / 1e6, seconds * 1e3, gflops, rss / 1e6, (rss - file_bytes) / 1e6);
+    const double flops = 2.0 * double(matmul_params) * block;
+    std::printf("%-7s %10.3g %10.1f %10.1f %10.1f %12.1f %12.1f %10.1f %12.1f\n", variant.name,
+                double(params), file_bytes / 1e6, timing.wall * 1e3, timing.cpu * 1e3,
+                flops / timing.wall * 1e-9, flops / timing.cpu * 1e-9, rss / 1e6,
+                (rss - file_bytes) / 1e6);
     rows.push_back({{"type", variant.name},
                     {"params", params},
                     {"file_bytes", file_bytes},
-                    {"ms_per_step", seconds * 1e3},
-                    {"gflops", gflops},
+                    {"ms_per_step_wall", timing.wall * 1e3},
+                    {"ms_per_step_cpu", timing.cpu * 1e3},
+                    {"gflops_wall", flops / timing.wall * 1e-9},
+                    {"gflops_per_cpu_second", flops / timing.cpu * 1e-9},
                     {"rss_bytes", rss},
                     {"block", block},
                     {"context", shape.context},
