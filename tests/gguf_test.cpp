@@ -469,6 +469,8 @@ struct Conversion {
   const char* fixture;
 };
 
+void PrintTo(const Conversion& c, std::ostream* out) { *out << c.source << " -> " << c.fixture; }
+
 class GgufConvert : public ::testing::TestWithParam<Conversion> {};
 
 TEST_P(GgufConvert, TensorBytesAndMetadataMatchLlamaCpp) {
@@ -639,6 +641,12 @@ TEST(GgufConvertTokenizer, WritesTokenizerJsonAsGgufVocabulary) {
   EXPECT_TRUE(vocab.add_bos);
   EXPECT_EQ(vocab.chat_template, "{{ bos_token }}");
   EXPECT_EQ(vocab.pre, "llama-bpe");
+  std::ofstream(hf + "/tokenizer.json") << R"({"model": {"type": 5, "vocab": {}}})";
+  ExpectError([&] { ConvertToGguf(hf, dir + "/bad.gguf", GgufFileType::kF16); },
+              {"tokenizer.json", "unexpected structure"});
+  std::ofstream(hf + "/tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"x": 999}}})";
+  ExpectError([&] { ConvertToGguf(hf, dir + "/bad.gguf", GgufFileType::kF16); },
+              {"tokenizer.json", "'x' has an id outside"});
   EXPECT_EQ(testing::RunCli("convert -m " + hf + " -o " + dir + "/x.gguf --type q3_k", &out, true),
             1);
   EXPECT_NE(out.find("unknown GGUF type 'q3_k'"), std::string::npos) << out;

@@ -98,30 +98,31 @@ std::string MergeText(const nlohmann::json& merge, const std::string& path) {
   Fail(path, ": a merge is neither \"a b\" nor [\"a\", \"b\"]");
 }
 
-// tokenizer.ggml.* from tokenizer.json (byte-level BPE) as llama.cpp's gpt2 vocabulary
-// path writes it; without a tokenizer.json, a placeholder vocabulary <t0>, <t1>, ... with
-// the config's special ids marked as control tokens.
-void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConfig& c) {
-  const int64_t vocab = c.vocab;
-  std::vector<std::string> tokens(static_cast<size_t>(vocab));
-  std::vector<int32_t> types(size_t(vocab), 1);  // NORMAL
+struct Vocabulary {
+  std::vector<std::string> tokens;  // [V]
+  std::vector<int32_t> types;       // [V]: 1 normal, 3 control, 4 user-defined, 5 unused
   std::vector<std::string> merges;
-  std::string pre = "default";
-  const fs::path tokenizer_path = fs::path(hf_dir) / "tokenizer.json";
-  if (fs::exists(tokenizer_path)) {
-    const std::string path = tokenizer_path.string();
+};
+
+// tokenizer.json (byte-level BPE) as llama.cpp's gpt2 vocabulary path writes it: ids the
+// tokenizer does not use become "[PAD<id>]" of type UNUSED.
+Vocabulary ReadTokenizerJson(const std::string& path, int64_t vocab) {
+  Vocabulary v{std::vector<std::string>(static_cast<size_t>(vocab)),
+               std::vector<int32_t>(static_cast<size_t>(vocab), 5),
+               {}};
+  try {
     const nlohmann::json tok = ReadJsonFile(path);
     if (!tok.contains("model") || tok["model"].value("type", "") != "BPE" ||
         !tok["model"].contains("vocab") || !tok["model"]["vocab"].is_object()) {
       Fail(path, ": only BPE tokenizers with a vocab object are supported");
     }
-    std::vector<bool> seen(size_t(vocab), false);
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
     auto place = [&](const std::string& text, const nlohmann::json& id, int32_t type) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
         Fail(path, ": token '", text, "' has an id outside the model's vocabulary of ", vocab);
       }
-      tokens[id.get<size_t>()] = text;
-      types[id.get<size_t>()] = type;
+      v.tokens[id.get<size_t>()] = text;
+      v.types[id.get<size_t>()] = type;
       seen[id.get<size_t>()] = true;
     };
     for (const auto& [text, id] : tok["model"]["vocab"].items()) place(text, id, 1);
@@ -133,28 +134,40 @@ void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConf
             added.value("special", false) ? 3 : 4);
     }
     for (int64_t i = 0; i < vocab; ++i) {
-      if (!seen[size_t(i)]) {
-        tokens[size_t(i)] = "[PAD" + std::to_string(i) + "]";
-        types[size_t(i)] = 5;  // UNUSED
-      }
+      if (!seen[size_t(i)]) v.tokens[size_t(i)] = Cat("[PAD", i, "]");
     }
     for (const auto& merge : tok["model"].value("merges", nlohmann::json::array())) {
-      merges.push_back(MergeText(merge, path));
+      v.merges.push_back(MergeText(merge, path));
     }
+  } catch (const nlohmann::json::exception& e) {
+    Fail(path, ": unexpected structure: ", e.what());
+  }
+  return v;
+}
+
+// tokenizer.ggml.* from tokenizer.json; without one, a placeholder vocabulary <t0>, <t1>, ...
+// with the config's special ids marked as control tokens.
+void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConfig& c) {
+  const fs::path tokenizer_path = fs::path(hf_dir) / "tokenizer.json";
+  Vocabulary v;
+  std::string pre = "default";
+  if (fs::exists(tokenizer_path)) {
+    v = ReadTokenizerJson(tokenizer_path.string(), c.vocab);
     // llama.cpp names the pre-tokenizer by hashing a probe tokenisation; these are the
     // names of the regexes the two families use (Qwen2 for Dream, Llama-3 style for LLaDA).
     pre = c.arch == Arch::kDream ? "qwen2" : "llama-bpe";
   } else {
-    for (int64_t i = 0; i < vocab; ++i) tokens[size_t(i)] = "<t" + std::to_string(i) + ">";
+    for (int i = 0; i < c.vocab; ++i) v.tokens.push_back(Cat("<t", i, ">"));
+    v.types.assign(static_cast<size_t>(c.vocab), 1);
     for (int id : {c.mask_id, c.eos_id, c.pad_id, c.bos_id, c.eot_id}) {
-      if (id >= 0 && id < vocab) types[size_t(id)] = 3;  // CONTROL
+      if (id >= 0 && id < c.vocab) v.types[size_t(id)] = 3;
     }
   }
   meta.Add("tokenizer.ggml.model", GgufValue::String("gpt2"));
   meta.Add("tokenizer.ggml.pre", GgufValue::String(pre));
-  meta.Add("tokenizer.ggml.tokens", GgufValue::Strings(tokens));
-  meta.Add("tokenizer.ggml.token_type", GgufValue::I32s(types));
-  if (!merges.empty()) meta.Add("tokenizer.ggml.merges", GgufValue::Strings(merges));
+  meta.Add("tokenizer.ggml.tokens", GgufValue::Strings(v.tokens));
+  meta.Add("tokenizer.ggml.token_type", GgufValue::I32s(v.types));
+  if (!v.merges.empty()) meta.Add("tokenizer.ggml.merges", GgufValue::Strings(v.merges));
   auto add_id = [&](const char* key, int id) {
     if (id >= 0) meta.Add(key, GgufValue::U32(uint32_t(id)));
   };
@@ -230,11 +243,14 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   if (model_type == "llada") {
     c = ParseLladaConfig(config_path);
     hf = LladaTensorNames();
-    context_length = raw.value("max_sequence_length", 4096);
+    context_length = c.max_positions;  // max_sequence_length
   } else if (model_type == "Dream" || model_type == "dream") {
     c = ParseDreamConfig(config_path);
     hf = DreamTensorNames();
-    context_length = raw.value("max_position_embeddings", 2048);
+    // The config's own value: ParseDreamConfig caps max_positions for the RoPE table.
+    const bool given = raw.contains("max_position_embeddings") &&
+                       raw["max_position_embeddings"].is_number_integer();
+    context_length = given ? raw["max_position_embeddings"].get<int64_t>() : c.max_positions;
   } else {
     Fail(config_path, ": unknown model_type '", model_type, "' (supported: llada, Dream)");
   }
