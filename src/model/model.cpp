@@ -101,7 +101,8 @@ std::unique_ptr<Model> Model::Load(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) Fail(path, ": no such file or directory");
   if (!fs::is_directory(path)) {
-    Fail(path, ": not a model folder (expected config.json and *.safetensors)");
+    if (fs::path(path).extension() == ".gguf") return LoadGgufModel(path);
+    Fail(path, ": not a model folder (expected config.json and *.safetensors) or a .gguf file");
   }
   const std::string config_path = (fs::path(path) / "config.json").string();
   if (!fs::exists(config_path)) Fail(path, ": no config.json");

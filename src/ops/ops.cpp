@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
+#include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -30,6 +31,7 @@ int64_t GrainFor(int64_t work_per_item) {
 }  // namespace
 
 void MatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias) {
+  if (QuantMatMul(x, m, w, y, bias)) return;  // block-quantised weights (ops/quant.h)
   // Threads take whole 16-row panels of w, so every thread converts its own weights once.
   constexpr int64_t kPanel = 16;
   const int64_t panels = (w.rows + kPanel - 1) / kPanel;

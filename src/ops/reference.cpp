@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ops/quant.h"
 
 namespace polestar::reference {
 
@@ -38,7 +39,8 @@ void DequantizeRow(const WeightView& w, int64_t n, float* out) {
       }
       return;
     default:
-      Fail("no kernel for weight type ", DTypeName(w.dtype));
+      DequantizeValues(w.dtype, row, w.cols, out);  // block-quantised types (ops/quant.h)
+      return;
   }
 }
 

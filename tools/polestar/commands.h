@@ -9,5 +9,6 @@ void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
 void AddGenerateCommand(CLI::App& app);
 void AddTokenizeCommand(CLI::App& app);
+void AddConvertCommand(CLI::App& app);
 
 }  // namespace polestar::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   polestar::cli::AddForwardCommand(app);
   polestar::cli::AddGenerateCommand(app);
   polestar::cli::AddTokenizeCommand(app);
+  polestar::cli::AddConvertCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
