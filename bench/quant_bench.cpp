@@ -28,6 +28,7 @@
 #include "io/gguf.h"
 #include "model/forward.h"
 #include "ops/quant.h"
+#include "ops/avx2/avx2.h"
 #include "ops/reference.h"
 
 namespace polestar {

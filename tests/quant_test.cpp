@@ -2,6 +2,7 @@
 // format definitions, the quantisers against hand-computed cases and error bounds, and the
 // AVX2 kernels against their scalar twins.
 #include "ops/quant.h"
+#include "ops/avx2/avx2.h"
 
 #include <gtest/gtest.h>
 
