@@ -9,6 +9,7 @@ packages=(
   libcli11-dev           # the polestar command line
   libcpp-httplib-dev     # polestar serve
   libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, lookahead, possessive)
+  libicu-dev             # tokenizer Unicode normalization (NFC for Qwen/Dream)
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox            # benchmark plots
 )

@@ -116,11 +116,12 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
     int dream_number = block_masks / steps, dream_left = 0;  // confidence_threshold state
 
     for (int step = 0;; ++step) {
-      const std::vector<int> masked = masked_in_block();
-      if (masked.empty() && !(step == 1 && policy->RunsStepAfterFilledBlockStart())) break;
+      const std::vector<int> block_masked = masked_in_block();
+      if (block_masked.empty() && !(step == 1 && policy->RunsStepAfterFilledBlockStart())) break;
       DecodeContext context{model,  options, canvas,          prompt_length,       config.mask_id,
                             block,  step,    committed_last_step, cache,           forward};
       StepPlan plan = policy->Plan(context);
+      const std::vector<int> masked = policy->CommitCandidates(context, block_masked);
       for (int p : masked) plan.logit_rows.push_back(PredictingRow(config, p));
       std::sort(plan.logit_rows.begin(), plan.logit_rows.end());
       plan.logit_rows.erase(std::unique(plan.logit_rows.begin(), plan.logit_rows.end()),

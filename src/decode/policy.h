@@ -57,6 +57,11 @@ class Policy {
   // Whether a full block of masks should be decoded at all (Polestar skips blocks that its
   // suffix commits filled; blocks without masks are always skipped by the driver).
   virtual StepPlan Plan(const DecodeContext& context) = 0;
+  // The masked positions of the block (ascending) that the commit rule may choose from this
+  // step; called after Plan. Elastic-Cache narrows them to its sliding window.
+  virtual std::vector<int> CommitCandidates(const DecodeContext& context, std::vector<int> masked) {
+    return masked;
+  }
   // After the forward and the shared commit rule chose `commits` among `candidates` (the
   // block's masked positions): a policy may add commits of its own (distinct masked
   // positions, anywhere in the canvas).
