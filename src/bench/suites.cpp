@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "decode/generate.h"
 #include "io/json_file.h"
+#include "tokenizer/chat_template.h"
 
 namespace polestar::bench {
 namespace {
@@ -131,6 +132,27 @@ std::string CharVocabCodec::Decode(std::span<const int> ids) const {
   return text;
 }
 
+TokenizerCodec::TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, PromptFormat format)
+    : tokenizer_(std::move(tokenizer)) {
+  chat_ = format == PromptFormat::kChat ||
+          (format == PromptFormat::kAuto && !tokenizer_->chat_template().empty());
+  // Resolve the template now, so a tokenizer the engine cannot template fails before any work.
+  if (chat_) template_kind_ = ChatTemplateFor(*tokenizer_);
+}
+
+std::vector<int> TokenizerCodec::EncodePrompt(const eval::EvalItem& item) const {
+  if (!chat_) return tokenizer_->Encode(item.prompt);
+  // The whole prompt, few-shot examples included, as one user turn (as Fast-dLLM and the
+  // LLaDA evaluations give it to instruct models).
+  return ApplyChatTemplate(*tokenizer_, {{"user", item.prompt}}, template_kind_);
+}
+
+std::string TokenizerCodec::Decode(std::span<const int> ids) const {
+  DetokenizeOptions options;
+  options.skip_special_tokens = true;
+  return tokenizer_->Decode(ids, options);
+}
+
 PromptFormat PromptFormatFromName(const std::string& name) {
   if (name == "auto") return PromptFormat::kAuto;
   if (name == "chat") return PromptFormat::kChat;
@@ -149,10 +171,11 @@ const char* PromptFormatName(PromptFormat format) {
 
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFormat format) {
   const fs::path dir(model_dir);
-  if (fs::exists(dir / "vocab.json") && !fs::exists(dir / "tokenizer.json")) {
-    return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
+  if (fs::exists(dir / "tokenizer.json")) {
+    return std::make_unique<TokenizerCodec>(Tokenizer::Load(model_dir), format);
   }
-  Fail(model_dir, ": no tokenizer this build can read (tokenizer.json support comes with src/tokenizer)");
+  if (fs::exists(dir / "vocab.json")) return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
+  Fail(model_dir, ": no tokenizer.json (nor a character vocab.json) to turn prompts into token ids");
 }
 
 std::vector<std::string> BenchSuiteNames() {

@@ -23,6 +23,8 @@
 
 #include "eval/suite.h"
 #include "model/config.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace polestar::bench {
 
@@ -53,8 +55,24 @@ class CharVocabCodec final : public TextCodec {
   int prompt_length_ = 0;
 };
 
-// How prompts of the text suites become ids.
+// How prompts of the text suites become ids: the model's chat template (a single user turn
+// holding the whole prompt), the raw text, or chat when the tokenizer has a template.
 enum class PromptFormat { kAuto, kChat, kRaw };
+
+// A model's own tokenizer (tokenizer.json + tokenizer_config.json).
+class TokenizerCodec final : public TextCodec {
+ public:
+  // Throws Error when chat is asked for and the template is not one the engine knows.
+  TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, PromptFormat format);
+  std::vector<int> EncodePrompt(const eval::EvalItem& item) const override;
+  std::string Decode(std::span<const int> ids) const override;
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+ private:
+  std::unique_ptr<Tokenizer> tokenizer_;
+  bool chat_ = false;
+  ChatTemplateKind template_kind_ = ChatTemplateKind::kLlada;
+};
 PromptFormat PromptFormatFromName(const std::string& name);  // auto | chat | raw
 const char* PromptFormatName(PromptFormat format);
 
