@@ -1,0 +1,488 @@
+// The benchmark harness: grid expansion, the defaults each point gets, resumable result
+// files, the Pareto front on hand-made points, the CSV/Markdown shapes, random checkpoints that
+// load and decode, the forced commit schedule, and eval on the llada-probe stand-in suite
+// against its PyTorch reference outputs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "bench/bench.h"
+#include "bench/random_model.h"
+#include "bench/report.h"
+#include "bench/scale.h"
+#include "decode/generate.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "test_support.h"
+
+namespace polestar::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One engine thread: these models are far too small to gain from more, and OpenMP threads
+// waiting on a busy shared machine cost more than the work.
+const bool kOneThread = [] {
+  SetThreadCount(1);
+  return true;
+}();
+
+// The few decoding keys these tests set; the CLI's setter covers every flag.
+void TestSetter(DecodeOptions& o, const std::string& key, const std::string& value) {
+  if (key == "threshold") {
+    o.threshold = std::stod(value);
+  } else if (key == "block-length") {
+    o.block_length = std::stoi(value);
+  } else if (key == "gen-length") {
+    o.gen_length = std::stoi(value);
+  } else if (key == "steps") {
+    o.steps = std::stoi(value);
+  } else {
+    Fail("test setter: unknown key ", key);
+  }
+}
+
+std::string ProbeDir() { return testing::FixtureDir("llada-probe"); }
+
+BenchSuite ProbeSuite(const Model& model, size_t limit) {
+  SuiteOptions options;
+  options.name = "probe";
+  options.model_dir = ProbeDir();
+  options.limit = limit;
+  return LoadBenchSuite(options, model.config());
+}
+
+// ---- grids ---------------------------------------------------------------------------------
+
+TEST(Grid, ProductOfAxesWithTheLastTurningFastest) {
+  const std::vector<GridPoint> points =
+      ExpandGrids({"vanilla", "polestar"}, {"threshold=0.5,0.7,0.9;block_length=8,16"});
+  ASSERT_EQ(points.size(), 12u);
+  EXPECT_EQ(points[0].Label(), "vanilla threshold=0.5 block-length=8");
+  EXPECT_EQ(points[1].Label(), "vanilla threshold=0.5 block-length=16");
+  EXPECT_EQ(points[2].Label(), "vanilla threshold=0.7 block-length=8");
+  EXPECT_EQ(points[6].Label(), "polestar threshold=0.5 block-length=8");
+  EXPECT_EQ(points[11].Label(), "polestar threshold=0.9 block-length=16");
+  EXPECT_EQ(points[11].SettingsText(), "threshold=0.9 block-length=16");
+}
+
+TEST(Grid, PolicyAxisReplacesThePolicyListAndDuplicatesRunOnce) {
+  const std::vector<GridPoint> points = ExpandGrids(
+      {"vanilla"}, {"policy=polestar;clusters=4,8", "policy=fast-dllm-dual,polestar;clusters=8"});
+  ASSERT_EQ(points.size(), 3u);
+  EXPECT_EQ(points[0].Label(), "polestar clusters=4");
+  EXPECT_EQ(points[1].Label(), "polestar clusters=8");
+  EXPECT_EQ(points[2].Label(), "fast-dllm-dual clusters=8");
+}
+
+TEST(Grid, NoGridMeansEachPolicyAtItsDefaults) {
+  const std::vector<GridPoint> points = ExpandGrids({"vanilla", "fast-dllm-dual"}, {});
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[1].policy, "fast-dllm-dual");
+  EXPECT_TRUE(points[1].settings.empty());
+  EXPECT_EQ(points[1].SettingsText(), "defaults");
+}
+
+TEST(Grid, BadSpecsAreErrorsNamingTheProblem) {
+  auto message = [](const std::vector<std::string>& grids) {
+    try {
+      ExpandGrids({"vanilla"}, grids);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"threshold"}).find("no '='"), std::string::npos);
+  EXPECT_NE(message({"threshold=0.5,,0.7"}).find("empty item"), std::string::npos);
+  EXPECT_NE(message({"threshold=0.5;threshold=0.7"}).find("appears twice"), std::string::npos);
+  EXPECT_NE(message({"policy=fast"}).find("unknown policy 'fast'"), std::string::npos);
+  EXPECT_NE(message({"threshold="}).find("no values"), std::string::npos);
+  EXPECT_EQ(NormaliseKey("--block_length"), "block-length");
+}
+
+TEST(Grid, PointsGetSuiteAndPolicyDefaultsUnlessGiven) {
+  BenchSuite suite;
+  suite.gen_length = 32;
+  suite.block_length = 8;
+  DecodeOptions base;  // gen 128, block 32, steps 128 as the flags' defaults
+  const DecodeOptions dual = ResolvePoint(base, {}, {"fast-dllm-dual", {}}, suite, TestSetter);
+  EXPECT_EQ(dual.gen_length, 32);
+  EXPECT_EQ(dual.block_length, 8);
+  EXPECT_EQ(dual.steps, 32);
+  EXPECT_DOUBLE_EQ(dual.threshold, 0.9);
+  const DecodeOptions vanilla = ResolvePoint(base, {}, {"vanilla", {}}, suite, TestSetter);
+  EXPECT_LT(vanilla.threshold, 0);  // one token a step
+  const DecodeOptions set = ResolvePoint(base, {"block-length"}, {"fast-dllm-prefix", {{"threshold", "0.7"}}},
+                                         suite, TestSetter);
+  EXPECT_EQ(set.block_length, 32);  // given on the command line: kept
+  EXPECT_DOUBLE_EQ(set.threshold, 0.7);
+  const DecodeOptions gen = ResolvePoint(base, {}, {"vanilla", {{"gen-length", "64"}}}, suite, TestSetter);
+  EXPECT_EQ(gen.steps, 64);  // follows the point's gen length
+}
+
+// ---- Pareto front and tables ------------------------------------------------------------------
+
+TEST(Report, ParetoFrontOnHandMadePoints) {
+  // (x, y) both maximised. (1, 90) and (3, 80) and (4, 60) are the front; (2, 70) is dominated
+  // by (3, 80); (3, 75) by (3, 80) (equal x, lower y); (4, 60) and (4, 60) tie and both stay.
+  const std::vector<std::pair<double, double>> points = {{1, 90}, {2, 70}, {3, 80}, {3, 75}, {4, 60}, {4, 60}, {0.5, 90}};
+  const std::vector<bool> front = ParetoFront(points);
+  EXPECT_EQ(front, (std::vector<bool>{true, false, true, false, true, true, false}));
+  EXPECT_TRUE(ParetoFront({}).empty());
+  EXPECT_EQ(ParetoFront({{1, 1}}), std::vector<bool>{true});
+}
+
+ResultRow HandRow(const std::string& policy, const std::string& settings, double accuracy, double tpf,
+                  double tps) {
+  ResultRow r;
+  r.key = "k" + policy;
+  r.policy = policy;
+  r.settings = settings;
+  r.items = 10;
+  r.metrics = {{"flexible_extract", accuracy}, {"strict_match", accuracy / 2}};
+  r.task_accuracy = {{"add", accuracy}, {"sort", 1.0}};
+  r.nfe_mean = 32 / tpf;
+  r.tpf_until_eos = tpf;
+  r.tpf_non_eos = tpf;
+  r.tpf_all = tpf * 2;
+  r.tps_until_eos = tps;
+  r.tps_non_eos = tps;
+  r.rows_per_token = 100;
+  r.peak_rss_bytes = int64_t{3} << 20;
+  r.cache_bytes = int64_t{1} << 20;
+  return r;
+}
+
+TEST(Report, CsvHasOneHeaderAndOneLinePerRowWithQuoting) {
+  const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
+                                       HandRow("polestar", "threshold=0.9 name=\"a,b\"", 0.75, 3, 20)};
+  const std::string csv = CsvTable(rows);
+  std::vector<std::string> lines;
+  std::istringstream in(csv);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0],
+            "policy,settings,items,accuracy,flexible_extract,strict_match,nfe_mean,tpf_until_eos,tpf_non_eos,"
+            "tpf_all_positions,tps_until_eos,tps_non_eos,rows_per_token,peak_rss_mb,cache_mb,seconds,key");
+  EXPECT_EQ(lines[1], "vanilla,defaults,10,0.8000,0.8000,0.4000,32.00,1.000,1.000,2.000,5.00,5.00,100.0,3.0,1.0,0.00,kvanilla");
+  EXPECT_EQ(lines[2].substr(0, 41), "polestar,\"threshold=0.9 name=\"\"a,b\"\"\",10,");
+  EXPECT_EQ(CsvField("plain"), "plain");
+}
+
+TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
+  const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
+                                       HandRow("fast-dllm-dual", "defaults", 0.7, 2, 4),
+                                       HandRow("polestar", "defaults", 0.75, 3, 20)};
+  const std::string md = MarkdownReport(rows, {"gsm8k on m", "polestar bench ...", "cpu", Protocol::kUntilEos});
+  std::vector<std::string> table;
+  std::istringstream in(md);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| ", 0) == 0 || line.rfind("|---", 0) == 0) table.push_back(line);
+  }
+  // Main table (header, rule, 3 rows), other metrics (2 + 3), per task (2 + 3).
+  ASSERT_EQ(table.size(), 15u);
+  EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 14);
+  // Vanilla is the most accurate, so on both fronts; dual is dominated by polestar (TPF) and
+  // vanilla (TPS).
+  EXPECT_EQ(table[2], "| vanilla | defaults | 10 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 100 | 3.0 | 1.0 | **TPF, TPS** |");
+  EXPECT_TRUE(table[3].ends_with("| 1.0 |  |")) << table[3];
+  EXPECT_NE(table[4].find("**TPF, TPS**"), std::string::npos);
+  EXPECT_NE(table[5].find("strict_match"), std::string::npos);
+  EXPECT_NE(table[10].find("| add | sort |"), std::string::npos);
+  EXPECT_NE(md.find("Command: `polestar bench ...`"), std::string::npos);
+}
+
+TEST(Report, PlotWritesSvgAndPng) {
+  const std::string dir = testing::TempDir();
+  const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
+                                       HandRow("polestar", "threshold=0.9", 0.75, 3, 20)};
+  const std::vector<std::string> files = WritePlot(rows, {"t", "c", "m", Protocol::kNonEos}, dir + "/pareto");
+  ASSERT_EQ(files.size(), 4u);
+  for (const std::string& f : files) EXPECT_GT(fs::file_size(f), 100u) << f;
+  std::ifstream png(dir + "/pareto.png", std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  std::ifstream svg(dir + "/pareto.svg");
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("Pareto front"), std::string::npos);
+  EXPECT_NE(text.find("polestar"), std::string::npos);
+}
+
+// ---- records and summaries --------------------------------------------------------------------
+
+TEST(Runner, TotalsAreRatiosOfSums) {
+  ItemRecord a;
+  a.id = "a";
+  a.task = "add";
+  a.nfe = 10;
+  a.positions = 32;
+  a.tokens_until_eos = 5;
+  a.non_eos_tokens = 6;
+  a.seconds = 1;
+  a.rows_computed = 320;
+  a.metrics = {{"m", true}};
+  ItemRecord b = a;
+  b.id = "b";
+  b.task = "sort";
+  b.nfe = 30;
+  b.tokens_until_eos = 15;
+  b.non_eos_tokens = 15;
+  b.seconds = 3;
+  b.metrics = {{"m", false}};
+  const RunSummary s = Summarize({a, b}, {"m"});
+  EXPECT_DOUBLE_EQ(s.Accuracy(), 0.5);
+  EXPECT_DOUBLE_EQ(s.overall.TpfUntilEos(), 20.0 / 40.0);
+  EXPECT_DOUBLE_EQ(s.overall.TpfNonEos(), 21.0 / 40.0);
+  EXPECT_DOUBLE_EQ(s.overall.TpfAll(), 64.0 / 40.0);
+  EXPECT_DOUBLE_EQ(s.overall.TpsUntilEos(), 20.0 / 4.0);
+  EXPECT_DOUBLE_EQ(s.overall.MeanNfe(), 20.0);
+  EXPECT_DOUBLE_EQ(s.overall.RowsPerToken(), 640.0 / 64.0);
+  ASSERT_EQ(s.per_task.size(), 2u);
+  EXPECT_EQ(s.per_task[1].first, "sort");
+  EXPECT_DOUBLE_EQ(s.per_task[1].second.Accuracy("m"), 0.0);
+  const ItemRecord back = ItemRecord::FromJson(b.ToJson());
+  EXPECT_EQ(back.ToJson(), b.ToJson());
+}
+
+// ---- the stand-in suite ----------------------------------------------------------------------
+
+TEST(Suite, ProbeCodecEncodesLikeTheReference) {
+  const CharVocabCodec codec(ProbeDir() + "/vocab.json");
+  const nlohmann::json reference = ReadJsonFile(ProbeDir() + "/reference.json");
+  for (int i = 0; i < 5; ++i) {
+    const nlohmann::json& p = reference["prompts"][size_t(i)];
+    EXPECT_EQ(codec.EncodeText(p["prompt"].get<std::string>()), p["prompt_ids"].get<std::vector<int>>());
+  }
+  EXPECT_EQ(codec.Decode(codec.EncodeText("R123>")), "R123>");  // the padding is no character
+  EXPECT_THROW(codec.EncodeText("A12#"), Error);
+}
+
+TEST(Eval, ProbeSuiteMatchesThePyTorchReference) {
+  // Fast-dLLM dual cache, threshold 0.9 (the reference's "dual@0.9" run): per prompt, the same
+  // forward-pass count and the same verdict as the reference implementation.
+  auto model = Model::Load(ProbeDir());
+  const BenchSuite suite = ProbeSuite(*model, 6);
+  ASSERT_EQ(suite.items.size(), 6u);
+  EXPECT_EQ(suite.full_size, 120u);
+  const DecodeOptions options = ResolvePoint(DecodeOptions{}, {}, {"fast-dllm-dual", {}}, suite, TestSetter);
+  const nlohmann::json reference = ReadJsonFile(ProbeDir() + "/reference.json");
+  const nlohmann::json& expected = reference["policies"]["dual@0.9"]["per_prompt"];
+  std::vector<ItemRecord> records;
+  const RunSummary summary = RunSuite(*model, suite, options, [&](size_t, const ItemRecord& r) { records.push_back(r); });
+  int correct = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(records[i].nfe, expected[i]["nfe"].get<int>()) << i;
+    EXPECT_EQ(records[i].metrics[0].second, expected[i]["correct"].get<bool>()) << i;
+    correct += expected[i]["correct"].get<bool>();
+  }
+  EXPECT_DOUBLE_EQ(summary.Accuracy(), correct / 6.0);
+  EXPECT_EQ(summary.overall.positions, 6 * 32);
+}
+
+// ---- resumability ----------------------------------------------------------------------------
+
+TEST(Bench, RerunSkipsFinishedRunsAndReusesDecodedItems) {
+  auto model = Model::Load(ProbeDir());
+  const BenchSuite suite = ProbeSuite(*model, 3);
+  BenchRequest request;
+  request.model_dir = ProbeDir();
+  request.points = ExpandGrids({"fast-dllm-dual"}, {"threshold=0.9,0.7"});
+  request.setter = TestSetter;
+  request.out_dir = testing::TempDir();
+  request.machine = DescribeMachine("test", SourceDir(), 1);
+  request.plot = false;
+  request.progress = false;
+  const BenchOutcome first = RunBench(*model, suite, request);
+  ASSERT_EQ(first.rows.size(), 2u);
+  EXPECT_EQ(first.runs_skipped, 0);
+  EXPECT_EQ(first.items_decoded, 6);
+  const BenchOutcome again = RunBench(*model, suite, request);
+  EXPECT_EQ(again.runs_skipped, 2);
+  EXPECT_EQ(again.items_decoded, 0);
+  EXPECT_EQ(again.rows[1].accuracy(), first.rows[1].accuracy());
+  EXPECT_EQ(again.rows[1].nfe_mean, first.rows[1].nfe_mean);
+
+  // An interrupted run: its items were written but not its row, and the last line is torn.
+  const fs::path dir(request.out_dir);
+  fs::remove(dir / "results.jsonl");
+  std::ofstream(dir / "items.jsonl", std::ios::app) << "{\"key\": \"abc\", \"id\": ";
+  const ResultStore store(request.out_dir);
+  EXPECT_EQ(store.skipped_lines(), 1);
+  const BenchOutcome resumed = RunBench(*model, suite, request);
+  EXPECT_EQ(resumed.runs_skipped, 0);
+  EXPECT_EQ(resumed.items_decoded, 0);
+  ASSERT_EQ(resumed.rows.size(), 2u);
+  EXPECT_EQ(resumed.rows[0].nfe_mean, first.rows[0].nfe_mean);
+
+  // A new point runs alone; the tables cover the whole grid.
+  request.points = ExpandGrids({"fast-dllm-dual"}, {"threshold=0.9,0.7,0.5"});
+  const BenchOutcome grown = RunBench(*model, suite, request);
+  EXPECT_EQ(grown.runs_skipped, 2);
+  EXPECT_EQ(grown.items_decoded, 3);
+  std::ifstream csv(dir / "results.csv");
+  int lines = 0;
+  for (std::string line; std::getline(csv, line);) ++lines;
+  EXPECT_EQ(lines, 4);
+  const nlohmann::json run = ReadJsonFile((dir / "run.json").string());
+  EXPECT_EQ(run["machine"]["command"], "test");
+  EXPECT_FALSE(run["machine"]["cpu_model"].get<std::string>().empty());
+}
+
+TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
+  const std::string dir = testing::TempDir();
+  std::string out;
+  const std::string args = "bench -m " + ProbeDir() + " --suite probe --limit 2 -t 1 -q -o " + dir +
+                           " --policies fast-dllm-dual,polestar --grid 'threshold=0.9;block_length=8'";
+  ASSERT_EQ(testing::RunCli(args, &out, true), 0) << out;
+  for (const char* f : {"results.jsonl", "items.jsonl", "results.csv", "results.md", "run.json", "pareto.svg",
+                        "pareto.png", "pareto.gp"}) {
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
+  }
+  const std::string md = [&] {
+    std::ifstream in(fs::path(dir) / "results.md");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  EXPECT_NE(md.find("| polestar | threshold=0.9 block-length=8 | 2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("--grid 'threshold=0.9;block_length=8'"), std::string::npos) << md;
+  ASSERT_EQ(testing::RunCli(args, &out, true), 0) << out;
+  EXPECT_NE(out.find("2 run(s), 2 already done, 0 item(s) decoded"), std::string::npos) << out;
+  // The CLI's setter knows every decoding flag and rejects others.
+  EXPECT_NE(testing::RunCli(args + " --grid 'nonsense=1'", &out, true), 0);
+  EXPECT_NE(out.find("unknown decoding setting 'nonsense'"), std::string::npos) << out;
+  ASSERT_EQ(testing::RunCli("bench -m " + ProbeDir() + " --suite probe --dry-run --grid "
+                            "'policy=polestar;diffusion-steps=16;early_commit=false,true'", &out), 0);
+  EXPECT_NE(out.find("polestar steps=16 early-commit=false"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 points x 120 items"), std::string::npos) << out;
+}
+
+TEST(Eval, CliPrintsPerTaskAndOverallJson) {
+  std::string out;
+  ASSERT_EQ(testing::RunCli("eval -m " + ProbeDir() + " --suite probe --policy polestar --limit 4 -t 1 -q --json", &out), 0)
+      << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["summary"]["items"], 4);
+  EXPECT_EQ(j["options"]["policy"], "polestar");
+  EXPECT_DOUBLE_EQ(j["options"]["threshold"].get<double>(), 0.9);  // tau_s
+  EXPECT_TRUE(j["summary"]["per_task"].contains("rev"));
+  EXPECT_GT(j["summary"]["tpf"]["all_positions"].get<double>(), 1.0);
+  ASSERT_NE(testing::RunCli("eval -m " + ProbeDir() + " --suite nope", &out, true), 0);
+  EXPECT_NE(out.find("unknown suite 'nope'"), std::string::npos) << out;
+}
+
+// ---- random checkpoints and the scale benchmark ----------------------------------------------
+
+TEST(RandomModel, WritesACheckpointThatLoadsAndDecodes) {
+  const std::string dir = testing::TempDir() + "/m";
+  RandomModelOptions options;
+  options.shape = ShapeByName("llada-tiny");
+  options.scale = 1.5;  // 3 layers
+  const RandomModelSummary summary = WriteRandomModel(dir, options);
+  EXPECT_EQ(summary.shape.layers, 3);
+  auto model = Model::Load(dir);
+  const ModelConfig& c = model->config();
+  EXPECT_EQ(c.layers, 3);
+  EXPECT_EQ(c.width, 64);
+  EXPECT_EQ(c.vocab, 128);
+  EXPECT_EQ(c.mask_id, 126);
+  EXPECT_EQ(model->ParameterCount(), summary.parameters);
+  // 2 V C + C + per layer 4 C^2 + 3 C F + 2 C.
+  EXPECT_EQ(summary.parameters, 2 * 128 * 64 + 64 + 3 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64));
+  EXPECT_EQ(model->tensors().Get("model.transformer.blocks.0.q_proj.weight").dtype, DType::kBF16);
+  DecodeOptions decode;
+  decode.gen_length = 16;
+  decode.block_length = 8;
+  decode.steps = 16;
+  const GenerationResult r = Generate(*model, std::vector<int>{1, 2, 3, 4}, decode);
+  EXPECT_EQ(r.nfe, 16);
+  for (int t : r.generated) EXPECT_NE(t, c.mask_id);
+  // Same seed, same bytes.
+  const std::string again = testing::TempDir() + "/again";
+  WriteRandomModel(again, options);
+  std::ifstream a(dir + "/model.safetensors", std::ios::binary), b(again + "/model.safetensors", std::ios::binary);
+  EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
+}
+
+TEST(RandomModel, ShardsLargeCheckpointsAndRefusesRealOnes) {
+  const std::string dir = testing::TempDir();
+  RandomModelOptions options;
+  options.shape = ShapeByName("dream-tiny");
+  options.dtype = DType::kF32;
+  options.max_shard_bytes = 40000;
+  const RandomModelSummary summary = WriteRandomModel(dir + "/m", options);
+  EXPECT_GT(summary.files.size(), 3u);
+  EXPECT_TRUE(fs::exists(dir + "/m/model.safetensors.index.json"));
+  auto model = Model::Load(dir + "/m");
+  EXPECT_EQ(model->config().arch, Arch::kDream);
+  EXPECT_EQ(model->config().kv_heads, 2);
+  EXPECT_EQ(model->tensors().Get("model.layers.1.self_attn.k_proj.bias").dtype, DType::kF32);
+  fs::create_directories(dir + "/real");
+  fs::copy_file(ProbeDir() + "/config.json", dir + "/real/config.json");
+  try {
+    WriteRandomModel(dir + "/real", options);
+    FAIL() << "overwrote a real checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not write"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ShapeByName("llada-80b"), Error);
+}
+
+TEST(Scale, ForcedScheduleStepsPerBlock) {
+  EXPECT_EQ(ForcedStepsPerBlock(32, 4), 8);
+  EXPECT_EQ(ForcedStepsPerBlock(8, 2), 4);
+  EXPECT_EQ(ForcedStepsPerBlock(5, 2), 2);  // 5 -> 3 -> all 3 (the factor rule's last-but-one quirk)
+  EXPECT_EQ(ForcedStepsPerBlock(8, 1), 7);  // ... and with one token a step, 2 -> 0
+  EXPECT_EQ(ForcedStepsPerBlock(8, 8), 1);
+}
+
+TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
+  const std::string dir = testing::TempDir() + "/m";
+  RandomModelOptions random;
+  random.shape = ShapeByName("llada-tiny");
+  WriteRandomModel(dir, random);
+  auto model = Model::Load(dir);
+  ScaleOptions options;
+  options.reps = 1;
+  options.prompt_length = 8;
+  options.base.gen_length = 32;
+  options.base.block_length = 8;
+  options.tokens_per_step = 2;
+  options.blocks = 4;
+  options.policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "elastic-cache", "polestar"};
+  const std::vector<StepTiming> steps = TimeSteps(*model, options);
+  auto rows = [&](const std::string& kind) {
+    for (const StepTiming& s : steps) {
+      if (s.kind == kind) return s.rows_computed;
+    }
+    return int64_t{-1};
+  };
+  const int layers = 2;
+  EXPECT_EQ(rows("full pass"), layers * 40);
+  EXPECT_EQ(rows("windowed pass"), layers * 24);      // block 3: [start - 16, end), the canvas ends
+  EXPECT_EQ(rows("prefix-cache step"), layers * 20);  // blocks 1 and 2: 24 and 16 rows
+  EXPECT_EQ(rows("dual-cache step"), layers * 8);
+  // Block 2's window holds 24 rows in 8 clusters of 3: k clusters at layer 0, 1 at the last.
+  EXPECT_EQ(rows("refresh step, k=4"), (8 + 12) + (8 + 3));
+  EXPECT_EQ(rows("refresh step, k=1"), (8 + 3) + (8 + 3));
+  const std::vector<ForcedRun> runs = RunForcedSchedule(*model, options);
+  ASSERT_EQ(runs.size(), 5u);
+  for (const ForcedRun& r : runs) {
+    EXPECT_TRUE(r.error.empty()) << r.policy << ": " << r.error;
+    EXPECT_EQ(r.nfe, 4 * 4) << r.policy;
+    EXPECT_EQ(r.tokens, 32) << r.policy;
+    EXPECT_GT(r.seconds, 0);
+  }
+  // Polestar's block 3 starts with a windowed pass; its decode steps all refresh.
+  EXPECT_EQ(runs[4].step_kinds["window"]["count"], 1);
+  EXPECT_EQ(runs[4].step_kinds["full"]["count"], 3);
+  EXPECT_EQ(runs[4].step_kinds["refresh"]["count"], 12);
+  EXPECT_GT(ProjectSeconds("polestar", 4, options, steps, nullptr), 0);
+  EXPECT_LT(ProjectSeconds("unknown", 4, options, steps, nullptr), 0);
+}
+
+}  // namespace
+}  // namespace polestar::bench
