@@ -18,6 +18,7 @@
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "test_support.h"
+#include "tokenizer/unicode.h"
 
 namespace polestar::bench {
 namespace {
@@ -284,6 +285,96 @@ TEST(Eval, ProbeSuiteMatchesThePyTorchReference) {
   EXPECT_EQ(summary.overall.positions, 6 * 32);
 }
 
+// A random LLaDA-shaped model over a byte-level tokenizer: 256 byte tokens without merges,
+// then LLaDA's special tokens and chat template. Enough to drive a text suite end to end.
+std::string WriteByteLevelModel(const std::string& dir) {
+  ModelShape shape = ShapeByName("llada-tiny");
+  shape.vocab = 262;
+  shape.bos_id = 256;
+  shape.eos_id = 257;
+  shape.eot_id = 260;
+  shape.mask_id = 261;
+  shape.max_positions = 4096;  // five-shot GSM8K is 2000 byte tokens
+  RandomModelOptions options;
+  options.shape = shape;
+  WriteRandomModel(dir, options);
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {
+    const char32_t c = unicode::ByteToChar(uint8_t(b));
+    std::string utf8;
+    if (c < 0x80) {
+      utf8 = std::string(1, char(c));
+    } else {
+      utf8 = {char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))};
+    }
+    vocab[utf8] = b;
+  }
+  nlohmann::json added = nlohmann::json::array();
+  int id = 256;
+  for (const char* token : {"<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>",
+                            "<|eot_id|>", "<|mdm_mask|>"}) {
+    added.push_back({{"id", id++}, {"content", token}, {"special", true}, {"normalized", false}});
+  }
+  const nlohmann::json tokenizer = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", added}};
+  std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+  const nlohmann::json config = {
+      {"bos_token", "<|startoftext|>"},
+      {"eos_token", "<|endoftext|>"},
+      {"chat_template", "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+                        "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"}};
+  std::ofstream(dir + "/tokenizer_config.json") << config.dump();
+  return dir;
+}
+
+TEST(Suite, TextSuitesGoThroughTheTokenizerAndTheSuiteGrader) {
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  auto model = Model::Load(dir);
+  SuiteOptions options;
+  options.name = "gsm8k";
+  options.model_dir = dir;
+  options.limit = 2;
+  const BenchSuite suite = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(suite.items.size(), 2u);
+  EXPECT_EQ(suite.full_size, 1319u);
+  EXPECT_EQ(suite.metric_names, (std::vector<std::string>{"flexible_extract", "strict_match"}));
+  // <|startoftext|><|start_header_id|>user<|end_header_id|>\n\nQuestion: ... and the
+  // assistant header last.
+  const std::vector<int>& prompt = suite.items[0].prompt;
+  ASSERT_GT(prompt.size(), 100u);
+  EXPECT_EQ(prompt[0], 256);
+  EXPECT_EQ(prompt[1], 258);
+  EXPECT_EQ(std::string(prompt.begin() + 2, prompt.begin() + 6), "user");
+  EXPECT_EQ(std::string(prompt.end() - 12, prompt.end() - 3), "assistant");
+  EXPECT_EQ(prompt[prompt.size() - 3], 259);
+  EXPECT_EQ(std::string(prompt.end() - 2, prompt.end()), "\n\n");
+  // The grader sees the text before the first end token, cut at the suite's stop sequences.
+  const std::string answer = "The total is 7.\n#### 18\nQuestion: next";
+  std::vector<int> generated(answer.begin(), answer.end());
+  generated.push_back(260);
+  generated.push_back('9');
+  const ItemGrade grade = suite.grade(0, generated);
+  EXPECT_EQ(grade.completion, "The total is 7.\n#### 18\n");
+  ASSERT_EQ(grade.grade.metrics.size(), 2u);
+  EXPECT_EQ(grade.grade.metrics[0].extracted, "18");
+  EXPECT_EQ(grade.grade.metrics[1].extracted, "18");
+  EXPECT_EQ(grade.grade.correct, suite.items[0].reference == "18");
+  // And a real decode through a policy.
+  DecodeOptions decode;
+  decode.policy = "fast-dllm-dual";
+  decode.gen_length = 16;
+  decode.block_length = 8;
+  decode.steps = 16;
+  const ItemRecord record = RunItem(*model, suite, 1, decode);
+  EXPECT_EQ(record.positions, 16);
+  EXPECT_EQ(record.metrics.size(), 2u);
+  EXPECT_GT(record.nfe, 0);
+}
+
 // ---- resumability ----------------------------------------------------------------------------
 
 TEST(Bench, RerunSkipsFinishedRunsAndReusesDecodedItems) {
@@ -452,6 +543,7 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   options.base.block_length = 8;
   options.tokens_per_step = 2;
   options.blocks = 4;
+  options.max_steps = 0;
   options.policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "elastic-cache", "polestar"};
   const std::vector<StepTiming> steps = TimeSteps(*model, options);
   auto rows = [&](const std::string& kind) {

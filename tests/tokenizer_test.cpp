@@ -259,7 +259,7 @@ TEST_P(ReferenceTokenizer, GgufVocabularyGivesTheSameIds) {
   const std::string name = GetParam();
   const TokenizerSpec spec = ReadTokenizerFiles(ReferenceDir(name));
   GgufVocab gguf;
-  gguf.source = "gguf " + name;
+  const std::string where = "gguf " + name;
   gguf.pre = name == "qwen3" ? "qwen2" : "llama-bpe";
   gguf.tokens = spec.vocab;
   gguf.token_types.assign(spec.vocab.size(), 1);
@@ -273,7 +273,7 @@ TEST_P(ReferenceTokenizer, GgufVocabularyGivesTheSameIds) {
   }
   for (const auto& [left, right] : spec.merges) gguf.merges.push_back(left + " " + right);
   gguf.eos_id = *Reference(name).TokenToId(spec.eos_token);
-  const Tokenizer tokenizer(SpecFromGguf(gguf));
+  const Tokenizer tokenizer(SpecFromGguf(gguf, where));
   EXPECT_EQ(tokenizer.special_ids().eos, Reference(name).special_ids().eos);
   EXPECT_EQ(tokenizer.clean_up_tokenization_spaces(),
             Reference(name).clean_up_tokenization_spaces());
@@ -902,27 +902,27 @@ TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
 
 TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {
   GgufVocab gguf;
-  gguf.source = "model.gguf";
+  const std::string where = "model.gguf";
   for (int b = 0; b < 256; ++b) gguf.tokens.push_back(Utf8(unicode::ByteToChar(uint8_t(b))));
   gguf.tokens.push_back("<|mdm_mask|>");
   gguf.token_types.assign(256, 1);
   gguf.token_types.push_back(3);  // control
   gguf.mask_id = 256;
   gguf.pre = "bailingmoe";  // LLaDA's family: possessive quantifiers, single digits
-  const Tokenizer bailing(SpecFromGguf(gguf));
+  const Tokenizer bailing(SpecFromGguf(gguf, where));
   EXPECT_EQ(bailing.PreTokenize("I'm 123 ++x"),
             (Strings{"I", "'m", "\xC4\xA0", "1", "2", "3", "\xC4\xA0++", "x"}));
   EXPECT_EQ(bailing.special_ids().mask, 256);
   EXPECT_TRUE(bailing.IsSpecial(256));
   EXPECT_EQ(bailing.Encode("a<|mdm_mask|>"), Ids({'a', 256}));
   gguf.pre = "llama-bpe";
-  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345"), (Strings{"123", "45"}));
+  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("12345"), (Strings{"123", "45"}));
   gguf.pre = "gpt2";
-  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf)).PreTokenize("12345 ab"), (Strings{"12345",
+  EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("12345 ab"), (Strings{"12345",
                                                                             "\xC4\xA0"
                                                                             "ab"}));
   gguf.pre = "mystery";
-  EXPECT_THROW(SpecFromGguf(gguf), Error);
+  EXPECT_THROW(SpecFromGguf(gguf, where), Error);
 }
 
 }  // namespace

@@ -48,12 +48,6 @@ void WriteText(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::string DefaultModelDir() {
-  const fs::path local = fs::path("models") / "polestar-tiny";
-  if (fs::exists(local)) return local.string();
-  return (fs::path(SourceDir()) / "models" / "polestar-tiny").string();
-}
-
 DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string>& explicit_keys,
                            const GridPoint& point, const BenchSuite& suite, const OptionSetter& set) {
   DecodeOptions o = base;
@@ -71,10 +65,10 @@ DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string
 }
 
 RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOptions& options,
-                    const std::function<void(std::size_t, const ItemRecord&)>& on_item) {
+                    const std::function<void(std::size_t, const ItemRecord&)>& on_item, Clock clock) {
   std::vector<ItemRecord> records;
   for (size_t i = 0; i < suite.items.size(); ++i) {
-    records.push_back(RunItem(model, suite, i, options));
+    records.push_back(RunItem(model, suite, i, options, clock));
     if (on_item) on_item(i + 1, records.back());
   }
   return Summarize(records, suite.metric_names);
@@ -88,6 +82,8 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
                  request.out_dir.c_str(), store.skipped_lines());
   }
   const std::string model_id = ModelId(request.model_dir);
+  nlohmann::json selection = suite.selection;
+  selection["clock"] = ClockName(request.clock);
 
   struct Planned {
     GridPoint point;
@@ -102,7 +98,7 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
     Planned p{point, ResolvePoint(request.base, request.explicit_keys, point, suite, request.setter), "", {}};
     // Validate every point before any work, so a typo in the last one fails at once.
     p.options.Resolved(model.config()).Validate(model.config(), int(suite.items[0].prompt.size()));
-    p.key = RunKey(model_id, suite.selection, OptionsToJson(p.options.Resolved(model.config())));
+    p.key = RunKey(model_id, selection, OptionsToJson(p.options.Resolved(model.config())));
     if (store.Row(p.key) != nullptr) {
       ++outcome.runs_skipped;
     } else {
@@ -127,7 +123,7 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
           continue;
         }
         progress.Update(decoded, Cat("run ", r + 1, "/", plan.size(), " ", p.point.Label()));
-        ItemRecord record = RunItem(model, suite, i, p.options);
+        ItemRecord record = RunItem(model, suite, i, p.options, request.clock);
         store.AppendItem(p.key, record);
         records.push_back(std::move(record));
         ++decoded;
@@ -152,7 +148,7 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
                                   {"task_names", tasks},
                                   {"summary", summary.ToJson()},
                                   {"options", OptionsToJson(p.options.Resolved(model.config()))},
-                                  {"selection", suite.selection},
+                                  {"selection", selection},
                                   {"machine", request.machine.ToJson()}};
     store.AppendRow(row);
   }
@@ -170,12 +166,13 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   context.command = request.machine.command;
   context.machine = request.machine.Summary();
   context.protocol = request.protocol;
+  context.clock = request.clock;
   WriteText((dir / "results.csv").string(), CsvTable(outcome.rows));
   std::string markdown = MarkdownReport(outcome.rows, context);
   for (const auto& [label, error] : outcome.failed) markdown += "\nNot run: " + label + ": " + error + "\n";
   WriteText((dir / "results.md").string(), markdown);
   nlohmann::ordered_json run = {{"machine", request.machine.ToJson()},
-                                {"suite", suite.selection},
+                                {"suite", selection},
                                 {"model", request.model_dir},
                                 {"runs", outcome.rows.size()},
                                 {"runs_skipped", outcome.runs_skipped},

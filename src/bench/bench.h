@@ -21,10 +21,6 @@
 
 namespace polestar::bench {
 
-// models/polestar-tiny in the working directory, else in the source tree (the default
-// model of generate, eval and bench).
-std::string DefaultModelDir();
-
 // The options of one grid point: `base` (the command's decoding flags, of which
 // `explicit_keys` were given), the suite's and the policies' defaults, then the point.
 DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string>& explicit_keys,
@@ -39,6 +35,7 @@ struct BenchRequest {
   std::string out_dir;
   MachineInfo machine;
   Protocol protocol = Protocol::kUntilEos;
+  Clock clock = Clock::kWall;  // of TPS; part of the result key
   bool plot = true;
   bool progress = true;  // a progress bar with ETA on stderr
 };
@@ -58,7 +55,8 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
 // Runs one configuration over the suite without storing anything (polestar eval).
 // `on_item` (optional) sees each record as it finishes.
 RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOptions& options,
-                    const std::function<void(std::size_t done, const ItemRecord&)>& on_item = nullptr);
+                    const std::function<void(std::size_t done, const ItemRecord&)>& on_item = nullptr,
+                    Clock clock = Clock::kWall);
 
 // Progress over a known number of items: a bar with rate and ETA, redrawn in place on a
 // terminal and printed every 10 s otherwise.

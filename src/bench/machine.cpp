@@ -69,13 +69,7 @@ std::string ProcessCommandLine() {
   return command;
 }
 
-std::string SourceDir() {
-#ifdef POLESTAR_SOURCE_DIR
-  return POLESTAR_SOURCE_DIR;
-#else
-  return ".";
-#endif
-}
+std::string SourceDir() { return POLESTAR_SOURCE_DIR; }
 
 MachineInfo DescribeMachine(const std::string& command, const std::string& source_dir, int threads) {
   MachineInfo m;
@@ -105,6 +99,20 @@ MachineInfo DescribeMachine(const std::string& command, const std::string& sourc
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   m.started = stamp;
   return m;
+}
+
+Clock ClockFromName(const std::string& name) {
+  if (name == "wall") return Clock::kWall;
+  if (name == "cpu") return Clock::kCpu;
+  Fail("unknown clock '", name, "' (wall, cpu)");
+}
+
+const char* ClockName(Clock clock) { return clock == Clock::kWall ? "wall" : "cpu"; }
+
+double ClockSeconds(Clock clock) {
+  timespec t{};
+  clock_gettime(clock == Clock::kWall ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 int64_t PeakRssBytes() {

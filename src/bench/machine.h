@@ -37,6 +37,14 @@ MachineInfo DescribeMachine(const std::string& command, const std::string& sourc
 // The source tree this binary was built from.
 std::string SourceDir();
 
+// Which clock timings use: wall time, or this process's CPU time (steadier on a shared
+// machine, and equal to wall time on an idle one when the engine runs one thread).
+enum class Clock { kWall, kCpu };
+Clock ClockFromName(const std::string& name);  // wall | cpu
+const char* ClockName(Clock clock);
+// Seconds on `clock` since an arbitrary origin.
+double ClockSeconds(Clock clock);
+
 // VmHWM of this process (peak resident set), in bytes; 0 where /proc is unavailable.
 int64_t PeakRssBytes();
 // Resets VmHWM to the current resident set (Linux: /proc/self/clear_refs), so the next

@@ -178,7 +178,7 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
           Megabytes(r.cache_bytes) + " | " + (front.empty() ? "" : "**" + front + "**") + " |\n";
   }
   md += "\nPareto: on the accuracy/TPF or accuracy/TPS front (" + std::string(ProtocolName(context.protocol)) +
-        " counts). TPF and TPS are ratios of sums over the items; rows/token = (layer, position) "
+        " counts). TPF and TPS are ratios of sums over the items, TPS on " + (context.clock == Clock::kWall ? std::string("wall-clock") : std::string("process CPU")) + " time; rows/token = (layer, position) "
         "rows computed per canvas position; peak RSS includes the mapped weights.\n";
   // Other metrics of the suite (gsm8k: strict_match) and the per-task breakdown.
   if (!rows.empty() && rows[0].metrics.size() > 1) {
@@ -315,7 +315,8 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
          " font ',13' margins 0.06, 0.98, 0.22, 0.9 spacing 0.07, 0\n";
     s += panel("1", std::string("tokens per forward (TPF, ") + ProtocolName(context.protocol) + ")",
                front_tpf_index, x_limit(by_tpf), true);
-    s += panel("2", std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) + ")",
+    s += panel("2", std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) +
+                        (context.clock == Clock::kCpu ? ", CPU time)" : ")"),
                front_tps_index, x_limit(by_tps), false);
     s += "unset multiplot\n";
     return s;

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench/machine.h"
+
 namespace polestar::bench {
 
 // One finished run, as stored in results.jsonl.
@@ -42,6 +44,7 @@ struct ReportContext {
   std::string command;
   std::string machine;  // MachineInfo::Summary()
   Protocol protocol = Protocol::kUntilEos;
+  Clock clock = Clock::kWall;  // of TPS
 };
 
 // One header line and one line per row; fields with commas or quotes are quoted.

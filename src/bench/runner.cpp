@@ -97,17 +97,19 @@ ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
 }
 
 ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
-                   const DecodeOptions& options) {
+                   const DecodeOptions& options, Clock clock) {
   const BenchItem& item = suite.items.at(index);
   ResetPeakRss();
+  const double started = ClockSeconds(clock);
   const GenerationResult g = Generate(model, item.prompt, options);
+  const double seconds = clock == Clock::kWall ? g.seconds : ClockSeconds(clock) - started;
   ItemRecord r;
   r.peak_rss_bytes = PeakRssBytes();
   r.id = item.id;
   r.task = item.task;
   r.nfe = g.nfe;
   r.rows_computed = g.rows_computed;
-  r.seconds = g.seconds;
+  r.seconds = seconds;
   r.positions = int(g.generated.size());
   r.tokens_until_eos = g.tokens_until_eos;
   r.non_eos_tokens = g.non_eos_tokens;

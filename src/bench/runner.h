@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/machine.h"
 #include "bench/suites.h"
 #include "decode/options.h"
 #include "model/model.h"
@@ -41,9 +42,9 @@ struct ItemRecord {
   static ItemRecord FromJson(const nlohmann::json& j);
 };
 
-// Decodes and grades item `index` of `suite`.
+// Decodes and grades item `index` of `suite`; `seconds` is the decoding time on `clock`.
 ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
-                   const DecodeOptions& options);
+                   const DecodeOptions& options, Clock clock = Clock::kWall);
 
 struct Totals {
   int64_t items = 0;

@@ -1,7 +1,6 @@
 #include "bench/scale.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -20,10 +19,6 @@ namespace polestar::bench {
 namespace {
 
 namespace fs = std::filesystem;
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
 
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -143,10 +138,10 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   auto time_plan = [&](const std::string& kind, const std::vector<StepPlan>& plans) {
     StepTiming t{kind, 0, {}};
     for (int r = 0; r < options.reps; ++r) {
-      const auto start = std::chrono::steady_clock::now();
+      const double start = ClockSeconds(options.clock);
       int64_t rows = 0;
       for (const StepPlan& plan : plans) rows += forward.Run(canvas, plan).rows_computed;
-      t.seconds.push_back(Seconds(start) / double(plans.size()));
+      t.seconds.push_back((ClockSeconds(options.clock) - start) / double(plans.size()));
       t.rows_computed = rows / int64_t(plans.size());
     }
     timings.push_back(std::move(t));
@@ -189,7 +184,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
   StepTiming kmeans{"k-means (all layers)", 0, {}};
   for (int r = 0; r < options.reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
+    const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
       const float* hidden = cache.hidden(l);
       if (prefix_clusters > 0) {
@@ -201,7 +196,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
                         suffix_rows, C, suffix_clusters, o.kmeans_iters);
       }
     }
-    kmeans.seconds.push_back(Seconds(start));
+    kmeans.seconds.push_back(ClockSeconds(options.clock) - start);
   }
   timings.push_back(kmeans);
   StepTiming proxy{"proxy attention (all layers)", 0, {}};
@@ -219,7 +214,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   const std::vector<int> positions = Range(0, g.length);
   double drift_sum = 0;  // keeps the KL from being optimised away
   for (int r = 0; r < options.reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
+    const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
       forward.ProjectQueries(l, centroids.data(), clusters, queries.data());
       keys.assign(cache.keys(l), cache.keys(l) + int64_t(g.length) * kv_width);
@@ -231,7 +226,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       }
       std::swap(probs, previous);
     }
-    proxy.seconds.push_back(Seconds(start));
+    proxy.seconds.push_back(ClockSeconds(options.clock) - start);
   }
   volatile double sink = drift_sum;
   (void)sink;
@@ -246,6 +241,7 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
   const std::vector<int> prompt = ScalePrompt(config, g.prompt);
   std::vector<ForcedRun> runs;
   for (const std::string& policy : options.policies) {
+    if (options.progress) std::fprintf(stderr, "  %s\n", policy.c_str());
     ForcedRun run;
     run.policy = policy;
     DecodeOptions o = options.base;
@@ -255,13 +251,15 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
     o.steps = o.gen_length;
     o.temperature = 0;
     run.nfe_expected = blocks * ForcedStepsPerBlock(g.block, options.tokens_per_step);
+    if (options.max_steps > 0) run.nfe_expected = std::min(run.nfe_expected, options.max_steps);
     std::vector<double> stamps;  // seconds since start after each step
     std::vector<int> block_of;   // block of each step
     const int masks_at_stop = o.gen_length - blocks * g.block;
+    const double started = ClockSeconds(options.clock);
     auto on_step = [&](const StepEvent& e) {
-      stamps.push_back(e.seconds);
+      stamps.push_back(ClockSeconds(options.clock) - started);
       block_of.push_back(e.block_index);
-      return e.masks_left > masks_at_stop;
+      return e.masks_left > masks_at_stop && (options.max_steps <= 0 || int(stamps.size()) < options.max_steps);
     };
     try {
       const GenerationResult r = Generate(model, prompt, o, on_step, true);
@@ -328,7 +326,7 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   ModelShape shape = ScaledShape(ShapeByName(options.like), options.layer_scale);
   if (options.model_dir.empty()) options.model_dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
   if (!fs::exists(fs::path(options.model_dir) / "config.json")) {
-    std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(), options.model_dir.c_str());
+    if (options.progress) std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(), options.model_dir.c_str());
     RandomModelOptions random;
     random.shape = ShapeByName(options.like);
     random.scale = options.layer_scale;
@@ -338,10 +336,10 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   const ModelConfig& config = model->config();
   if (options.reps < 1) Fail("--reps must be at least 1");
   if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
-  std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n", options.model_dir.c_str(),
+  if (options.progress) std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n", options.model_dir.c_str(),
                config.layers, config.width);
   const std::vector<StepTiming> steps = TimeSteps(*model, options);
-  std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n", options.tokens_per_step, options.blocks);
+  if (options.progress) std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n", options.tokens_per_step, options.blocks);
   const std::vector<ForcedRun> forced = RunForcedSchedule(*model, options);
 
   // TPF per policy from a suite run: its row with default settings, else its first row.
@@ -367,12 +365,14 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                   {"parameters", model->ParameterCount()}};
   out["canvas"] = {{"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
   out["reps"] = options.reps;
+  out["clock"] = ClockName(options.clock);
   std::string md = "### Scale benchmark: " + shape.name + " (random weights, " + std::to_string(config.layers) +
                    " layers, width " + std::to_string(config.width) + ", " +
                    Fixed(double(model->ParameterCount()) / 1e9, 2) + " B parameters)\n\n";
   md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
   md += "Canvas: prompt " + std::to_string(g.prompt) + " + gen length " + std::to_string(options.base.gen_length) +
-        ", block " + std::to_string(g.block) + "; median of " + std::to_string(options.reps) + " reps.\n\n";
+        ", block " + std::to_string(g.block) + "; median of " + std::to_string(options.reps) + " reps; " +
+        (options.clock == Clock::kCpu ? "process CPU time" : "wall-clock time") + ".\n\n";
   md += "| step | rows computed | ms | µs per row | time / full | rows / full |\n|---|--:|--:|--:|--:|--:|\n";
   out["steps"] = nlohmann::json::array();
   for (const StepTiming& s : steps) {
@@ -386,30 +386,30 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                             {"seconds", s.seconds}});
   }
 
-  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) + " tokens per step, first " +
-        std::to_string(std::clamp(options.blocks, 1, g.blocks)) + " block(s).\n\n";
-  md += "| policy | NFE (expected) | tokens | seconds | tokens/s | block start ms | step ms | model-predicted s |\n";
-  md += "|---|--:|--:|--:|--:|--:|--:|--:|\n";
+  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) + " tokens per step, block 0";
+  if (options.blocks > 1) md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
+  if (options.max_steps > 0) md += ", at most " + std::to_string(options.max_steps) + " steps";
+  md += ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | steps by kind |\n";
+  md += "|---|--:|--:|--:|--:|--:|--:|---|\n";
   out["forced"] = nlohmann::json::array();
-  ScaleOptions partial = options;  // the model's prediction for the blocks the forced run decoded
-  partial.base.gen_length = std::clamp(options.blocks, 1, g.blocks) * g.block;
   for (const ForcedRun& r : forced) {
     if (!r.error.empty()) {
-      md += "| " + r.policy + " | not run: " + r.error + " ||||||\n";
+      md += "| " + r.policy + " | not run: " + r.error + " |||||||\n";
       out["forced"].push_back({{"policy", r.policy}, {"error", r.error}});
       continue;
     }
-    // Polestar's windowed starts follow the block index, which the partial canvas keeps.
-    const double predicted = ProjectSeconds(r.policy, options.tokens_per_step, partial, steps, nullptr);
+    std::string kinds;
+    for (const auto& [kind, entry] : r.step_kinds.items()) {
+      kinds += (kinds.empty() ? "" : ", ") + kind + " " + std::to_string(entry["count"].get<int>()) + " x " +
+               Fixed(1e3 * entry["median_seconds"].get<double>(), 0) + " ms";
+    }
     md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" + std::to_string(r.nfe_expected) + ") | " +
           std::to_string(r.tokens) + " | " + Fixed(r.seconds, 2) + " | " + Fixed(r.tokens / r.seconds, 2) + " | " +
-          Fixed(1e3 * r.start_seconds, 1) + " | " + Fixed(1e3 * r.step_seconds, 1) + " | " +
-          (predicted > 0 ? Fixed(predicted, 2) : "-") + " |\n";
+          Fixed(1e3 * r.start_seconds, 0) + " | " + Fixed(1e3 * r.step_seconds, 0) + " | " + kinds + " |\n";
     out["forced"].push_back({{"policy", r.policy}, {"nfe", r.nfe}, {"nfe_expected", r.nfe_expected},
                              {"tokens", r.tokens}, {"seconds", r.seconds}, {"rows_computed", r.rows_computed},
                              {"tokens_per_second", r.tokens / r.seconds}, {"block_start_seconds", r.start_seconds},
-                             {"step_seconds", r.step_seconds}, {"step_kinds", r.step_kinds},
-                             {"predicted_seconds", predicted}});
+                             {"step_seconds", r.step_seconds}, {"step_kinds", r.step_kinds}});
   }
 
   md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) + " tokens, block " +

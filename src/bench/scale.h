@@ -8,8 +8,8 @@
 //    at k clusters (the block plus k clusters' rows of the window at every layer, 1 cluster at
 //    the last, with packet propagation to the next layer), and the Polestar overheads: k-means
 //    of every layer's window at block start, and one step's proxy attention at every layer.
-// 2. Forced commit schedule: every policy decodes the first `blocks` blocks committing exactly
-//    `tokens_per_step` tokens a step. A random model's distributions are flat (confidence about
+// 2. Forced commit schedule: every policy decodes the first `blocks` blocks (at most
+//    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's distributions are flat (confidence about
 //    1/V), so Fast-dLLM's factor rule with f = k + 1 commits exactly k tokens a step for every
 //    policy and nothing else commits (Polestar's early and suffix commits need confidence above
 //    0.7); the NFE is checked against the schedule. This measures system cost alone.
@@ -21,8 +21,7 @@
 //      polestar          sum over blocks of its start pass (full, or windowed every 4th) +
 //                        n (t_kmeans + (s - 1) (t_refresh(topk) + t_proxy))
 //      others            n (start + (s - 1) step), both measured in the forced run
-//    and tokens/s = tau * NFE / seconds, for both counting protocols. The forced runs check
-//    the model: the table shows predicted against measured seconds for their blocks.
+//    and tokens/s = tau * NFE / seconds, for both counting protocols.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -39,14 +38,16 @@ struct ScaleOptions {
   std::string like = "llada-1b";
   double layer_scale = 1.0;
   std::string model_dir;  // "" = /tmp/polestar-random-LIKE; written when it holds no checkpoint
-  int reps = 3;
+  int reps = 2;
   int prompt_length = 32;
   int tokens_per_step = 4;
-  int blocks = 2;
+  int blocks = 1;     // forced runs: blocks decoded from the start of the canvas
+  int max_steps = 4;  // ... and at most this many steps (0: no limit)
   std::vector<std::string> policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "polestar"};
   DecodeOptions base;    // gen_length, block_length and the policies' knobs
   std::string tpf_from;  // results.jsonl of a suite run; "" projects at the forced TPF only
   std::string out_dir;   // scale.json and scale.md
+  Clock clock = Clock::kWall;
   bool progress = true;
 };
 

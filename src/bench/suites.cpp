@@ -7,6 +7,7 @@
 #include "decode/generate.h"
 #include "io/json_file.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/model_tokenizer.h"
 
 namespace polestar::bench {
 namespace {
@@ -171,11 +172,10 @@ const char* PromptFormatName(PromptFormat format) {
 
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFormat format) {
   const fs::path dir(model_dir);
-  if (fs::exists(dir / "tokenizer.json")) {
-    return std::make_unique<TokenizerCodec>(Tokenizer::Load(model_dir), format);
+  if (fs::is_directory(dir) && !fs::exists(dir / "tokenizer.json") && fs::exists(dir / "vocab.json")) {
+    return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
   }
-  if (fs::exists(dir / "vocab.json")) return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
-  Fail(model_dir, ": no tokenizer.json (nor a character vocab.json) to turn prompts into token ids");
+  return std::make_unique<TokenizerCodec>(LoadModelTokenizer(model_dir), format);
 }
 
 std::vector<std::string> BenchSuiteNames() {
@@ -188,6 +188,8 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
   BenchSuite suite;
   if (options.name == "probe") {
     suite = LoadProbeSuite(options, config);
+  } else if (options.name == "tiny") {
+    Fail("suite tiny needs the task suite (src/tasks), which this build does not have yet");
   } else {
     const std::vector<std::string> text = eval::SuiteNames();
     if (std::find(text.begin(), text.end(), options.name) == text.end()) {

@@ -76,8 +76,8 @@ class TokenizerCodec final : public TextCodec {
 PromptFormat PromptFormatFromName(const std::string& name);  // auto | chat | raw
 const char* PromptFormatName(PromptFormat format);
 
-// The codec of a model folder: its tokenizer (tokenizer.json), else a character vocabulary
-// (vocab.json). Throws Error when the folder has neither.
+// The codec of a model: its tokenizer (tokenizer.json in a folder, or a GGUF file's), else a
+// folder's character vocabulary (vocab.json). Throws Error when there is neither.
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFormat format);
 
 struct BenchItem {

@@ -325,8 +325,7 @@ void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSp
   spec.pre_tokenizers = {split, byte_level};
 }
 
-TokenizerSpec SpecFromGguf(const GgufVocab& gguf) {
-  const std::string& where = gguf.source;
+TokenizerSpec SpecFromGguf(const GgufVocab& gguf, const std::string& where) {
   TokenizerSpec spec;
   spec.source = where;
   SetGgufPipeline(gguf.pre, where, spec);

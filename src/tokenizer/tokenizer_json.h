@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io/gguf.h"
 #include "tokenizer/tokenizer.h"
 
 namespace polestar {
@@ -29,18 +30,9 @@ void ApplyTokenizerConfig(const nlohmann::json& config, const std::string& where
 // read when present) or a tokenizer.json file.
 TokenizerSpec ReadTokenizerFiles(const std::string& path);
 
-// The tokenizer.ggml.* keys of a GGUF file (model "gpt2", i.e. byte-level BPE).
-struct GgufVocab {
-  std::string source;  // for messages
-  std::string pre;     // tokenizer.ggml.pre: "qwen2", "llama-bpe", "bailingmoe", "gpt2"
-  std::vector<std::string> tokens;  // tokenizer.ggml.tokens, by id
-  std::vector<int32_t>
-      token_types;  // tokenizer.ggml.token_type: 1 normal, 3 control, 4 user-defined, 5 unused
-  std::vector<std::string> merges;  // tokenizer.ggml.merges, "a b"
-  int bos_id = -1, eos_id = -1, pad_id = -1, mask_id = -1;
-  std::string chat_template;  // tokenizer.chat_template
-};
-TokenizerSpec SpecFromGguf(const GgufVocab& vocab);
+// A tokenizer from a GGUF file's tokenizer.ggml.* keys (model "gpt2", i.e. byte-level BPE);
+// `where` names the file in messages.
+TokenizerSpec SpecFromGguf(const GgufVocab& vocab, const std::string& where);
 
 // Normalizers and pre-tokenizers of the Hugging Face tokenizer that llama.cpp's pre-tokenizer
 // name stands for; throws Error for names not known here.

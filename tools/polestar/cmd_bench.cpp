@@ -17,7 +17,7 @@ struct BenchArgs {
   std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto", out;
   std::string policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
   std::vector<std::string> grids;
-  std::string protocol = "until-eos";
+  std::string protocol = "until-eos", clock = "wall";
   DecodeOptions options;
   int per_task = 0, threads = 0;
   std::size_t limit = 0;
@@ -72,6 +72,10 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
   cmd->add_option("--protocol", args->protocol, "token count of the plot: until-eos | non-eos")
       ->capture_default_str();
+  cmd->add_option("--clock", args->clock,
+                  "time TPS and step timings on the wall clock or the process's CPU time (steadier on a "
+                  "shared machine with -t 1)")
+      ->capture_default_str();
   cmd->add_flag("--no-plot", args->no_plot, "skip gnuplot");
   cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress bar");
@@ -89,7 +93,9 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")->capture_default_str();
   cmd->add_option("--tokens-per-step", so.tokens_per_step,
                   "--scale: the forced commit schedule's tokens per step")->capture_default_str();
-  cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per policy run")->capture_default_str();
+  cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per forced run")->capture_default_str();
+  cmd->add_option("--scale-max-steps", so.max_steps, "--scale: steps per forced run at most (0: no limit)")
+      ->capture_default_str();
   cmd->add_option("--scale-policies", args->scale_policies, "--scale: policies run with the forced schedule")
       ->capture_default_str();
   cmd->add_option("--tpf-from", args->tpf_from, "--scale: results.jsonl whose TPF to project from");
@@ -108,6 +114,7 @@ void AddBenchCommand(CLI::App& app) {
       options.tpf_from = args->tpf_from;
       options.out_dir = args->out.empty() ? "bench/out/scale" : args->out;
       options.progress = !args->quiet;
+      options.clock = bench::ClockFromName(args->clock);
       bench::RunScaleBenchmark(options, machine);
       return;
     }
@@ -116,7 +123,7 @@ void AddBenchCommand(CLI::App& app) {
     for (bench::GridPoint& p : points) {
       for (auto& [key, value] : p.settings) key = CanonicalDecodeFlag(key);
     }
-    const std::string model_dir = args->model.empty() ? bench::DefaultModelDir() : args->model;
+    const std::string model_dir = args->model.empty() ? DefaultModelPath() : args->model;
     auto model = Model::Load(model_dir);
     bench::SuiteOptions suite_options;
     suite_options.name = args->suite;
@@ -140,6 +147,7 @@ void AddBenchCommand(CLI::App& app) {
     request.out_dir = args->out.empty() ? (std::filesystem::path("bench") / "out" / suite.name).string() : args->out;
     request.machine = machine;
     request.protocol = bench::ProtocolFromName(args->protocol);
+    request.clock = bench::ClockFromName(args->clock);
     request.plot = !args->no_plot;
     request.progress = !args->quiet;
     if (args->dry_run) {

@@ -12,7 +12,7 @@ namespace polestar::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto";
+  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto", clock = "wall";
   DecodeOptions options;
   int per_task = 0, threads = 0;
   std::size_t limit = 0;
@@ -40,6 +40,8 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
   cmd->add_option("--data", args->data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
   cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
+  cmd->add_option("--clock", args->clock, "time TPS on the wall clock or the process's CPU time")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--items", args->items, "with --json: every item's record too");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
@@ -51,7 +53,7 @@ void AddEvalCommand(CLI::App& app) {
       "fast-dllm-prefix/dual and elastic-cache use --threshold 0.9.");
   cmd->callback([args, cmd] {
     SetThreadCount(args->threads);
-    const std::string model_dir = args->model.empty() ? bench::DefaultModelDir() : args->model;
+    const std::string model_dir = args->model.empty() ? DefaultModelPath() : args->model;
     auto model = Model::Load(model_dir);
     bench::SuiteOptions so;
     so.name = args->suite;
@@ -73,7 +75,8 @@ void AddEvalCommand(CLI::App& app) {
         bench::RunSuite(*model, suite, options, [&](std::size_t done, const bench::ItemRecord& r) {
           if (args->items) records.push_back(r);
           progress.Update(int64_t(done), r.id);
-        });
+        },
+        bench::ClockFromName(args->clock));
     progress.Finish();
     if (args->json) {
       nlohmann::ordered_json out = {{"model", model_dir},

@@ -11,6 +11,10 @@ namespace polestar::cli {
 
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& options);
 
+// The bundled model (models/polestar-tiny), found from the working directory or the source
+// tree this binary was built from; used when -m is omitted.
+std::string DefaultModelPath();
+
 // Sets one decoding option by its flag name without dashes ("threshold", "block-length",
 // "early-commit"), exactly as the flag would; throws Error for an unknown name or a bad value.
 void SetDecodeOption(DecodeOptions& options, const std::string& key, const std::string& value);
