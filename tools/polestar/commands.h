@@ -8,5 +8,6 @@ namespace polestar::cli {
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
 void AddGenerateCommand(CLI::App& app);
+void AddServeCommand(CLI::App& app);
 
 }  // namespace polestar::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   polestar::cli::AddInspectCommand(app);
   polestar::cli::AddForwardCommand(app);
   polestar::cli::AddGenerateCommand(app);
+  polestar::cli::AddServeCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
