@@ -2,6 +2,8 @@
 // parsed chunk by chunk, concurrency, every class of bad request, disconnects, a full
 // queue, timeouts and the API key. Expected answers come from the PyTorch reference runs
 // of the trained probe (llada-probe/reference.json), not from the engine itself.
+#include "server/server.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -17,7 +19,6 @@
 #include "server/api.h"
 #include "server/codecs.h"
 #include "server/output_text.h"
-#include "server/server.h"
 #include "server/utf8.h"
 #include "test_support.h"
 
@@ -99,12 +100,14 @@ class TestServer {
     auto result = client.Get(path.c_str(), headers);
     return ToReply(result);
   }
-  Reply PostRaw(const std::string& path, const std::string& body, const httplib::Headers& headers = {}) const {
+  Reply PostRaw(const std::string& path, const std::string& body,
+                const httplib::Headers& headers = {}) const {
     auto client = Client();
     auto result = client.Post(path.c_str(), headers, body, "application/json");
     return ToReply(result);
   }
-  Reply Post(const std::string& path, const json& body, const httplib::Headers& headers = {}) const {
+  Reply Post(const std::string& path, const json& body,
+             const httplib::Headers& headers = {}) const {
     return PostRaw(path, body.dump(), headers);
   }
   // Posts with "stream": true and parses the events as they arrive. `on_event` may return
@@ -206,8 +209,8 @@ std::string ContentOf(const json& chunk) {
 }
 
 // The streamed text of a finished stream, checking the OpenAI chunk protocol on the way.
-std::string Reassemble(const std::vector<SseEvent>& events, const std::string& object, json* final_chunk,
-                       int* text_chunks = nullptr) {
+std::string Reassemble(const std::vector<SseEvent>& events, const std::string& object,
+                       json* final_chunk, int* text_chunks = nullptr) {
   std::string text, id;
   bool finished = false, done = false;
   int chunks = 0;
@@ -251,10 +254,10 @@ TEST(Utf8, IncompleteTailAndSanitize) {
   EXPECT_EQ(IncompleteUtf8Tail("ab\xC3\xA9"), 0u);
   EXPECT_EQ(IncompleteUtf8Tail("\xE2\x82"), 2u);
   EXPECT_EQ(IncompleteUtf8Tail("\xF0\x9F\x98"), 3u);
-  EXPECT_EQ(IncompleteUtf8Tail("\xE0"), 1u);        // may still become U+0800..
-  EXPECT_EQ(IncompleteUtf8Tail("\xE0\x80"), 0u);    // overlong: can never complete
-  EXPECT_EQ(IncompleteUtf8Tail("\xED\xA0"), 0u);    // surrogate
-  EXPECT_EQ(IncompleteUtf8Tail("a\x80"), 0u);       // stray continuation
+  EXPECT_EQ(IncompleteUtf8Tail("\xE0"), 1u);      // may still become U+0800..
+  EXPECT_EQ(IncompleteUtf8Tail("\xE0\x80"), 0u);  // overlong: can never complete
+  EXPECT_EQ(IncompleteUtf8Tail("\xED\xA0"), 0u);  // surrogate
+  EXPECT_EQ(IncompleteUtf8Tail("a\x80"), 0u);     // stray continuation
   EXPECT_EQ(SanitizeUtf8("a\xC3(b"), "a\xEF\xBF\xBD(b");
   EXPECT_EQ(SanitizeUtf8("\xC3\xA9\xF0\x9F\x98\x80"), "\xC3\xA9\xF0\x9F\x98\x80");
   EXPECT_TRUE(IsValidUtf8("\xE2\x82\xAC"));
@@ -272,29 +275,35 @@ class PieceStream : public TextStream {
   std::vector<std::string> pieces_;
 };
 
-std::vector<std::string> Deltas(const std::vector<std::string>& pieces, std::vector<std::string> stop,
-                                bool* stopped = nullptr) {
+std::vector<std::string> Deltas(const std::vector<std::string>& pieces,
+                                std::vector<std::string> stop, bool* stopped = nullptr) {
   OutputText output(std::make_unique<PieceStream>(pieces), std::move(stop));
   std::vector<std::string> deltas;
-  for (size_t i = 0; i < pieces.size() && !output.stopped(); ++i) deltas.push_back(output.Push(int(i)));
+  for (size_t i = 0; i < pieces.size() && !output.stopped(); ++i)
+    deltas.push_back(output.Push(int(i)));
   deltas.push_back(output.Finish());
   if (stopped) *stopped = output.stopped();
   return deltas;
 }
 
 TEST(OutputText, DeltasEndOnCharacterBoundaries) {
-  const std::vector<std::string> deltas = Deltas({"h", "\xC3", "\xA9", "llo ", "\xF0\x9F", "\x98", "\x80", "!"}, {});
-  EXPECT_EQ(deltas, (std::vector<std::string>{"h", "", "\xC3\xA9", "llo ", "", "", "\xF0\x9F\x98\x80", "!", ""}));
+  const std::vector<std::string> deltas =
+      Deltas({"h", "\xC3", "\xA9", "llo ", "\xF0\x9F", "\x98", "\x80", "!"}, {});
+  EXPECT_EQ(deltas, (std::vector<std::string>{"h", "", "\xC3\xA9", "llo ", "", "",
+                                              "\xF0\x9F\x98\x80", "!", ""}));
   // A character cut off by the end of the text becomes U+FFFD at Finish.
-  EXPECT_EQ(Deltas({"a", "\xE2\x82"}, {}), (std::vector<std::string>{"a", "", "\xEF\xBF\xBD\xEF\xBF\xBD"}));
+  EXPECT_EQ(Deltas({"a", "\xE2\x82"}, {}),
+            (std::vector<std::string>{"a", "", "\xEF\xBF\xBD\xEF\xBF\xBD"}));
 }
 
 TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
   bool stopped = false;
-  EXPECT_EQ(Deltas({"abc S", "TO", "P tail"}, {"STOP"}, &stopped), (std::vector<std::string>{"abc ", "", "", ""}));
+  EXPECT_EQ(Deltas({"abc S", "TO", "P tail"}, {"STOP"}, &stopped),
+            (std::vector<std::string>{"abc ", "", "", ""}));
   EXPECT_TRUE(stopped);
   // A false start is released once it cannot be a stop string any more.
-  EXPECT_EQ(Deltas({"abc S", "Tx", "y"}, {"STOP"}, &stopped), (std::vector<std::string>{"abc ", "STx", "y", ""}));
+  EXPECT_EQ(Deltas({"abc S", "Tx", "y"}, {"STOP"}, &stopped),
+            (std::vector<std::string>{"abc ", "STx", "y", ""}));
   EXPECT_FALSE(stopped);
   // The earliest of several stop strings wins; held text is released at the end.
   EXPECT_EQ(Deltas({"1,2", ";3"}, {";", ",2"}, &stopped), (std::vector<std::string>{"1", ""}));
@@ -304,7 +313,8 @@ TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
 TEST(Codecs, CharVocabularyPadsPromptsAndRejectsUnknownCharacters) {
   auto codec = CharVocabCodec::Load(testing::FixtureDir("llada-probe") + "/vocab.json");
   const std::vector<int> ids = codec->EncodeText("A678+741=");
-  EXPECT_EQ(ids, (std::vector<int>{49, 49, 49, 49, 49, 49, 49, 49, 49, 49, 49, 44, 6, 7, 8, 10, 7, 4, 1, 12}));
+  EXPECT_EQ(ids, (std::vector<int>{49, 49, 49, 49, 49, 49, 49, 49, 49, 49,
+                                   49, 44, 6,  7,  8,  10, 7,  4,  1,  12}));
   EXPECT_THROW(codec->EncodeText("A6#"), Error);
   auto stream = codec->NewTextStream();
   std::string text;
@@ -363,7 +373,8 @@ TEST(Server, CompletionsReproduceTheReferenceAnswers) {
   const std::vector<ProbeCase> cases = ProbeCases();
   json prompts = json::array();
   for (size_t i = 0; i < 4; ++i) prompts.push_back(cases[i].prompt);
-  Reply r = s.Post("/v1/completions", {{"model", "x"}, {"prompt", prompts}, {"max_tokens", 32}, {"seed", 3}});
+  Reply r = s.Post("/v1/completions",
+                   {{"model", "x"}, {"prompt", prompts}, {"max_tokens", 32}, {"seed", 3}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["object"], "text_completion");
   EXPECT_EQ(r.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
@@ -390,15 +401,17 @@ TEST(Server, CompletionsReproduceTheReferenceAnswers) {
 TEST(Server, FullCanvasRunMatchesTheReferenceForwardCount) {
   TestServer s(ProbeOptions());
   const ProbeCase c = ProbeCases()[1];
-  Reply r = s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop_early", false}});
+  Reply r =
+      s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop_early", false}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["choices"][0]["text"], c.reference_text);
   EXPECT_EQ(r.body["timings"]["nfe"], 32);  // reference: 32 forwards
   // The "diffusion" object carries the same knobs: Fast-dLLM threshold commits.
-  Reply fast = s.Post("/v1/completions", {{"prompt", c.prompt},
-                                          {"max_tokens", 32},
-                                          {"stop_early", false},
-                                          {"diffusion", {{"policy", "fast-dllm-dual"}, {"threshold", 0.9}}}});
+  Reply fast = s.Post("/v1/completions",
+                      {{"prompt", c.prompt},
+                       {"max_tokens", 32},
+                       {"stop_early", false},
+                       {"diffusion", {{"policy", "fast-dllm-dual"}, {"threshold", 0.9}}}});
   ASSERT_EQ(fast.status, 200) << fast.text;
   EXPECT_EQ(fast.body["timings"]["policy"], "fast-dllm-dual");
   EXPECT_LT(fast.body["timings"]["nfe"].get<int>(), 32);
@@ -407,17 +420,19 @@ TEST(Server, FullCanvasRunMatchesTheReferenceForwardCount) {
 TEST(Server, ChatCompletionAnswersTheUserTurn) {
   TestServer s(ProbeOptions());
   const ProbeCase c = ProbeCases()[0];  // a reversal
-  Reply r = s.Post("/v1/chat/completions",
-                   {{"messages", {{{"role", "user"}, {"content", c.prompt}}}}, {"max_completion_tokens", 32}});
+  Reply r = s.Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", c.prompt}}}}, {"max_completion_tokens", 32}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["object"], "chat.completion");
   EXPECT_EQ(r.body["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(r.body["choices"][0]["message"]["content"], c.answer);
   EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
   // Content given as text parts is the same conversation.
-  Reply parts = s.Post("/v1/chat/completions",
-                       {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", c.prompt}}}}}}},
-                        {"max_tokens", 32}});
+  Reply parts = s.Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", c.prompt}}}}}}},
+       {"max_tokens", 32}});
   EXPECT_EQ(parts.body["choices"][0]["message"]["content"], c.answer);
 }
 
@@ -425,12 +440,14 @@ TEST(Server, StopStringsCutTheAnswer) {
   TestServer s(ProbeOptions());
   const ProbeCase c = ProbeCases()[1];  // a sort: "2,3,5,6,7,7,8"
   ASSERT_EQ(c.reference_text, "2,3,5,6,7,7,8");
-  Reply r = s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", {"6,", "nope"}}});
+  Reply r = s.Post("/v1/completions",
+                   {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", {"6,", "nope"}}});
   ASSERT_EQ(r.status, 200) << r.text;
   EXPECT_EQ(r.body["choices"][0]["text"], "2,3,5,");
   EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
   SseParser parser;
-  EXPECT_EQ(s.Stream("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", "6,"}, {"stream", true}},
+  EXPECT_EQ(s.Stream("/v1/completions",
+                     {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", "6,"}, {"stream", true}},
                      parser),
             200);
   EXPECT_EQ(Reassemble(parser.events, "text_completion", nullptr), "2,3,5,");
@@ -454,7 +471,8 @@ TEST(Server, StreamedChunksReassembleToTheNonStreamedText) {
     const bool chat = std::string(endpoint).find("chat") != std::string::npos;
     json body = {{"max_tokens", 48}, {"temperature", 1.0}, {"seed", 11}, {"steps", 24}};
     if (chat) {
-      body["messages"] = {{{"role", "system"}, {"content", "5 6"}}, {{"role", "user"}, {"content", "1 2 3"}}};
+      body["messages"] = {{{"role", "system"}, {"content", "5 6"}},
+                          {{"role", "user"}, {"content", "1 2 3"}}};
     } else {
       body["prompt"] = "1 2 3 4 5";
     }
@@ -472,11 +490,13 @@ TEST(Server, StreamedChunksReassembleToTheNonStreamedText) {
     json final_chunk;
     int text_chunks = 0;
     const std::string streamed =
-        Reassemble(parser.events, chat ? "chat.completion.chunk" : "text_completion", &final_chunk, &text_chunks);
+        Reassemble(parser.events, chat ? "chat.completion.chunk" : "text_completion", &final_chunk,
+                   &text_chunks);
     EXPECT_EQ(streamed, expected);
     EXPECT_GE(text_chunks, 3) << "the settled prefix is sent as it grows, block by block at least";
     EXPECT_EQ(final_chunk["choices"][0]["finish_reason"],
-              chat ? plain.body["choices"][0]["finish_reason"] : plain.body["choices"][0]["finish_reason"]);
+              chat ? plain.body["choices"][0]["finish_reason"]
+                   : plain.body["choices"][0]["finish_reason"]);
     EXPECT_EQ(final_chunk["timings"]["nfe"], plain.body["timings"]["nfe"]);
     const json usage = json::parse(parser.events[parser.events.size() - 2].data);
     EXPECT_EQ(usage["usage"]["completion_tokens"], completion_tokens);
@@ -489,7 +509,9 @@ TEST(Server, StreamedChunksReassembleToTheNonStreamedText) {
     body.erase("stream_options");
     body["seed"] = 12;
     Reply other = s.Post(endpoint, body);
-    EXPECT_NE(chat ? other.body["choices"][0]["message"]["content"] : other.body["choices"][0]["text"], expected);
+    EXPECT_NE(
+        chat ? other.body["choices"][0]["message"]["content"] : other.body["choices"][0]["text"],
+        expected);
   }
 }
 
@@ -498,14 +520,17 @@ TEST(Server, StreamedChunksReassembleToTheNonStreamedText) {
 class ByteCodec : public TextCodec {
  public:
   static std::string Byte(int id) {
-    static const char* kPieces[] = {"\xC3", "\xA9", "\xE2", "\x82", "\xAC", "\xF0", "\x9F", "\x98", "\x80"};
+    static const char* kPieces[] = {"\xC3", "\xA9", "\xE2", "\x82", "\xAC",
+                                    "\xF0", "\x9F", "\x98", "\x80"};
     return id < 9 ? kPieces[id] : std::string(1, char('a' + id % 26));
   }
   std::vector<int> EncodeText(const std::string& text) const override { return {1, 2, 3, 9, 10}; }
   std::vector<int> EncodeChat(const std::vector<ChatTurn>&) const override { return {1, 2, 3}; }
   std::unique_ptr<TextStream> NewTextStream() const override {
     struct Stream : TextStream {
-      std::string Push(int token) override { return token >= 150 ? "" : Byte(token % 9 == 0 ? token / 9 % 9 : token); }
+      std::string Push(int token) override {
+        return token >= 150 ? "" : Byte(token % 9 == 0 ? token / 9 % 9 : token);
+      }
       std::string Finish() override { return ""; }
     };
     return std::make_unique<Stream>();
@@ -517,7 +542,8 @@ TEST(Server, StreamedTextNeverSplitsUtf8Characters) {
   ServerOptions o;
   o.defaults.block_length = 8;
   TestServer s(o, "llada-tiny", std::make_unique<ByteCodec>());
-  json body = {{"prompt", "x"}, {"max_tokens", 64}, {"temperature", 1.0}, {"seed", 5}, {"steps", 16}};
+  json body = {
+      {"prompt", "x"}, {"max_tokens", 64}, {"temperature", 1.0}, {"seed", 5}, {"steps", 16}};
   Reply plain = s.Post("/v1/completions", body);
   ASSERT_EQ(plain.status, 200) << plain.text;
   const std::string expected = plain.body["choices"][0]["text"];
@@ -552,7 +578,8 @@ TEST(Server, CanvasStreamReplaysEveryStep) {
   EXPECT_EQ(start["masks_left"], 32);
   const std::string text = Reassemble(parser.events, "text_completion", &final_chunk);
   EXPECT_EQ(text, c.reference_text);
-  ASSERT_EQ(int(steps.size()), final_chunk["timings"]["nfe"].get<int>()) << "one canvas event per forward";
+  ASSERT_EQ(int(steps.size()), final_chunk["timings"]["nfe"].get<int>())
+      << "one canvas event per forward";
   // Committed positions, applied in order, fill every position exactly once.
   std::vector<std::string> canvas(32);
   std::vector<int> times_committed(32, 0);
@@ -589,10 +616,11 @@ TEST(Server, ConcurrentClientsAreAllAnsweredCorrectly) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i) {
     clients.emplace_back([&, i] {
-      replies[size_t(i)] = s.Post(i % 2 ? "/v1/completions" : "/v1/chat/completions",
-                                  i % 2 ? json{{"prompt", cases[size_t(i)].prompt}, {"max_tokens", 32}}
-                                        : json{{"messages", {{{"role", "user"}, {"content", cases[size_t(i)].prompt}}}},
-                                               {"max_tokens", 32}});
+      replies[size_t(i)] = s.Post(
+          i % 2 ? "/v1/completions" : "/v1/chat/completions",
+          i % 2 ? json{{"prompt", cases[size_t(i)].prompt}, {"max_tokens", 32}}
+                : json{{"messages", {{{"role", "user"}, {"content", cases[size_t(i)].prompt}}}},
+                       {"max_tokens", 32}});
     });
   }
   for (std::thread& t : clients) t.join();
@@ -600,7 +628,8 @@ TEST(Server, ConcurrentClientsAreAllAnsweredCorrectly) {
     SCOPED_TRACE(cases[size_t(i)].prompt);
     ASSERT_EQ(replies[size_t(i)].status, 200) << replies[size_t(i)].text;
     const json& choice = replies[size_t(i)].body["choices"][0];
-    EXPECT_EQ(i % 2 ? choice["text"] : choice["message"]["content"], cases[size_t(i)].reference_text);
+    EXPECT_EQ(i % 2 ? choice["text"] : choice["message"]["content"],
+              cases[size_t(i)].reference_text);
   }
   EXPECT_EQ(s.Metric("polestar_requests_processing"), 0);
   EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
@@ -626,9 +655,9 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
     std::string param;  // "" when none is named
   };
   const std::vector<Case> cases = {
-      {"/v1/completions", "{\"prompt\": \"A1+2=\"", 400, ""},         // malformed JSON
-      {"/v1/completions", "", 400, ""},                                 // no body
-      {"/v1/completions", "[1, 2]", 400, ""},                           // not an object
+      {"/v1/completions", "{\"prompt\": \"A1+2=\"", 400, ""},               // malformed JSON
+      {"/v1/completions", "", 400, ""},                                     // no body
+      {"/v1/completions", "[1, 2]", 400, ""},                               // not an object
       {"/v1/completions", with({{"temprature", 0.5}}), 400, "temprature"},  // unknown field
       {"/v1/completions", with({{"max_tokens", "32"}}), 400, "max_tokens"},
       {"/v1/completions", with({{"max_tokens", 2.5}}), 400, "max_tokens"},
@@ -649,7 +678,8 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
       {"/v1/completions", with({{"logprobs", 1}}), 400, "logprobs"},
       {"/v1/completions", with({{"echo", true}}), 400, "echo"},
       {"/v1/completions", with({{"presence_penalty", 0.5}}), 400, "presence_penalty"},
-      {"/v1/completions", with({{"stream_options", {{"include_usage", true}}}}), 400, "stream_options"},
+      {"/v1/completions", with({{"stream_options", {{"include_usage", true}}}}), 400,
+       "stream_options"},
       {"/v1/completions", with({{"diffusion", {{"bogus", 1}}}}), 400, "bogus"},
       {"/v1/completions", with({{"diffusion", 3}}), 400, "diffusion"},
       {"/v1/completions", with({{"diffusion", {{"steps", 8}}}, {"steps", 8}}), 400, "steps"},
@@ -657,19 +687,32 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
       {"/v1/completions", json({{"prompt", 42}}).dump(), 400, "prompt"},
       {"/v1/completions", json({{"prompt", {json::array()}}}).dump(), 400, ""},  // no tokens
       {"/v1/completions", json({{"prompt", json::array()}}).dump(), 400, "prompt"},
-      {"/v1/completions", json({{"prompt", "A1#2"}}).dump(), 400, "prompt"},  // not in the vocabulary
-      {"/v1/completions", json({{"prompt", {1, 2, 50}}}).dump(), 400, "prompt"},  // id outside the vocabulary
-      {"/v1/completions", json({{"prompt", std::string(30, '1')}}).dump(), 400, "prompt"},  // over 24 tokens
-      {"/v1/completions", json({{"prompt", {"A1+2=", "A3+4="}}, {"stream", true}}).dump(), 400, "prompt"},
-      {"/v1/completions", json({{"prompt", "A1+2="}, {"blob", std::string(5000, 'x')}}).dump(), 413, ""},
-      {"/v1/chat/completions", json({{"prompt", "A1+2="}}).dump(), 400, "prompt"},  // not a chat field
+      {"/v1/completions", json({{"prompt", "A1#2"}}).dump(), 400,
+       "prompt"},  // not in the vocabulary
+      {"/v1/completions", json({{"prompt", {1, 2, 50}}}).dump(), 400,
+       "prompt"},  // id outside the vocabulary
+      {"/v1/completions", json({{"prompt", std::string(30, '1')}}).dump(), 400,
+       "prompt"},  // over 24 tokens
+      {"/v1/completions", json({{"prompt", {"A1+2=", "A3+4="}}, {"stream", true}}).dump(), 400,
+       "prompt"},
+      {"/v1/completions", json({{"prompt", "A1+2="}, {"blob", std::string(5000, 'x')}}).dump(), 413,
+       ""},
+      {"/v1/chat/completions", json({{"prompt", "A1+2="}}).dump(), 400,
+       "prompt"},  // not a chat field
       {"/v1/chat/completions", json({{"messages", "A1+2="}}).dump(), 400, "messages"},
       {"/v1/chat/completions", json({{"messages", json::array()}}).dump(), 400, "messages"},
-      {"/v1/chat/completions", json({{"messages", {{{"role", "robot"}, {"content", "A1+2="}}}}}).dump(), 400, "messages"},
-      {"/v1/chat/completions", json({{"messages", {{{"role", "user"}, {"content", 5}}}}}).dump(), 400, "messages"},
-      {"/v1/chat/completions", json({{"messages", {{{"role", "user"}, {"content", "A1"}, {"x", 1}}}}}).dump(), 400, "messages"},
       {"/v1/chat/completions",
-       json({{"messages", {{{"role", "user"}, {"content", "A1"}}}}, {"tools", {{{"type", "function"}}}}}).dump(), 400, "tools"},
+       json({{"messages", {{{"role", "robot"}, {"content", "A1+2="}}}}}).dump(), 400, "messages"},
+      {"/v1/chat/completions", json({{"messages", {{{"role", "user"}, {"content", 5}}}}}).dump(),
+       400, "messages"},
+      {"/v1/chat/completions",
+       json({{"messages", {{{"role", "user"}, {"content", "A1"}, {"x", 1}}}}}).dump(), 400,
+       "messages"},
+      {"/v1/chat/completions",
+       json({{"messages", {{{"role", "user"}, {"content", "A1"}}}},
+             {"tools", {{{"type", "function"}}}}})
+           .dump(),
+       400, "tools"},
       {"/v1/nothing", "{}", 404, ""},
   };
   for (const Case& c : cases) {
@@ -685,7 +728,8 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
     }
   }
   // Query parameters of the canvas stream are checked the same way.
-  for (const char* query : {"?prompt=A1%2B2%3D&max_tokens=lots", "?prompt=A1&oops=1", "?prompt=A1&refresh_all=maybe"}) {
+  for (const char* query :
+       {"?prompt=A1%2B2%3D&max_tokens=lots", "?prompt=A1&oops=1", "?prompt=A1&refresh_all=maybe"}) {
     Reply r = s.Get(std::string("/v1/diffusion/stream") + query);
     EXPECT_EQ(r.status, 400) << query;
     EXPECT_TRUE(r.body.contains("error"));
@@ -700,8 +744,8 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
 
 // A long generation on the untrained fixture (512-position context): 256 forwards.
 json LongRequest(bool stream) {
-  return {{"prompt", "1 2 3"}, {"max_tokens", 256}, {"block_length", 0}, {"steps", 256},
-          {"stop_early", false}, {"stream", stream}, {"stream_canvas", stream}};
+  return {{"prompt", "1 2 3"},   {"max_tokens", 256}, {"block_length", 0},      {"steps", 256},
+          {"stop_early", false}, {"stream", stream},  {"stream_canvas", stream}};
 }
 
 bool WaitFor(const std::function<bool()>& condition, std::chrono::seconds limit = 20s) {
@@ -716,13 +760,17 @@ bool WaitFor(const std::function<bool()>& condition, std::chrono::seconds limit 
 TEST(Server, ClientHangingUpMidStreamCancelsTheGeneration) {
   TestServer s(ServerOptions{}, "llada-tiny");
   SseParser parser;
-  s.Stream("/v1/completions", LongRequest(true), parser, [](const SseParser& p) { return p.events.size() < 4; });
+  s.Stream("/v1/completions", LongRequest(true), parser,
+           [](const SseParser& p) { return p.events.size() < 4; });
   ASSERT_GE(parser.events.size(), 4u);
-  ASSERT_TRUE(WaitFor([&] { return s.server().metrics().RequestCount("/v1/completions", 499) == 1; }))
-      << "the server notices the hang-up";
+  ASSERT_TRUE(WaitFor([&] {
+    return s.server().metrics().RequestCount("/v1/completions", 499) == 1;
+  })) << "the server notices the hang-up";
   ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
   EXPECT_LT(s.server().metrics().ForwardPasses(), 256) << "the generation stopped early";
-  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status, 200);
+  EXPECT_EQ(
+      s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status,
+      200);
 }
 
 TEST(Server, ClientHangingUpOnAPlainRequestCancelsTheGeneration) {
@@ -730,7 +778,8 @@ TEST(Server, ClientHangingUpOnAPlainRequestCancelsTheGeneration) {
   auto client = s.Client(0.3);  // gives up after 0.3 s, closing the connection
   auto result = client.Post("/v1/completions", LongRequest(false).dump(), "application/json");
   EXPECT_FALSE(result);
-  ASSERT_TRUE(WaitFor([&] { return s.server().metrics().RequestCount("/v1/completions", 499) == 1; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return s.server().metrics().RequestCount("/v1/completions", 499) == 1; }));
   ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
   EXPECT_LT(s.server().metrics().ForwardPasses(), 256);
 }
@@ -760,8 +809,12 @@ TEST(Server, FullQueueAnswers429) {
   hang_up = true;
   running.join();
   queued.join();
-  ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0 && s.Metric("polestar_queue_depth") == 0; }));
-  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status, 200);
+  ASSERT_TRUE(WaitFor([&] {
+    return s.Metric("polestar_requests_processing") == 0 && s.Metric("polestar_queue_depth") == 0;
+  }));
+  EXPECT_EQ(
+      s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status,
+      200);
   EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"429\"}"), 1);
 }
 
@@ -809,7 +862,8 @@ TEST(Server, MetricsCountRequestsTokensAndSteps) {
   const int nfe = r.body["timings"]["nfe"];
   EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
   EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 1);
-  EXPECT_EQ(s.Metric("polestar_tokens_generated_total"), r.body["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(s.Metric("polestar_tokens_generated_total"),
+            r.body["usage"]["completion_tokens"].get<int>());
   EXPECT_EQ(s.Metric("polestar_prompt_tokens_total"), 20);
   EXPECT_EQ(s.Metric("polestar_forward_passes_total"), nfe);
   EXPECT_EQ(s.Metric("polestar_step_seconds_count"), nfe);
@@ -826,7 +880,8 @@ TEST(Server, ThePageIsSelfContained) {
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);
   EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
-  for (const char* needle : {"id=\"canvas\"", "id=\"prompt\"", "id=\"policy\"", "stream_canvas", "id=\"tpf\""}) {
+  for (const char* needle :
+       {"id=\"canvas\"", "id=\"prompt\"", "id=\"policy\"", "stream_canvas", "id=\"tpf\""}) {
     EXPECT_NE(page->body.find(needle), std::string::npos) << needle;
   }
   for (const char* external : {"src=\"http", "href=\"http", "<link", "@import", "url(http"}) {
@@ -847,11 +902,19 @@ TEST(Server, NoMemoryGrowthAcrossManyRequests) {
   TestServer s(o, "llada-tiny");
   auto client = s.Client();
   client.set_keep_alive(true);
-  const std::string request =
-      json({{"prompt", "1 2 3"}, {"max_tokens", 8}, {"block_length", 8}, {"steps", 1}, {"stream", false}}).dump();
-  const std::string streamed =
-      json({{"prompt", "1 2 3"}, {"max_tokens", 8}, {"block_length", 8}, {"steps", 1}, {"stream", true},
-            {"stream_canvas", true}}).dump();
+  const std::string request = json({{"prompt", "1 2 3"},
+                                    {"max_tokens", 8},
+                                    {"block_length", 8},
+                                    {"steps", 1},
+                                    {"stream", false}})
+                                  .dump();
+  const std::string streamed = json({{"prompt", "1 2 3"},
+                                     {"max_tokens", 8},
+                                     {"block_length", 8},
+                                     {"steps", 1},
+                                     {"stream", true},
+                                     {"stream_canvas", true}})
+                                   .dump();
   auto burst = [&](int n) {
     for (int i = 0; i < n; ++i) {
       auto result = client.Post("/v1/completions", i % 2 ? request : streamed, "application/json");
@@ -862,7 +925,8 @@ TEST(Server, NoMemoryGrowthAcrossManyRequests) {
   const size_t before = ResidentBytes();
   burst(1000);
   const size_t after = ResidentBytes();
-  EXPECT_LT(after, before + (4u << 20)) << "resident memory grew from " << before << " to " << after;
+  EXPECT_LT(after, before + (4u << 20))
+      << "resident memory grew from " << before << " to " << after;
 }
 
 }  // namespace

@@ -78,31 +78,44 @@ enum class Kind { kInt, kNumber, kBool, kString, kStrings, kAny };
 // diffusion model cannot honour are accepted only with their neutral value (checked below).
 const std::map<std::string, Kind>& CommonFields() {
   static const std::map<std::string, Kind> fields = {
-      {"model", Kind::kString},        {"max_tokens", Kind::kInt},      {"stop", Kind::kStrings},
-      {"stream", Kind::kBool},         {"stream_options", Kind::kAny},  {"n", Kind::kInt},
-      {"user", Kind::kString},         {"presence_penalty", Kind::kNumber},
-      {"frequency_penalty", Kind::kNumber}, {"logit_bias", Kind::kAny}, {"logprobs", Kind::kAny},
-      {"stream_canvas", Kind::kBool},  {"stop_early", Kind::kBool},
+      {"model", Kind::kString},
+      {"max_tokens", Kind::kInt},
+      {"stop", Kind::kStrings},
+      {"stream", Kind::kBool},
+      {"stream_options", Kind::kAny},
+      {"n", Kind::kInt},
+      {"user", Kind::kString},
+      {"presence_penalty", Kind::kNumber},
+      {"frequency_penalty", Kind::kNumber},
+      {"logit_bias", Kind::kAny},
+      {"logprobs", Kind::kAny},
+      {"stream_canvas", Kind::kBool},
+      {"stop_early", Kind::kBool},
   };
   return fields;
 }
 const std::map<std::string, Kind>& CompletionFields() {
-  static const std::map<std::string, Kind> fields = {
-      {"prompt", Kind::kAny}, {"echo", Kind::kBool}, {"best_of", Kind::kInt}, {"suffix", Kind::kAny}};
+  static const std::map<std::string, Kind> fields = {{"prompt", Kind::kAny},
+                                                     {"echo", Kind::kBool},
+                                                     {"best_of", Kind::kInt},
+                                                     {"suffix", Kind::kAny}};
   return fields;
 }
 const std::map<std::string, Kind>& ChatFields() {
-  static const std::map<std::string, Kind> fields = {
-      {"messages", Kind::kAny},      {"max_completion_tokens", Kind::kInt},
-      {"top_logprobs", Kind::kAny},  {"response_format", Kind::kAny},
-      {"tools", Kind::kAny},         {"tool_choice", Kind::kAny},
-      {"parallel_tool_calls", Kind::kAny}};
+  static const std::map<std::string, Kind> fields = {{"messages", Kind::kAny},
+                                                     {"max_completion_tokens", Kind::kInt},
+                                                     {"top_logprobs", Kind::kAny},
+                                                     {"response_format", Kind::kAny},
+                                                     {"tools", Kind::kAny},
+                                                     {"tool_choice", Kind::kAny},
+                                                     {"parallel_tool_calls", Kind::kAny}};
   return fields;
 }
 
 bool IsIntegral(const json& v) {
   if (v.is_number_integer()) return true;
-  return v.is_number_float() && std::isfinite(v.get<double>()) && std::floor(v.get<double>()) == v.get<double>();
+  return v.is_number_float() && std::isfinite(v.get<double>()) &&
+         std::floor(v.get<double>()) == v.get<double>();
 }
 
 int64_t ReadInt(const json& v, const std::string& name, int64_t min, int64_t max) {
@@ -120,8 +133,8 @@ int64_t ReadInt(const json& v, const std::string& name, int64_t min, int64_t max
     n = v.is_number_float() ? int64_t(value) : v.get<int64_t>();
   }
   if (n < min || n > max) {
-    throw BadRequest("'" + name + "' must lie in [" + std::to_string(min) + ", " + std::to_string(max) +
-                         "] (got " + std::to_string(n) + ")",
+    throw BadRequest("'" + name + "' must lie in [" + std::to_string(min) + ", " +
+                         std::to_string(max) + "] (got " + std::to_string(n) + ")",
                      name);
   }
   return n;
@@ -150,7 +163,8 @@ void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json
       [&](auto member) {
         using T = std::remove_reference_t<decltype(options.*member)>;
         if constexpr (std::is_same_v<T, int>) {
-          options.*member = int(ReadInt(v, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+          options.*member = int(
+              ReadInt(v, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           options.*member = uint64_t(ReadInt(v, name, 0, std::numeric_limits<int64_t>::max()));
         } else if constexpr (std::is_same_v<T, double>) {
@@ -168,9 +182,12 @@ void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json
 std::string FlagsToFields(const std::string& message) {
   std::string out;
   for (size_t i = 0; i < message.size();) {
-    if (message.compare(i, 2, "--") == 0 && i + 2 < message.size() && std::islower(static_cast<unsigned char>(message[i + 2]))) {
+    if (message.compare(i, 2, "--") == 0 && i + 2 < message.size() &&
+        std::islower(static_cast<unsigned char>(message[i + 2]))) {
       size_t end = i + 2;
-      while (end < message.size() && (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '-')) ++end;
+      while (end < message.size() &&
+             (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '-'))
+        ++end;
       std::string flag = message.substr(i + 2, end - i - 2);
       for (char& c : flag) c = c == '-' ? '_' : c;
       out += flag == "gen_length" ? "max_tokens (rounded up to the block length)" : flag;
@@ -208,8 +225,8 @@ std::vector<int> ReadTokenIds(const json& v, const ModelConfig& config) {
   return ids;
 }
 
-std::vector<std::vector<int>> ReadPrompts(const json& v, const TextCodec& codec, const ModelConfig& config,
-                                          int max_prompts) {
+std::vector<std::vector<int>> ReadPrompts(const json& v, const TextCodec& codec,
+                                          const ModelConfig& config, int max_prompts) {
   auto encode = [&](const std::string& text) {
     try {
       return codec.EncodeText(text);
@@ -233,7 +250,8 @@ std::vector<std::vector<int>> ReadPrompts(const json& v, const TextCodec& codec,
       }
     }
   } else {
-    throw BadRequest("'prompt' must be a non-empty string, array of strings, or token ids", "prompt");
+    throw BadRequest("'prompt' must be a non-empty string, array of strings, or token ids",
+                     "prompt");
   }
   if (int(prompts.size()) > max_prompts) {
     throw BadRequest("'prompt' holds " + std::to_string(prompts.size()) + " prompts; at most " +
@@ -244,7 +262,8 @@ std::vector<std::vector<int>> ReadPrompts(const json& v, const TextCodec& codec,
 }
 
 std::vector<int> ReadMessages(const json& v, const TextCodec& codec) {
-  if (!v.is_array() || v.empty()) throw BadRequest("'messages' must be a non-empty array", "messages");
+  if (!v.is_array() || v.empty())
+    throw BadRequest("'messages' must be a non-empty array", "messages");
   std::vector<ChatTurn> turns;
   for (const json& m : v) {
     if (!m.is_object()) throw BadRequest("each message must be an object", "messages");
@@ -260,19 +279,22 @@ std::vector<int> ReadMessages(const json& v, const TextCodec& codec) {
           for (const json& part : value) {
             if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
                 !part["text"].is_string()) {
-              throw BadRequest("message content parts must be {\"type\": \"text\", \"text\": ...}", "messages");
+              throw BadRequest("message content parts must be {\"type\": \"text\", \"text\": ...}",
+                               "messages");
             }
             turn.content += part["text"].get<std::string>();
           }
         } else if (!value.is_null()) {
-          throw BadRequest("message 'content' must be a string or an array of text parts", "messages");
+          throw BadRequest("message 'content' must be a string or an array of text parts",
+                           "messages");
         }
       } else if (key != "name") {
         throw BadRequest("unknown message field '" + key + "'", "messages");
       }
     }
     if (turn.role != "system" && turn.role != "user" && turn.role != "assistant") {
-      throw BadRequest("message role must be system, user or assistant (got '" + turn.role + "')", "messages");
+      throw BadRequest("message role must be system, user or assistant (got '" + turn.role + "')",
+                       "messages");
     }
     turns.push_back(std::move(turn));
   }
@@ -294,9 +316,10 @@ void CheckNeutral(const json& fields) {
   }
   for (const char* name : {"logprobs", "top_logprobs"}) {
     if (present(name) && !(fields[name].is_boolean() && !fields[name].get<bool>())) {
-      throw BadRequest(std::string("'") + name +
-                           "' is not supported: a diffusion model does not score tokens left to right",
-                       name);
+      throw BadRequest(
+          std::string("'") + name +
+              "' is not supported: a diffusion model does not score tokens left to right",
+          name);
     }
   }
   for (const char* name : {"presence_penalty", "frequency_penalty"}) {
@@ -304,10 +327,12 @@ void CheckNeutral(const json& fields) {
       throw BadRequest(std::string("'") + name + "' is not supported (only 0)", name);
     }
   }
-  if (present("logit_bias") && !(fields["logit_bias"].is_object() && fields["logit_bias"].empty())) {
+  if (present("logit_bias") &&
+      !(fields["logit_bias"].is_object() && fields["logit_bias"].empty())) {
     throw BadRequest("'logit_bias' is not supported", "logit_bias");
   }
-  if (present("suffix") && !(fields["suffix"].is_string() && fields["suffix"].get<std::string>().empty())) {
+  if (present("suffix") &&
+      !(fields["suffix"].is_string() && fields["suffix"].get<std::string>().empty())) {
     throw BadRequest("'suffix' is not supported", "suffix");
   }
   if (present("tools") && !(fields["tools"].is_array() && fields["tools"].empty())) {
@@ -316,9 +341,10 @@ void CheckNeutral(const json& fields) {
   if (present("tool_choice") && fields["tool_choice"] != "none") {
     throw BadRequest("'tool_choice' is not supported", "tool_choice");
   }
-  if (present("parallel_tool_calls")) ReadBool(fields["parallel_tool_calls"], "parallel_tool_calls");
-  if (present("response_format") &&
-      !(fields["response_format"].is_object() && fields["response_format"].value("type", "") == "text")) {
+  if (present("parallel_tool_calls"))
+    ReadBool(fields["parallel_tool_calls"], "parallel_tool_calls");
+  if (present("response_format") && !(fields["response_format"].is_object() &&
+                                      fields["response_format"].value("type", "") == "text")) {
     throw BadRequest("'response_format' must be {\"type\": \"text\"}", "response_format");
   }
 }
@@ -331,19 +357,23 @@ json ApiError::Body() const {
   return {{"error", error}};
 }
 
-std::string DumpJson(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string DumpJson(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
-CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint, const DecodeOptions& defaults,
-                                         const TextCodec& codec, const ModelConfig& config,
-                                         const RequestLimits& limits) {
+CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
+                                         const DecodeOptions& defaults, const TextCodec& codec,
+                                         const ModelConfig& config, const RequestLimits& limits) {
   if (!body.is_object()) throw BadRequest("the request body must be a JSON object");
   json fields = body;
   if (fields.contains("diffusion")) {
-    if (!fields["diffusion"].is_object()) throw BadRequest("'diffusion' must be an object", "diffusion");
+    if (!fields["diffusion"].is_object())
+      throw BadRequest("'diffusion' must be an object", "diffusion");
     const json extension = fields["diffusion"];
     fields.erase("diffusion");
     for (const auto& [key, value] : extension.items()) {
-      if (!FindDecodeField(key)) throw BadRequest("unknown decoding field 'diffusion." + key + "'", key);
+      if (!FindDecodeField(key))
+        throw BadRequest("unknown decoding field 'diffusion." + key + "'", key);
       if (fields.contains(key)) throw BadRequest("'" + key + "' is given twice", key);
       fields[key] = value;
     }
@@ -367,13 +397,15 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint, co
   if (const json* v = get("stream_options")) {
     if (!v->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
     for (const auto& [key, value] : v->items()) {
-      if (key != "include_usage") throw BadRequest("unknown field 'stream_options." + key + "'", "stream_options");
+      if (key != "include_usage")
+        throw BadRequest("unknown field 'stream_options." + key + "'", "stream_options");
       r.include_usage = ReadBool(value, "stream_options.include_usage");
     }
     if (!r.stream) throw BadRequest("'stream_options' needs \"stream\": true", "stream_options");
   }
   if (const json* v = get("stream_canvas")) r.stream_canvas = ReadBool(*v, "stream_canvas");
-  if (r.stream_canvas && !r.stream) throw BadRequest("'stream_canvas' needs \"stream\": true", "stream_canvas");
+  if (r.stream_canvas && !r.stream)
+    throw BadRequest("'stream_canvas' needs \"stream\": true", "stream_canvas");
   if (const json* v = get("stop_early")) r.stop_early = ReadBool(*v, "stop_early");
   if (const json* v = get("stop")) r.stop = ReadStop(*v, limits.max_stop_strings);
 
@@ -394,10 +426,12 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint, co
   }
   if (r.max_tokens > limits.max_tokens) {
     throw BadRequest(std::string("'") + length_field + "' is " + std::to_string(r.max_tokens) +
-                         "; this server generates at most " + std::to_string(limits.max_tokens) + " tokens",
+                         "; this server generates at most " + std::to_string(limits.max_tokens) +
+                         " tokens",
                      length_field);
   }
-  if (r.options.block_length < 0) throw BadRequest("'block_length' must not be negative", "block_length");
+  if (r.options.block_length < 0)
+    throw BadRequest("'block_length' must not be negative", "block_length");
   const int block = r.options.block_length > 0 ? r.options.block_length : r.max_tokens;
   r.options.gen_length = (r.max_tokens + block - 1) / block * block;
   if (!get("steps")) {
@@ -417,10 +451,12 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint, co
     if (!messages) throw BadRequest("'messages' is required", "messages");
     r.prompts.push_back(ReadMessages(*messages, codec));
   }
-  if (r.stream && r.prompts.size() != 1) throw BadRequest("streaming takes a single prompt", "prompt");
+  if (r.stream && r.prompts.size() != 1)
+    throw BadRequest("streaming takes a single prompt", "prompt");
   for (const std::vector<int>& prompt : r.prompts) {
     if (int(prompt.size()) > limits.max_prompt_tokens) {
-      throw BadRequest("the prompt has " + std::to_string(prompt.size()) + " tokens; this server accepts at most " +
+      throw BadRequest("the prompt has " + std::to_string(prompt.size()) +
+                           " tokens; this server accepts at most " +
                            std::to_string(limits.max_prompt_tokens),
                        endpoint == Endpoint::kCompletions ? "prompt" : "messages");
     }
@@ -448,7 +484,8 @@ json RequestFromQuery(const std::multimap<std::string, std::string>& params) {
         }
       } catch (const std::exception&) {
       }
-      throw BadRequest("query parameter '" + key + "' must be a" + (integral ? "n integer" : " number"), key);
+      throw BadRequest(
+          "query parameter '" + key + "' must be a" + (integral ? "n integer" : " number"), key);
     };
     auto boolean = [&]() -> json {
       if (text == "true" || text == "1") return true;
@@ -498,7 +535,8 @@ ResponseIdentity NewResponseIdentity(Endpoint endpoint, const std::string& model
   const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
-  return {std::string(endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + hex, now, model};
+  return {std::string(endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-") + hex, now,
+          model};
 }
 
 namespace {
@@ -544,10 +582,11 @@ json Usage(const CompletionRequest& request, const std::vector<JobOutcome>& outc
 
 json Envelope(const CompletionRequest& request, const ResponseIdentity& identity, bool chunk) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  return {{"id", identity.id},
-          {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
-          {"created", identity.created},
-          {"model", identity.model}};
+  return {
+      {"id", identity.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", identity.created},
+      {"model", identity.model}};
 }
 
 }  // namespace
@@ -573,8 +612,8 @@ json CompletionResponse(const CompletionRequest& request, const ResponseIdentity
   return response;
 }
 
-json StreamChunk(const CompletionRequest& request, const ResponseIdentity& identity, const std::string& delta,
-                 bool first, const JobOutcome* finished) {
+json StreamChunk(const CompletionRequest& request, const ResponseIdentity& identity,
+                 const std::string& delta, bool first, const JobOutcome* finished) {
   json chunk = Envelope(request, identity, true);
   json choice = {{"index", 0}};
   if (request.endpoint == Endpoint::kChatCompletions) {
@@ -592,7 +631,8 @@ json StreamChunk(const CompletionRequest& request, const ResponseIdentity& ident
   return chunk;
 }
 
-json UsageChunk(const CompletionRequest& request, const ResponseIdentity& identity, const JobOutcome& outcome) {
+json UsageChunk(const CompletionRequest& request, const ResponseIdentity& identity,
+                const JobOutcome& outcome) {
   json chunk = Envelope(request, identity, true);
   chunk["choices"] = json::array();
   chunk["usage"] = Usage(request, {outcome});

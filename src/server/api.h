@@ -19,7 +19,10 @@ namespace polestar {
 class ApiError : public std::runtime_error {
  public:
   ApiError(int status, std::string type, const std::string& message, std::string param = "")
-      : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)) {}
+      : std::runtime_error(message),
+        status(status),
+        type(std::move(type)),
+        param(std::move(param)) {}
   nlohmann::json Body() const;
 
   int status;
@@ -31,8 +34,8 @@ enum class Endpoint { kCompletions, kChatCompletions };
 
 struct RequestLimits {
   int max_prompt_tokens = 0;
-  int max_tokens = 0;       // generation length
-  int max_prompts = 16;     // prompts in one /v1/completions request
+  int max_tokens = 0;    // generation length
+  int max_prompts = 16;  // prompts in one /v1/completions request
   int max_stop_strings = 16;
 };
 
@@ -67,7 +70,8 @@ struct ResponseIdentity {
 };
 ResponseIdentity NewResponseIdentity(Endpoint endpoint, const std::string& model);
 
-nlohmann::json CompletionResponse(const CompletionRequest& request, const ResponseIdentity& identity,
+nlohmann::json CompletionResponse(const CompletionRequest& request,
+                                  const ResponseIdentity& identity,
                                   const std::vector<JobOutcome>& outcomes);
 // A streamed chunk carrying `delta` (chat: the first chunk also names the role); with a
 // finish_reason, the closing chunk, which also carries the timings.

@@ -151,7 +151,8 @@ std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_path, const Mo
   const fs::path vocab = fs::path(model_path) / "vocab.json";
   // A Hugging Face folder may hold a BPE vocab.json (token -> id); only the character
   // vocabulary form is a codec on its own.
-  if (fs::is_directory(model_path) && fs::exists(vocab) && ReadJsonFile(vocab.string()).contains("chars")) {
+  if (fs::is_directory(model_path) && fs::exists(vocab) &&
+      ReadJsonFile(vocab.string()).contains("chars")) {
     return CharVocabCodec::Load(vocab.string());
   }
   return std::make_unique<IdTextCodec>(config);

@@ -26,6 +26,7 @@ int64_t Metrics::RequestCount(const std::string& endpoint, int status) const {
 
 std::string Metrics::Render(int queue_depth) const {
   std::ostringstream out;
+  out.precision(10);
   auto header = [&](const char* name, const char* type, const char* help) {
     out << "# HELP polestar_" << name << ' ' << help << "\n# TYPE polestar_" << name << ' ' << type
         << '\n';

@@ -31,7 +31,7 @@ class Metrics {
   static constexpr std::array<double, 12> kStepBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
                                                           0.05,   0.1,   0.25,   0.5,   1.0,  2.5};
   mutable std::mutex mutex_;
-  std::map<std::pair<std::string, int>, int64_t> requests_;  // (endpoint, status) -> count
+  std::map<std::pair<std::string, int>, int64_t> requests_;      // (endpoint, status) -> count
   std::array<int64_t, kStepBuckets.size() + 1> step_buckets_{};  // last: +Inf
   double step_seconds_sum_ = 0;
   std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, forward_passes_{0};

@@ -38,7 +38,10 @@ void FairTurn::Release() {
 
 Scheduler::Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics, int workers,
                      int queue_capacity, int threads)
-    : model_(model), codec_(codec), metrics_(metrics), queue_capacity_(size_t(queue_capacity)),
+    : model_(model),
+      codec_(codec),
+      metrics_(metrics),
+      queue_capacity_(size_t(queue_capacity)),
       threads_(threads) {
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -133,8 +136,10 @@ void Scheduler::Run(GenerationJob& job) {
     if (!job.stream_text && !job.stream_canvas) return;
     {
       std::lock_guard lock(job.mutex);
-      if (job.stream_text && !delta.empty()) job.events.push_back({GenerationJob::Event::Kind::kText, delta});
-      if (!canvas.empty()) job.events.push_back({GenerationJob::Event::Kind::kCanvas, std::move(canvas)});
+      if (job.stream_text && !delta.empty())
+        job.events.push_back({GenerationJob::Event::Kind::kText, delta});
+      if (!canvas.empty())
+        job.events.push_back({GenerationJob::Event::Kind::kCanvas, std::move(canvas)});
     }
     job.changed.notify_all();
   };
@@ -226,7 +231,8 @@ void Scheduler::Run(GenerationJob& job) {
   if (interrupt == Interrupt::kCancelled) outcome.status = JobOutcome::Status::kCancelled;
   if (interrupt == Interrupt::kTimedOut) outcome.status = JobOutcome::Status::kTimedOut;
   outcome.finish_reason = stopped ? "stop" : "length";
-  if (outcome.status == JobOutcome::Status::kDone) metrics_.AddGeneratedTokens(outcome.completion_tokens);
+  if (outcome.status == JobOutcome::Status::kDone)
+    metrics_.AddGeneratedTokens(outcome.completion_tokens);
   finish();
 }
 

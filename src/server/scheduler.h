@@ -38,9 +38,9 @@ struct JobOutcome {
   std::string finish_reason;  // "stop" (EOS or stop string) or "length"
   int completion_tokens = 0;  // tokens behind `text`
   int nfe = 0;
-  int committed = 0;          // canvas positions committed
-  double seconds = 0;         // generation wall time
-  double queue_seconds = 0;   // admitted -> started
+  int committed = 0;         // canvas positions committed
+  double seconds = 0;        // generation wall time
+  double queue_seconds = 0;  // admitted -> started
 };
 
 // One generation, shared by the HTTP thread that waits for it and the worker that runs it.
@@ -49,9 +49,9 @@ struct GenerationJob {
   DecodeOptions options;    // gen_length may exceed max_tokens (rounded up to a block)
   int max_tokens = 0;
   std::vector<std::string> stop;
-  bool stop_early = true;     // end once the answer is complete
-  bool stream_text = false;   // queue text deltas as events
-  bool stream_canvas = false; // queue a canvas event per step
+  bool stop_early = true;      // end once the answer is complete
+  bool stream_text = false;    // queue text deltas as events
+  bool stream_canvas = false;  // queue a canvas event per step
   Clock::time_point admitted = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
   std::atomic<bool> cancel{false};  // set by the HTTP side: the client went away
@@ -105,8 +105,8 @@ class Scheduler {
   FairTurn turn_;
   mutable std::mutex mutex_;
   std::condition_variable queue_changed_;
-  std::deque<std::shared_ptr<GenerationJob>> queue_;  // guarded by mutex_
-  bool stopping_ = false;                              // guarded by mutex_
+  std::deque<std::shared_ptr<GenerationJob>> queue_;     // guarded by mutex_
+  bool stopping_ = false;                                // guarded by mutex_
   std::vector<std::shared_ptr<GenerationJob>> running_;  // guarded by mutex_
   std::vector<std::thread> workers_;
 };

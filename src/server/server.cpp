@@ -31,12 +31,14 @@ void SendJson(httplib::Response& res, int status, const json& body) {
   res.set_content(DumpJson(body), "application/json");
 }
 
-void SendError(httplib::Response& res, const ApiError& error) { SendJson(res, error.status, error.Body()); }
+void SendError(httplib::Response& res, const ApiError& error) {
+  SendJson(res, error.status, error.Body());
+}
 
 // The label /metrics counts a request under: its route, or "other" (bounded cardinality).
 std::string EndpointLabel(const std::string& path) {
-  for (const char* known : {"/health", "/v1/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                            "/v1/diffusion/stream", "/metrics", "/"}) {
+  for (const char* known : {"/health", "/v1/health", "/v1/models", "/v1/completions",
+                            "/v1/chat/completions", "/v1/diffusion/stream", "/metrics", "/"}) {
     if (path == known) return known;
   }
   if (path == "/models") return "/v1/models";
@@ -47,7 +49,8 @@ std::string EndpointLabel(const std::string& path) {
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
   return diff == 0;
 }
 
@@ -86,7 +89,9 @@ int FindConnectionSocket(const httplib::Request& req) {
     int local_port = -1, peer_port = -1;
     port_and_address(local, &local_port);
     const std::string peer_address = port_and_address(peer, &peer_port);
-    if (local_port == req.local_port && peer_port == req.remote_port && peer_address == req.remote_addr) return fd;
+    if (local_port == req.local_port && peer_port == req.remote_port &&
+        peer_address == req.remote_addr)
+      return fd;
   }
   return -1;
 }
@@ -98,8 +103,9 @@ bool PeerHungUp(int fd) {
 }
 
 ApiError TimeoutError(double timeout_seconds) {
-  return ApiError(504, "timeout_error",
-                  Cat("the request did not finish within the server's timeout of ", timeout_seconds, " s"));
+  return ApiError(
+      504, "timeout_error",
+      Cat("the request did not finish within the server's timeout of ", timeout_seconds, " s"));
 }
 
 ApiError OutcomeError(const JobOutcome& outcome, double timeout_seconds) {
@@ -137,50 +143,59 @@ struct Server::Impl {
   explicit Impl(ServerOptions o) : options(std::move(o)) {}
 
   void InstallRoutes();
-  void Completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint, const json& body,
-                  const std::string& label);
+  void Completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
+                  const json& body, const std::string& label);
   void Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
               std::shared_ptr<GenerationJob> job, const std::string& label);
   Clock::time_point Deadline(Clock::time_point from) const {
     if (options.timeout_seconds <= 0) return Clock::time_point::max();
-    return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.timeout_seconds));
+    return from + std::chrono::duration_cast<Clock::duration>(
+                      std::chrono::duration<double>(options.timeout_seconds));
   }
 };
 
 void Server::Impl::InstallRoutes() {
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const bool open = req.path == "/health" || req.path == "/v1/health" || (req.path == "/" && req.method == "GET");
+    const bool open = req.path == "/health" || req.path == "/v1/health" ||
+                      (req.path == "/" && req.method == "GET");
     if (options.api_key.empty() || open) return httplib::Server::HandlerResponse::Unhandled;
     if (ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    SendError(res, ApiError(401, "authentication_error", "invalid or missing API key (Authorization: Bearer KEY)"));
+    SendError(res, ApiError(401, "authentication_error",
+                            "invalid or missing API key (Authorization: Bearer KEY)"));
     metrics.CountRequest(EndpointLabel(req.path), 401);
     return httplib::Server::HandlerResponse::Handled;
   });
   // Bodies for the errors httplib answers itself (404, 413, ...).
-  http.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                     httplib::Response& res) {
     if (res.body.empty() && !res.content_provider_) {
-      const std::string message = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
-                                  : res.status == 413 ? Cat("the request body exceeds ", options.max_body_bytes, " bytes")
-                                                      : Cat("HTTP status ", res.status);
-      SendError(res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error", message));
+      const std::string message =
+          res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+          : res.status == 413
+              ? Cat("the request body is too large (at most ", options.max_body_bytes,
+                    " bytes as application/json, 8192 as a form)")
+              : Cat("HTTP status ", res.status);
+      SendError(
+          res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
+                        message));
       metrics.CountRequest(EndpointLabel(req.path), res.status);
     }
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
-    std::string message = "internal error";
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      message += std::string(": ") + e.what();
-    } catch (...) {
-    }
-    SendError(res, ApiError(500, "server_error", message));
-    metrics.CountRequest(EndpointLabel(req.path), 500);
-  });
+  http.set_exception_handler(
+      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
+        std::string message = "internal error";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          message += std::string(": ") + e.what();
+        } catch (...) {
+        }
+        SendError(res, ApiError(500, "server_error", message));
+        metrics.CountRequest(EndpointLabel(req.path), 500);
+      });
 
   auto health = [this](const httplib::Request& req, httplib::Response& res) {
     if (ready) {
@@ -216,22 +231,25 @@ void Server::Impl::InstallRoutes() {
   http.Get("/v1/models", models);
   http.Get("/models", models);
 
-  for (const auto& [path, endpoint] : {std::pair{"/v1/completions", Endpoint::kCompletions},
-                                       std::pair{"/completions", Endpoint::kCompletions},
-                                       std::pair{"/v1/chat/completions", Endpoint::kChatCompletions},
-                                       std::pair{"/chat/completions", Endpoint::kChatCompletions}}) {
-    http.Post(path, [this, endpoint = endpoint](const httplib::Request& req, httplib::Response& res) {
-      const std::string label = EndpointLabel(req.path);
-      json body;
-      try {
-        body = json::parse(req.body);
-      } catch (const json::exception& e) {
-        SendError(res, ApiError(400, "invalid_request_error", std::string("the body is not valid JSON: ") + e.what()));
-        metrics.CountRequest(label, 400);
-        return;
-      }
-      Completion(req, res, endpoint, body, label);
-    });
+  for (const auto& [path, endpoint] :
+       {std::pair{"/v1/completions", Endpoint::kCompletions},
+        std::pair{"/completions", Endpoint::kCompletions},
+        std::pair{"/v1/chat/completions", Endpoint::kChatCompletions},
+        std::pair{"/chat/completions", Endpoint::kChatCompletions}}) {
+    http.Post(path,
+              [this, endpoint = endpoint](const httplib::Request& req, httplib::Response& res) {
+                const std::string label = EndpointLabel(req.path);
+                json body;
+                try {
+                  body = json::parse(req.body);
+                } catch (const json::exception& e) {
+                  SendError(res, ApiError(400, "invalid_request_error",
+                                          std::string("the body is not valid JSON: ") + e.what()));
+                  metrics.CountRequest(label, 400);
+                  return;
+                }
+                Completion(req, res, endpoint, body, label);
+              });
   }
   http.Get("/v1/diffusion/stream", [this](const httplib::Request& req, httplib::Response& res) {
     json body;
@@ -249,7 +267,8 @@ void Server::Impl::InstallRoutes() {
 
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     metrics.CountRequest("/metrics", 200);
-    res.set_content(metrics.Render(ready ? scheduler->QueueDepth() : 0), "text/plain; version=0.0.4");
+    res.set_content(metrics.Render(ready ? scheduler->QueueDepth() : 0),
+                    "text/plain; version=0.0.4");
   });
   http.Get("/", [this](const httplib::Request&, httplib::Response& res) {
     metrics.CountRequest("/", 200);
@@ -257,13 +276,14 @@ void Server::Impl::InstallRoutes() {
   });
 }
 
-void Server::Impl::Completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                              const json& body, const std::string& label) {
+void Server::Impl::Completion(const httplib::Request& req, httplib::Response& res,
+                              Endpoint endpoint, const json& body, const std::string& label) {
   auto request = std::make_shared<CompletionRequest>();
   std::vector<std::shared_ptr<GenerationJob>> jobs;
   try {
     if (!ready) throw ApiError(503, "unavailable_error", "Loading model");
-    *request = ParseCompletionRequest(body, endpoint, options.defaults, *codec, model->config(), limits);
+    *request =
+        ParseCompletionRequest(body, endpoint, options.defaults, *codec, model->config(), limits);
     const Clock::time_point now = Clock::now();
     for (const std::vector<int>& prompt : request->prompts) {
       auto job = std::make_shared<GenerationJob>();
@@ -280,8 +300,8 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
     }
     if (!scheduler->Submit(jobs)) {
       throw ApiError(429, "rate_limit_error",
-                     Cat("the server is busy (", options.parallel, " running, ", scheduler->QueueDepth(),
-                         " waiting); retry later"));
+                     Cat("the server is busy (", options.parallel, " running, ",
+                         scheduler->QueueDepth(), " waiting); retry later"));
     }
   } catch (const ApiError& e) {
     SendError(res, e);
@@ -364,16 +384,20 @@ void Server::Impl::Stream(httplib::Response& res, std::shared_ptr<CompletionRequ
     }
     for (const GenerationJob::Event& e : events) {
       const bool ok = e.kind == GenerationJob::Event::Kind::kText
-                          ? write(SseData(StreamChunk(*request, state->identity, e.data, !state->started, nullptr)))
+                          ? write(SseData(StreamChunk(*request, state->identity, e.data,
+                                                      !state->started, nullptr)))
                           : write("event: canvas\ndata: " + e.data + "\n\n");
       if (e.kind == GenerationJob::Event::Kind::kText) state->started = true;
       if (!ok) return false;
     }
     if (finished) {
-      if (outcome.status != JobOutcome::Status::kDone) return end_with_error(OutcomeError(outcome, options.timeout_seconds));
+      if (outcome.status != JobOutcome::Status::kDone)
+        return end_with_error(OutcomeError(outcome, options.timeout_seconds));
       state->completed = true;
-      if (!write(SseData(StreamChunk(*request, state->identity, "", !state->started, &outcome)))) return false;
-      if (request->include_usage && !write(SseData(UsageChunk(*request, state->identity, outcome)))) return false;
+      if (!write(SseData(StreamChunk(*request, state->identity, "", !state->started, &outcome))))
+        return false;
+      if (request->include_usage && !write(SseData(UsageChunk(*request, state->identity, outcome))))
+        return false;
       if (!write("data: [DONE]\n\n")) return false;
       sink.done();
       return true;
@@ -407,7 +431,9 @@ int Server::Start() {
   Impl& s = *impl_;
   // A client hanging up must not kill the process: writes to its socket fail instead.
   std::signal(SIGPIPE, SIG_IGN);
-  const size_t http_threads = size_t(std::max(8, s.options.parallel + s.options.queue + 8));
+  // A thread per admitted request (running or queued) plus spares for /health, /metrics and
+  // 429s; past the cap, connections wait for a thread before they are even read.
+  const size_t http_threads = size_t(std::clamp(s.options.parallel + s.options.queue + 8, 8, 1024));
   s.http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
   s.http.set_payload_max_length(s.options.max_body_bytes);
   s.http.set_keep_alive_max_count(1000);
@@ -416,14 +442,16 @@ int Server::Start() {
   const bool any_port = s.options.port == 0;
   s.port = any_port ? s.http.bind_to_any_port(s.options.host) : s.options.port;
   if (s.port <= 0 || (!any_port && !s.http.bind_to_port(s.options.host, s.options.port))) {
-    Fail("cannot listen on ", s.options.host, ":", s.options.port, " (address in use, or not local?)");
+    Fail("cannot listen on ", s.options.host, ":", s.options.port,
+         " (address in use, or not local?)");
   }
   s.listener = std::thread([&s] {
     s.http.listen_after_bind();
     s.listen_returned = true;
   });
   // Stop() only reaches a server that is already running.
-  while (!s.http.is_running() && !s.listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!s.http.is_running() && !s.listen_returned)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return s.port;
 }
 
@@ -432,14 +460,15 @@ void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> c
   PS_CHECK(!s.ready);
   if (s.stopping) return;  // stopped while the model was loading
   const int context = model->config().max_positions;
-  s.limits.max_prompt_tokens = s.options.max_prompt_tokens > 0 ? s.options.max_prompt_tokens : context;
+  s.limits.max_prompt_tokens =
+      s.options.max_prompt_tokens > 0 ? s.options.max_prompt_tokens : context;
   s.limits.max_tokens = s.options.max_tokens > 0 ? s.options.max_tokens : context;
   s.limits.max_prompts = s.options.max_prompts;
   if (s.options.model_id.empty()) s.options.model_id = model->source();
   s.model = std::move(model);
   s.codec = std::move(codec);
-  s.scheduler = std::make_unique<Scheduler>(*s.model, *s.codec, s.metrics, s.options.parallel, s.options.queue,
-                                            s.options.threads);
+  s.scheduler = std::make_unique<Scheduler>(*s.model, *s.codec, s.metrics, s.options.parallel,
+                                            s.options.queue, s.options.threads);
   s.metrics.SetModelLoaded(true);
   s.ready = true;
 }

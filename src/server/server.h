@@ -25,18 +25,18 @@ namespace polestar {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                // 0: any free port
-  int parallel = 1;               // generations running at once
-  int queue = 8;                  // generations waiting for a worker
-  double timeout_seconds = 600;   // a request's whole life, queue included; 0: none
-  std::string api_key;            // when set, "Authorization: Bearer KEY" is required
-  int threads = 0;                // OpenMP threads per forward (0: all cores)
-  int max_prompt_tokens = 0;      // 0: the model's context
-  int max_tokens = 0;             // 0: the model's context
-  int max_prompts = 16;           // prompts in one /v1/completions request
+  int port = 8080;               // 0: any free port
+  int parallel = 1;              // generations running at once
+  int queue = 8;                 // generations waiting for a worker
+  double timeout_seconds = 600;  // a request's whole life, queue included; 0: none
+  std::string api_key;           // when set, "Authorization: Bearer KEY" is required
+  int threads = 0;               // OpenMP threads per forward (0: all cores)
+  int max_prompt_tokens = 0;     // 0: the model's context
+  int max_tokens = 0;            // 0: the model's context
+  int max_prompts = 16;          // prompts in one /v1/completions request
   size_t max_body_bytes = 4 << 20;
-  std::string model_id;           // the name /v1/models shows
-  DecodeOptions defaults;         // decoding of requests that do not say otherwise
+  std::string model_id;    // the name /v1/models shows
+  DecodeOptions defaults;  // decoding of requests that do not say otherwise
 };
 
 class Server {

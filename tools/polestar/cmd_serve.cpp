@@ -26,18 +26,24 @@ void AddServeCommand(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   ServerOptions& s = args->server;
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file")->required();
-  cmd->add_option("--host", s.host, "address to listen on (loopback by default)")->capture_default_str();
+  cmd->add_option("--host", s.host, "address to listen on (loopback by default)")
+      ->capture_default_str();
   cmd->add_option("--port", s.port, "port (0: any free port)")->capture_default_str();
   cmd->add_option("--parallel", s.parallel, "generations running at once (steps interleaved)")
-      ->check(CLI::Range(1, 256))->capture_default_str();
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   cmd->add_option("--queue", s.queue, "generations waiting for a worker before 429")
-      ->check(CLI::Range(0, 100000))->capture_default_str();
-  cmd->add_option("--timeout", s.timeout_seconds, "seconds a request may take, queue included (0: none)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  cmd->add_option("--timeout", s.timeout_seconds,
+                  "seconds a request may take, queue included (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
   cmd->add_option("-a,--alias", s.model_id, "model name shown by /v1/models (default: the path)");
   cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)");
-  cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens, "longest prompt accepted (0: the context)");
+  cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
+                  "longest prompt accepted (0: the context)");
   cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");
   AddDecodeFlags(cmd, s.defaults);
   cmd->callback([args] {
