@@ -220,6 +220,8 @@ int main(int argc, char** argv) {
                        {"stream", a.stream},
                        {"clients", a.clients},
                        {"parallel", a.parallel},
+      {"threads", a.threads},
+      {"cores", std::thread::hardware_concurrency()},
                        {"requests", a.requests},
                        {"errors", errors},
                        {"seconds", seconds},

@@ -19,6 +19,7 @@
 #include "server/api.h"
 #include "server/codecs.h"
 #include "server/output_text.h"
+#include "server/scheduler.h"
 #include "server/utf8.h"
 #include "test_support.h"
 
@@ -308,6 +309,30 @@ TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
   // The earliest of several stop strings wins; held text is released at the end.
   EXPECT_EQ(Deltas({"1,2", ";3"}, {";", ",2"}, &stopped), (std::vector<std::string>{"1", ""}));
   EXPECT_EQ(Deltas({"ab", "S"}, {"ST"}, &stopped), (std::vector<std::string>{"ab", "", "S"}));
+}
+
+TEST(FairTurn, NeverLetsInMoreThanItsSlots) {
+  for (int slots : {1, 2}) {
+    FairTurn turn(slots);
+    std::atomic<int> active{0}, most{0};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w) {
+      workers.emplace_back([&] {
+        for (int step = 0; step < 50; ++step) {
+          turn.Acquire();
+          const int now = ++active;
+          int seen = most;
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          --active;
+          turn.Release();
+        }
+      });
+    }
+    for (std::thread& t : workers) t.join();
+    EXPECT_EQ(most, slots);
+  }
 }
 
 TEST(Codecs, CharVocabularyPadsPromptsAndRejectsUnknownCharacters) {

@@ -25,16 +25,31 @@ bool GenerationJob::WaitFinished(Clock::time_point until) {
 void FairTurn::Acquire() {
   std::unique_lock lock(mutex_);
   const uint64_t ticket = next_ticket_++;
-  turn_changed_.wait(lock, [&] { return serving_ == ticket; });
+  turn_changed_.wait(lock, [&] { return admitted_ == ticket && active_ < slots_; });
+  ++admitted_;
+  ++active_;
+  lock.unlock();
+  turn_changed_.notify_all();  // the next ticket may fit in another free slot
 }
 
 void FairTurn::Release() {
   {
     std::lock_guard lock(mutex_);
-    ++serving_;
+    --active_;
   }
   turn_changed_.notify_all();
 }
+
+namespace {
+
+// Forwards that may run at once: one when each uses every core.
+int ComputeSlots(int workers, int threads) {
+  if (threads <= 0) return 1;
+  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+  return std::clamp(cores / threads, 1, std::max(workers, 1));
+}
+
+}  // namespace
 
 Scheduler::Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics, int workers,
                      int queue_capacity, int threads)
@@ -42,7 +57,8 @@ Scheduler::Scheduler(const Model& model, const TextCodec& codec, Metrics& metric
       codec_(codec),
       metrics_(metrics),
       queue_capacity_(size_t(queue_capacity)),
-      threads_(threads) {
+      threads_(threads),
+      turn_(ComputeSlots(workers, threads)) {
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 

@@ -1,13 +1,14 @@
 // Generations on a fixed set of worker threads sharing one model.
 //
 // Concurrency: --parallel workers each run one generation at a time, and their denoising
-// steps are interleaved fairly: a forward pass holds the one compute turn (a FIFO ticket
-// lock), and a worker hands the turn on after every step. The matmuls already spread one
-// forward over all cores with OpenMP, so running two forwards at once would only make them
-// compete; interleaving by step gives every running request steady progress (a short
-// request is not stuck behind a long one) while text decoding, event formatting and
-// socket writes of one request overlap the next request's forward. Requests are not
-// batched into one forward.
+// steps are interleaved fairly: a forward pass holds a compute slot, slots are granted in
+// request order, and a worker hands its slot on after every step. A forward already spreads
+// over all cores with OpenMP, so by default there is one slot: running two forwards at once
+// would only make them compete. With -t T there are cores / T slots (at most --parallel),
+// so forwards on disjoint cores run side by side. Interleaving by step gives every running
+// request steady progress (a short request is not stuck behind a long one), and text
+// decoding, event formatting and socket writes of one request overlap the next request's
+// forward. Requests are not batched into one forward.
 #pragma once
 
 #include <atomic>
@@ -70,16 +71,20 @@ struct GenerationJob {
   bool WaitFinished(Clock::time_point until);
 };
 
-// A lock granted in request order, so waiting workers take turns step by step.
+// A semaphore of `slots` granted in request order, so waiting workers take turns step by
+// step.
 class FairTurn {
  public:
+  explicit FairTurn(int slots) : slots_(slots) {}
   void Acquire();
   void Release();
 
  private:
+  const int slots_;
   std::mutex mutex_;
   std::condition_variable turn_changed_;
-  uint64_t next_ticket_ = 0, serving_ = 0;
+  uint64_t next_ticket_ = 0, admitted_ = 0;  // tickets handed out / let in
+  int active_ = 0;                           // slots in use
 };
 
 class Scheduler {

@@ -148,7 +148,7 @@ struct Server::Impl {
   void Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
               std::shared_ptr<GenerationJob> job, const std::string& label);
   Clock::time_point Deadline(Clock::time_point from) const {
-    if (options.timeout_seconds <= 0) return Clock::time_point::max();
+    if (options.timeout_seconds <= 0 || options.timeout_seconds > 1e9) return Clock::time_point::max();
     return from + std::chrono::duration_cast<Clock::duration>(
                       std::chrono::duration<double>(options.timeout_seconds));
   }
