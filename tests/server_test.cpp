@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -912,6 +915,66 @@ TEST(Server, ThePageIsSelfContained) {
   for (const char* external : {"src=\"http", "href=\"http", "<link", "@import", "url(http"}) {
     EXPECT_EQ(page->body.find(external), std::string::npos) << external;
   }
+}
+
+// --- the command ------------------------------------------------------------------------
+
+TEST(ServeCommand, ServesUntilSigterm) {
+  int stderr_pipe[2];
+  ASSERT_EQ(pipe(stderr_pipe), 0);
+  const std::string model = testing::FixtureDir("llada-probe");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(stderr_pipe[1], 2);
+    close(stderr_pipe[0]);
+    execl(POLESTAR_BINARY, POLESTAR_BINARY, "serve", "-m", model.c_str(), "--port", "0", "-t", "1",
+          "--gen-length", "32", "--block-length", "8", "--alias", "probe",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(stderr_pipe[1]);
+  struct Reaper {  // a failed assertion must not leave the server running
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  FILE* log = fdopen(stderr_pipe[0], "r");
+  char line[512] = {};
+  ASSERT_NE(fgets(line, sizeof(line), log), nullptr);
+  int port = 0;
+  ASSERT_EQ(std::sscanf(line, "polestar serve: listening on http://127.0.0.1:%d/", &port), 1)
+      << line;
+  ASSERT_NE(fgets(line, sizeof(line), log), nullptr);  // the model is loaded
+  EXPECT_STREQ(line, "polestar serve: ready\n");
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(std::chrono::seconds(30));
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "probe");
+  auto answer = client.Post("/v1/completions", json({{"prompt", ProbeCases()[0].prompt}}).dump(),
+                            "application/json");
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(json::parse(answer->body)["choices"][0]["text"], ProbeCases()[0].reference_text);
+  kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  reaper.pid = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a clean stop on SIGTERM";
+  fclose(log);
+}
+
+TEST(ServeCommand, ReportsAModelThatCannotBeLoaded) {
+  std::string out;
+  EXPECT_EQ(testing::RunCli("serve -m /nonexistent/model --port 0", &out, true), 1);
+  EXPECT_NE(out.find("polestar: error:"), std::string::npos) << out;
+  EXPECT_NE(out.find("/nonexistent/model"), std::string::npos) << out;
 }
 
 size_t ResidentBytes() {
