@@ -846,6 +846,18 @@ TEST(Server, FullQueueAnswers429) {
   EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"429\"}"), 1);
 }
 
+TEST(Server, WithoutAQueueSequentialClientsAreNeverTurnedAway) {
+  ServerOptions o;
+  o.parallel = 1;
+  o.queue = 0;  // a request is admitted only when the worker is free
+  TestServer s(o, "llada-tiny");
+  for (int i = 0; i < 30; ++i) {
+    Reply r = s.Post("/v1/completions",
+                     {{"prompt", "1 2"}, {"max_tokens", 4}, {"block_length", 4}, {"steps", 1}});
+    ASSERT_EQ(r.status, 200) << "request " << i << ": " << r.text;
+  }
+}
+
 TEST(Server, RequestsTimeOut) {
   ServerOptions o;
   o.timeout_seconds = 0.3;

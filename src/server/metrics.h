@@ -22,7 +22,6 @@ class Metrics {
 
   int64_t RequestCount(const std::string& endpoint, int status) const;
   int64_t ForwardPasses() const { return forward_passes_; }
-  int64_t GeneratedTokens() const { return generated_tokens_; }
 
   // `queue_depth`: requests admitted and waiting for a worker, sampled by the caller.
   std::string Render(int queue_depth) const;

@@ -111,19 +111,23 @@ void Scheduler::WorkerLoop() {
       running_.push_back(job);
     }
     metrics_.AddProcessing(1);
-    Run(*job);
-    metrics_.AddProcessing(-1);
-    std::lock_guard lock(mutex_);
-    running_.erase(std::find(running_.begin(), running_.end(), job));
+    Run(job);
   }
 }
 
-void Scheduler::Run(GenerationJob& job) {
+void Scheduler::Run(const std::shared_ptr<GenerationJob>& job_pointer) {
+  GenerationJob& job = *job_pointer;
   const ModelConfig& config = model_.config();
   const Clock::time_point started = Clock::now();
   JobOutcome outcome;
   outcome.queue_seconds = SecondsBetween(job.admitted, started);
   auto finish = [&] {
+    // The worker is free before the client hears back, so a client's next request finds it.
+    {
+      std::lock_guard lock(mutex_);
+      running_.erase(std::find(running_.begin(), running_.end(), job_pointer));
+    }
+    metrics_.AddProcessing(-1);
     std::lock_guard lock(job.mutex);
     job.outcome = std::move(outcome);
     job.finished = true;

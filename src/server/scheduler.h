@@ -100,7 +100,7 @@ class Scheduler {
 
  private:
   void WorkerLoop();
-  void Run(GenerationJob& job);
+  void Run(const std::shared_ptr<GenerationJob>& job);  // always ends by finishing the job
 
   const Model& model_;
   const TextCodec& codec_;

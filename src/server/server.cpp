@@ -146,9 +146,11 @@ struct Server::Impl {
   void Completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
                   const json& body, const std::string& label);
   void Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
-              std::shared_ptr<GenerationJob> job, const std::string& label);
+              const ResponseIdentity& identity, std::shared_ptr<GenerationJob> job,
+              const std::string& label);
   Clock::time_point Deadline(Clock::time_point from) const {
-    if (options.timeout_seconds <= 0 || options.timeout_seconds > 1e9) return Clock::time_point::max();
+    if (options.timeout_seconds <= 0 || options.timeout_seconds > 1e9)
+      return Clock::time_point::max();
     return from + std::chrono::duration_cast<Clock::duration>(
                       std::chrono::duration<double>(options.timeout_seconds));
   }
@@ -310,7 +312,7 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
   }
   for (const auto& prompt : request->prompts) metrics.AddPromptTokens(int64_t(prompt.size()));
   const ResponseIdentity identity = NewResponseIdentity(endpoint, options.model_id);
-  if (request->stream) return Stream(res, request, jobs.front(), label);
+  if (request->stream) return Stream(res, request, identity, jobs.front(), label);
 
   // Wait, looking every slice whether the client is still there.
   const int fd = FindConnectionSocket(req);
@@ -347,7 +349,8 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
 }
 
 void Server::Impl::Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
-                          std::shared_ptr<GenerationJob> job, const std::string& label) {
+                          const ResponseIdentity& identity, std::shared_ptr<GenerationJob> job,
+                          const std::string& label) {
   struct StreamState {
     bool started = false;    // the first chunk went out
     bool completed = false;  // the stream ended as intended (normally or with an error event)
@@ -355,7 +358,7 @@ void Server::Impl::Stream(httplib::Response& res, std::shared_ptr<CompletionRequ
     ResponseIdentity identity;
   };
   auto state = std::make_shared<StreamState>();
-  state->identity = NewResponseIdentity(request->endpoint, options.model_id);
+  state->identity = identity;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto provider = [this, request, job, state](size_t, httplib::DataSink& sink) {
@@ -490,8 +493,6 @@ void Server::Wait() {
   std::unique_lock lock(impl_->stop_mutex);
   impl_->stop_changed.wait(lock, [&] { return impl_->stopped; });
 }
-
-int Server::port() const { return impl_->port; }
 
 const Metrics& Server::metrics() const { return impl_->metrics; }
 

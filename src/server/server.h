@@ -56,7 +56,6 @@ class Server {
   // Blocks until Stop is called (from another thread).
   void Wait();
 
-  int port() const;
   const Metrics& metrics() const;
 
  private:
