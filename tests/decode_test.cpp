@@ -51,8 +51,12 @@ std::string RunFlags(const std::string& run, const nlohmann::json& p) {
 
 TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   int runs = 0;
-  for (const char* fixture : {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny"}) {
+  for (const char* fixture : {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny",
+                              "gguf-llada-q8_0", "gguf-llada-f16", "gguf-llada-q4_k_m",
+                              "gguf-dream-q8_0"}) {
     const std::string dir = testing::FixtureDir(fixture);
+    // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights.
+    const std::string model = std::string(fixture).rfind("gguf-", 0) == 0 ? dir + "/model.gguf" : dir;
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
@@ -60,7 +64,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
     for (const auto& [run, params] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       std::string out;
-      ASSERT_EQ(testing::RunCli("generate -m " + dir + " --prompt-ids " + Join(prompt) + " --json" +
+      ASSERT_EQ(testing::RunCli("generate -t 1 -m " + model + " --prompt-ids " + Join(prompt) + " --json" +
                                     RunFlags(run, params),
                                 &out),
                 0);
@@ -70,7 +74,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 20);
+  EXPECT_EQ(runs, 40);
 }
 
 GenerationResult RunPolicy(const Model& model, const std::vector<int>& prompt, DecodeOptions o) {

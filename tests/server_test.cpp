@@ -25,6 +25,8 @@
 #include "server/scheduler.h"
 #include "server/utf8.h"
 #include "test_support.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace polestar {
 namespace {
@@ -927,6 +929,87 @@ TEST(Server, ThePageIsSelfContained) {
   for (const char* external : {"src=\"http", "href=\"http", "<link", "@import", "url(http"}) {
     EXPECT_EQ(page->body.find(external), std::string::npos) << external;
   }
+}
+
+// A byte-level BPE tokenizer small enough for llada-tiny's 160 ids, in LLaDA's layout:
+// ASCII (ids 0..93), space Ġ (94), newline Ċ (95), the two bytes of "é" Ã © (96, 97), merges
+// "he" (98), "Ġw" (99), "Ã©" (100); 152..157 are BOS, end of turn, the chat headers, the mask
+// and EOS (the fixture's mask and EOS ids). Ids 101..151 have no token.
+std::unique_ptr<Tokenizer> TinyTokenizer() {
+  TokenizerSpec spec;
+  spec.source = "tiny";
+  spec.vocab.assign(152, "");
+  int id = 0;
+  for (char c = 33; c <= 126; ++c) spec.vocab[size_t(id++)] = std::string(1, c);
+  for (const char* token :
+       {"\u0120", "\u010A", "\u00C3", "\u00A9", "he", "\u0120w", "\u00C3\u00A9"}) {
+    spec.vocab[size_t(id++)] = token;
+  }
+  spec.merges = {{"h", "e"}, {"\u0120", "w"}, {"\u00C3", "\u00A9"}};
+  const std::vector<std::string> specials = {"<|startoftext|>",     "<|eot_id|>",
+                                             "<|start_header_id|>", "<|end_header_id|>",
+                                             "<|mdm_mask|>",        "<|endoftext|>"};
+  for (size_t i = 0; i < specials.size(); ++i) {
+    AddedToken added;
+    added.content = specials[i];
+    added.id = 152 + int(i);
+    added.special = true;
+    spec.added_tokens.push_back(added);
+  }
+  PreTokenizerStep byte_level;
+  byte_level.kind = PreTokenizerStep::Kind::kByteLevel;
+  spec.pre_tokenizers.push_back(byte_level);
+  spec.bos_token = "<|startoftext|>";
+  spec.eos_token = "<|endoftext|>";
+  spec.mask_token = "<|mdm_mask|>";
+  spec.chat_template = "{{ bos_token }}<|start_header_id|>{{ role }}<|end_header_id|>";
+  return std::make_unique<Tokenizer>(std::move(spec));
+}
+
+TEST(Server, ARealTokenizerEncodesDecodesAndStreams) {
+  ServerOptions o;
+  o.defaults.block_length = 8;
+  TestServer s(o, "llada-tiny", std::make_unique<TokenizerCodec>(TinyTokenizer()));
+  // "hello world" -> he l l o Ġw o r l d: nine tokens, by the merges.
+  json body = {{"prompt", "hello world"},
+               {"max_tokens", 48},
+               {"temperature", 1.0},
+               {"seed", 3},
+               {"steps", 24}};
+  Reply plain = s.Post("/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.text;
+  EXPECT_EQ(plain.body["usage"]["prompt_tokens"], 9);
+  const std::string text = plain.body["choices"][0]["text"];
+  EXPECT_TRUE(IsValidUtf8(text));
+  body["stream"] = true;
+  body["stream_canvas"] = true;
+  SseParser parser;
+  ASSERT_EQ(s.Stream("/v1/completions", body, parser), 200);
+  EXPECT_EQ(Reassemble(parser.events, "text_completion", nullptr), text);
+
+  // Chat goes through LLaDA's template: BOS, headers, end of turn.
+  auto reference = TinyTokenizer();
+  const std::vector<int> rendered =
+      ApplyChatTemplate(*reference, {{"user", "hi \u00e9"}}, ChatTemplateKind::kLlada);
+  ASSERT_EQ(rendered.front(), 152);
+  Reply chat =
+      s.Post("/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", "hi \u00e9"}}}}, {"max_tokens", 8}});
+  ASSERT_EQ(chat.status, 200) << chat.text;
+  EXPECT_EQ(chat.body["usage"]["prompt_tokens"], int(rendered.size()));
+
+  // Canvas labels name special tokens; decoding holds a split "é" together, skips special
+  // tokens and ids without a token.
+  TokenizerCodec codec(TinyTokenizer());
+  EXPECT_EQ(codec.TokenLabel(157), "<|endoftext|>");
+  EXPECT_EQ(codec.TokenLabel(0), "!");
+  EXPECT_EQ(codec.TokenLabel(94), " ");
+  EXPECT_EQ(codec.TokenLabel(151), "<151>");
+  auto stream = codec.NewTextStream();
+  std::vector<std::string> pieces;
+  for (int token : {96, 151, 97, 157, 99}) pieces.push_back(stream->Push(token));
+  pieces.push_back(stream->Finish());
+  EXPECT_EQ(pieces, (std::vector<std::string>{"", "", "\u00e9", "", " w", ""}));
 }
 
 // --- the command ------------------------------------------------------------------------

@@ -57,9 +57,10 @@ bool IsEndToken(const ModelConfig& config, int token) {
 }
 
 GenerationResult Generate(const Model& model, std::span<const int> prompt,
-                          const DecodeOptions& options, const StepCallback& on_step,
+                          const DecodeOptions& requested, const StepCallback& on_step,
                           bool keep_trace) {
   const ModelConfig& config = model.config();
+  const DecodeOptions options = requested.Resolved(config);
   options.Validate(config, int(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab) {
@@ -115,11 +116,12 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
     int dream_number = block_masks / steps, dream_left = 0;  // confidence_threshold state
 
     for (int step = 0;; ++step) {
-      const std::vector<int> masked = masked_in_block();
-      if (masked.empty() && !(step == 1 && policy->RunsStepAfterFilledBlockStart())) break;
+      const std::vector<int> block_masked = masked_in_block();
+      if (block_masked.empty() && !(step == 1 && policy->RunsStepAfterFilledBlockStart())) break;
       DecodeContext context{model,  options, canvas,          prompt_length,       config.mask_id,
                             block,  step,    committed_last_step, cache,           forward};
       StepPlan plan = policy->Plan(context);
+      const std::vector<int> masked = policy->CommitCandidates(context, block_masked);
       for (int p : masked) plan.logit_rows.push_back(PredictingRow(config, p));
       std::sort(plan.logit_rows.begin(), plan.logit_rows.end());
       plan.logit_rows.erase(std::unique(plan.logit_rows.begin(), plan.logit_rows.end()),
@@ -216,7 +218,11 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       }
       std::vector<Commit> commits;
       for (size_t i : selected) commits.push_back({masked[i], choices[i].token});
-      policy->AfterStep(context, step_result, commits);
+      std::vector<Candidate> candidates;
+      for (size_t i = 0; i < masked.size(); ++i) {
+        if (rule.rule != Rule::kDreamOrigin) candidates.push_back({masked[i], choices[i].token, choices[i].confidence});
+      }
+      policy->AfterStep(context, step_result, candidates, commits);
 
       std::vector<int> committed;
       for (const Commit& c : commits) {

@@ -13,6 +13,15 @@ const char* KnownPolicies() {
   return "vanilla, fast-dllm-prefix, fast-dllm-dual, elastic-cache, polestar";
 }
 
+DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
+  DecodeOptions resolved = *this;
+  if (resolved.window == 0) resolved.window = config.arch == Arch::kDream ? 32 : 16;
+  if (resolved.policy == "polestar" && resolved.threshold <= 0 && resolved.factor <= 0) {
+    resolved.threshold = resolved.tau_s;
+  }
+  return resolved;
+}
+
 void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const {
   if (!IsKnownPolicy(policy)) Fail("unknown policy '", policy, "' (known: ", KnownPolicies(), ")");
   if (gen_length <= 0) Fail("--gen-length must be positive (got ", gen_length, ")");
@@ -62,6 +71,12 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   if (drift_history <= 0) Fail("--drift-history must be positive");
   if (full_refresh_period <= 0) Fail("--full-refresh-period must be positive");
   if (drift_metric != "kl" && drift_metric != "cosine") Fail("--drift-metric must be kl or cosine");
+  if (tau_s <= 0 || tau_s > 1) Fail("--tau-s must lie in (0, 1]");
+  if (early_floor < 0 || early_floor >= tau_s) Fail("--early-floor must lie in [0, tau-s)");
+  if (window_prefix_blocks < 0 || window_suffix_blocks < 0) Fail("window block counts must not be negative");
+  if (policy == "polestar" && config.arch == Arch::kDream && !alg.empty()) {
+    Fail("polestar uses the threshold commit rule; --alg does not apply");
+  }
 }
 
 }  // namespace polestar

@@ -54,6 +54,9 @@ struct DecodeOptions {
   bool nvfp4_hidden = false;     // hidden-state cache as centroid + NVFP4 residual
   bool overlap = false;          // auxiliary work on a worker thread
 
+  // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
+  // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).
+  DecodeOptions Resolved(const ModelConfig& config) const;
   // Throws Error describing the first invalid combination, before any work is done.
   void Validate(const ModelConfig& config, int prompt_length) const;
   // The number of blocks and steps per block this configuration decodes with.

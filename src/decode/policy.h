@@ -38,6 +38,13 @@ struct Commit {
   int token = 0;
 };
 
+// A masked position of the current block with the token and confidence the commit rule saw.
+struct Candidate {
+  int position = 0;
+  int token = 0;
+  double confidence = 0;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -50,10 +57,16 @@ class Policy {
   // Whether a full block of masks should be decoded at all (Polestar skips blocks that its
   // suffix commits filled; blocks without masks are always skipped by the driver).
   virtual StepPlan Plan(const DecodeContext& context) = 0;
-  // After the forward and the shared commit rule chose `commits` (positions in the block):
-  // a policy may add commits of its own (distinct positions, masked, anywhere in the canvas).
+  // The masked positions of the block (ascending) that the commit rule may choose from this
+  // step; called after Plan. Elastic-Cache narrows them to its sliding window.
+  virtual std::vector<int> CommitCandidates(const DecodeContext& context, std::vector<int> masked) {
+    return masked;
+  }
+  // After the forward and the shared commit rule chose `commits` among `candidates` (the
+  // block's masked positions): a policy may add commits of its own (distinct masked
+  // positions, anywhere in the canvas).
   virtual void AfterStep(const DecodeContext& context, const StepResult& result,
-                         std::vector<Commit>& commits) {}
+                         std::span<const Candidate> candidates, std::vector<Commit>& commits) {}
   // Per-step statistics for --trace (refreshes, rows per layer, early commits, drift ...).
   virtual nlohmann::json StepStats() const { return nlohmann::json::object(); }
 };

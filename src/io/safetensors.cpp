@@ -49,7 +49,12 @@ void ReadSafetensorsFile(const std::string& path, TensorStore& store) {
 
   const uint8_t* buffer = file.data() + 8 + header_bytes;
   const uint64_t buffer_bytes = file.size() - 8 - header_bytes;
-  std::vector<std::pair<uint64_t, uint64_t>> extents;  // [begin, end) per tensor
+  struct Extent {
+    uint64_t begin, end;  // [begin, end) in the data buffer
+    std::string name;
+    bool operator<(const Extent& other) const { return begin < other.begin; }
+  };
+  std::vector<Extent> extents;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = path + ": tensor '" + name + "'";
@@ -89,12 +94,17 @@ void ReadSafetensorsFile(const std::string& path, TensorStore& store) {
     }
     tensor.data = buffer + begin;
     tensor.bytes = end - begin;
-    extents.emplace_back(begin, end);
+    extents.push_back({begin, end, name});
     store.Add(std::move(tensor));
   }
   std::sort(extents.begin(), extents.end());
   for (size_t i = 1; i < extents.size(); ++i) {
-    if (extents[i].first < extents[i - 1].second) Fail(path, ": tensor data regions overlap");
+    const Extent& a = extents[i - 1];
+    const Extent& b = extents[i];
+    if (b.begin < a.end) {
+      Fail(path, ": data of tensors '", a.name, "' [", a.begin, ", ", a.end, ") and '", b.name,
+           "' [", b.begin, ", ", b.end, ") overlap");
+    }
   }
 }
 
@@ -110,13 +120,19 @@ TensorStore ReadSafetensorsDir(const std::string& dir) {
     }
     std::set<std::string> shards;
     for (const auto& [tensor, shard] : json["weight_map"].items()) {
-      if (!shard.is_string()) Fail(index.string(), ": weight_map entry for ", tensor, " is not a string");
+      if (!shard.is_string()) {
+        Fail(index.string(), ": weight_map entry for '", tensor, "' is not a file name");
+      }
       const std::string name = shard;
       if (name.find('/') != std::string::npos) Fail(index.string(), ": shard name ", name, " has a path");
       shards.insert(name);
     }
     store.set_origin(std::to_string(shards.size()) + " safetensors shards in " + dir);
-    for (const std::string& shard : shards) ReadSafetensorsFile((fs::path(dir) / shard).string(), store);
+    for (const std::string& shard : shards) {
+      const std::string shard_path = (fs::path(dir) / shard).string();
+      if (!fs::exists(shard_path)) Fail(shard_path, ": missing, but ", index.string(), " names it");
+      ReadSafetensorsFile(shard_path, store);
+    }
     for (const auto& [tensor, shard] : json["weight_map"].items()) {
       const TensorRef* found = store.Find(tensor);
       if (found == nullptr) Fail(index.string(), ": tensor ", tensor, " is not in shard ", shard.get<std::string>());

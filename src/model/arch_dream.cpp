@@ -1,6 +1,7 @@
 // Dream (Dream-v0-Instruct-7B): the Qwen2 layout with q/k/v biases and GQA, run without a
 // causal mask. Its logits are shifted right by one (position p is predicted by output
 // p-1); the forward returns raw per-position outputs and the sampler applies the shift.
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -12,8 +13,20 @@ namespace {
 
 int IntOr(const nlohmann::json& j, const char* key, int fallback, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number_integer()) Fail(path, ": ", key, " must be an integer");
-  return j[key].get<int>();
+  const nlohmann::json& value = j[key];
+  if (!value.is_number_integer()) Fail(path, ": ", key, " must be an integer");
+  const bool fits = value.is_number_unsigned()
+                        ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                        : value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                              value.get<int64_t>() <= std::numeric_limits<int>::max();
+  if (!fits) Fail(path, ": ", key, " = ", value.dump(), " is out of range");
+  return value.get<int>();
+}
+
+bool BoolOr(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) Fail(path, ": ", key, " must be true or false");
+  return j[key].get<bool>();
 }
 
 }  // namespace
@@ -21,7 +34,7 @@ int IntOr(const nlohmann::json& j, const char* key, int fallback, const std::str
 ModelConfig ParseDreamConfig(const std::string& path) {
   const nlohmann::json j = ReadJsonFile(path);
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") Fail(path, ": hidden_act must be silu");
-  if (j.value("use_sliding_window", false)) Fail(path, ": sliding-window attention is not supported");
+  if (BoolOr(j, "use_sliding_window", false, path)) Fail(path, ": sliding-window attention is not supported");
   ModelConfig c;
   c.arch = Arch::kDream;
   c.width = IntOr(j, "hidden_size", 0, path);
@@ -40,7 +53,7 @@ ModelConfig ParseDreamConfig(const std::string& path) {
   c.bos_id = IntOr(j, "bos_token_id", -1, path);
   c.eot_id = IntOr(j, "eot_token_id", -1, path);
   c.qkv_bias = true;
-  c.tied_embeddings = j.value("tie_word_embeddings", false);
+  c.tied_embeddings = BoolOr(j, "tie_word_embeddings", false, path);
   c.shift_logits = true;
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
   c.Validate(path);

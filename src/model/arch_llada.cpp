@@ -1,6 +1,7 @@
 // LLaDA (LLaDA-8B-Instruct, LLaDA-1.5): Llama-style blocks without a causal mask, no
 // biases, rotate-half RoPE, SwiGLU with ff_proj as the gate and block-level ff_out as the
 // down projection; transformer.ff_out is the LM head. No logit shift.
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -12,8 +13,20 @@ namespace {
 
 int IntOr(const nlohmann::json& j, const char* key, int fallback, const std::string& path) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number_integer()) Fail(path, ": ", key, " must be an integer");
-  return j[key].get<int>();
+  const nlohmann::json& value = j[key];
+  if (!value.is_number_integer()) Fail(path, ": ", key, " must be an integer");
+  const bool fits = value.is_number_unsigned()
+                        ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                        : value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                              value.get<int64_t>() <= std::numeric_limits<int>::max();
+  if (!fits) Fail(path, ": ", key, " = ", value.dump(), " is out of range");
+  return value.get<int>();
+}
+
+bool BoolOr(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) Fail(path, ": ", key, " must be true or false");
+  return j[key].get<bool>();
 }
 
 float FloatOr(const nlohmann::json& j, const char* key, float fallback, const std::string& path) {
@@ -58,8 +71,8 @@ ModelConfig ParseLladaConfig(const std::string& path) {
   c.pad_id = IntOr(j, "pad_token_id", c.eos_id, path);
   c.bos_id = IntOr(j, "bos_token_id", -1, path);
   c.eot_id = IntOr(j, "eot_token_id", -1, path);
-  c.qkv_bias = j.value("include_qkv_bias", false);
-  c.tied_embeddings = j.value("weight_tying", false);
+  c.qkv_bias = BoolOr(j, "include_qkv_bias", false, path);
+  c.tied_embeddings = BoolOr(j, "weight_tying", false, path);
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
   c.Validate(path);
   return c;

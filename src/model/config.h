@@ -32,6 +32,8 @@ struct ModelConfig {
   bool shift_logits = false;     // Dream: position p is predicted by output p-1
   bool rope_interleaved = false; // GGUF LLaDA: q/k rows permuted for pairs (2i, 2i+1)
 
+  static constexpr int kMaxPositions = 1 << 20;
+
   // Throws Error (prefixed with `where`) when the values cannot describe a model.
   void Validate(const std::string& where) const;
 };

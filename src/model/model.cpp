@@ -101,12 +101,17 @@ std::unique_ptr<Model> Model::Load(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) Fail(path, ": no such file or directory");
   if (!fs::is_directory(path)) {
-    Fail(path, ": not a model folder (expected config.json and *.safetensors)");
+    if (fs::path(path).extension() == ".gguf") return LoadGgufModel(path);
+    Fail(path, ": not a model folder (expected config.json and *.safetensors) or a .gguf file");
   }
   const std::string config_path = (fs::path(path) / "config.json").string();
   if (!fs::exists(config_path)) Fail(path, ": no config.json");
   const nlohmann::json raw = ReadJsonFile(config_path);
-  const std::string model_type = raw.value("model_type", "");
+  if (!raw.is_object()) Fail(config_path, ": not a JSON object");
+  if (!raw.contains("model_type") || !raw["model_type"].is_string()) {
+    Fail(config_path, ": no model_type string (supported: llada, Dream)");
+  }
+  const std::string model_type = raw["model_type"];
   ModelConfig config;
   TensorNames names;
   if (model_type == "llada") {

@@ -59,5 +59,10 @@ ModelConfig ParseLladaConfig(const std::string& config_path);
 ModelConfig ParseDreamConfig(const std::string& config_path);
 TensorNames LladaTensorNames();
 TensorNames DreamTensorNames();
+// GGUF (arch_gguf.cpp): llama.cpp's llada / dream files.
+class GgufMetadata;
+ModelConfig ParseGgufConfig(const GgufMetadata& metadata, const TensorStore& store);
+TensorNames GgufTensorNames();
+std::unique_ptr<Model> LoadGgufModel(const std::string& path);
 
 }  // namespace polestar

@@ -1,10 +1,12 @@
 #include "ops/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "base/error.h"
+#include "ops/quant.h"
 
 namespace polestar::reference {
 
@@ -14,6 +16,8 @@ float Dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// The dtype switch every weight kernel shares: a new storage type adds a case here (its
+// scalar definition) and one in avx2/matmul.cpp.
 void DequantizeRow(const WeightView& w, int64_t n, float* out) {
   const uint8_t* row = w.Row(n);
   switch (w.dtype) {
@@ -35,7 +39,8 @@ void DequantizeRow(const WeightView& w, int64_t n, float* out) {
       }
       return;
     default:
-      Fail("no kernel for weight type ", DTypeName(w.dtype));
+      DequantizeValues(w.dtype, row, w.cols, out);  // block-quantised types (ops/quant.h)
+      return;
   }
 }
 
@@ -44,39 +49,69 @@ void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_beg
   std::vector<float> row(static_cast<size_t>(w.cols));  // [K]
   for (int64_t n = n_begin; n < n_end; ++n) {
     reference::DequantizeRow(w, n, row.data());
-    for (int64_t i = 0; i < m; ++i) y[i * ldy + (n - n_begin)] = Dot(x + i * w.cols, row.data(), w.cols);
+    for (int64_t i = 0; i < m; ++i) {
+      y[i * ldy + (n - n_begin)] = Dot(x + i * w.cols, row.data(), w.cols);
+    }
+  }
+}
+
+void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* out) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * c;
+    float sum_sq = 0.0f;
+    for (int64_t j = 0; j < c; ++j) sum_sq += xi[j] * xi[j];
+    const float inv = 1.0f / std::sqrt(sum_sq / float(c) + eps);
+    float* oi = out + i * c;
+    for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * inv * weight[j];
+  }
+}
+
+void SiluMul(float* gate, const float* up, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void SoftmaxRow(float* x, int64_t n) {
+  float max_value = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max_value = std::max(max_value, x[i]);
+  float total = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_value);
+    total += x[i];
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] /= total;
+}
+
+void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
+                int head_dim, float* probs, float* out) {
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  for (int64_t j = 0; j < l; ++j) probs[j] = Dot(q, k + j * kv_stride, head_dim) * scale;
+  SoftmaxRow(probs, l);
+  std::fill(out, out + head_dim, 0.0f);
+  for (int64_t j = 0; j < l; ++j) {
+    const float* vj = v + j * kv_stride;
+    for (int d = 0; d < head_dim; ++d) out[d] += probs[j] * vj[d];
   }
 }
 
 void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
                int kv_heads, int head_dim, float* out, float* probs) {
   const int group = heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(float(head_dim));
   const int64_t q_stride = int64_t(heads) * head_dim;
   const int64_t kv_stride = int64_t(kv_heads) * head_dim;
   std::vector<float> scores(static_cast<size_t>(l));  // [L]
   for (int64_t i = 0; i < m; ++i) {
     for (int h = 0; h < heads; ++h) {
-      const float* qh = q + i * q_stride + h * head_dim;
       const int64_t kv_offset = int64_t(h / group) * head_dim;
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < l; ++j) {
-        scores[j] = Dot(qh, k + j * kv_stride + kv_offset, head_dim) * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
-      float total = 0.0f;
-      for (int64_t j = 0; j < l; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        total += scores[j];
-      }
-      float* oh = out + i * q_stride + h * head_dim;
-      std::fill(oh, oh + head_dim, 0.0f);
-      for (int64_t j = 0; j < l; ++j) {
-        const float p = scores[j] / total;
-        if (probs != nullptr) probs[(i * heads + h) * l + j] = p;
-        const float* vj = v + j * kv_stride + kv_offset;
-        for (int d = 0; d < head_dim; ++d) oh[d] += p * vj[d];
-      }
+      AttendHead(q + i * q_stride + h * head_dim, k + kv_offset, v + kv_offset, l, kv_stride,
+                 head_dim, scores.data(), out + i * q_stride + h * head_dim);
+      if (probs != nullptr) std::copy(scores.begin(), scores.end(), probs + (i * heads + h) * l);
     }
   }
 }

@@ -8,7 +8,7 @@
 
 namespace polestar::reference {
 
-// One output row block: y[M, n_end - n_begin] for columns [n_begin, n_end) of w,
+// One output column block: y[M, n_end - n_begin] for columns [n_begin, n_end) of w,
 // written at y + i * ldy + (n - n_begin).
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy);
@@ -17,6 +17,18 @@ float Dot(const float* a, const float* b, int64_t n);
 
 void DequantizeRow(const WeightView& w, int64_t n, float* out);
 
+void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* out);
+void SiluMul(float* gate, const float* up, int64_t count);
+void AddInPlace(float* x, const float* y, int64_t n);
+void SoftmaxRow(float* x, int64_t n);
+
+// One query head against all L cached rows: probs[L] = softmax(q·k_j / sqrt(D)) and
+// out[D] = sum_j probs[j] v_j. q[D]; k and v point at this head's slice of row 0 and rows
+// are kv_stride floats apart.
+void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
+                int head_dim, float* probs, float* out);
+
+// Every (query row, head) pair of ops.h's Attention, one after another.
 void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
                int kv_heads, int head_dim, float* out, float* probs);
 

@@ -6,6 +6,9 @@
 #include "base/error.h"
 #include "io/json_file.h"
 #include "server/utf8.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/model_tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace polestar {
 namespace {
@@ -38,6 +41,23 @@ class CharTextStream : public TextStream {
 
  private:
   const std::vector<std::string>& chars_;
+};
+
+class TokenizerTextStream : public TextStream {
+ public:
+  TokenizerTextStream(const Tokenizer& tokenizer, const std::vector<bool>& known)
+      : decoder_(tokenizer, {.skip_special_tokens = true, .clean_up_spaces = std::nullopt}),
+        known_(known) {}
+  std::string Push(int token) override {
+    // An id the tokenizer has no token for (a padding row of the embedding) adds no text.
+    if (token < 0 || size_t(token) >= known_.size() || !known_[size_t(token)]) return "";
+    return decoder_.Push(token);
+  }
+  std::string Finish() override { return decoder_.Finish(); }
+
+ private:
+  StreamingDecoder decoder_;
+  const std::vector<bool>& known_;
 };
 
 }  // namespace
@@ -146,8 +166,46 @@ std::string CharVocabCodec::TokenLabel(int token) const {
   return "<" + std::to_string(token) + ">";
 }
 
+TokenizerCodec::TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer)
+    : tokenizer_(std::move(tokenizer)), known_(size_t(tokenizer_->vocab_size())) {
+  for (int id = 0; id < tokenizer_->vocab_size(); ++id) {
+    try {
+      known_[size_t(id)] = !tokenizer_->IdToToken(id).empty();
+    } catch (const Error&) {
+      known_[size_t(id)] = false;
+    }
+  }
+}
+
+std::vector<int> TokenizerCodec::EncodeText(const std::string& text) const {
+  return tokenizer_->Encode(text);
+}
+
+std::vector<int> TokenizerCodec::EncodeChat(const std::vector<ChatTurn>& turns) const {
+  std::vector<ChatMessage> messages;
+  for (const ChatTurn& turn : turns) messages.push_back({turn.role, turn.content});
+  return ApplyChatTemplate(*tokenizer_, messages, ChatTemplateFor(*tokenizer_));
+}
+
+std::unique_ptr<TextStream> TokenizerCodec::NewTextStream() const {
+  return std::make_unique<TokenizerTextStream>(*tokenizer_, known_);
+}
+
+std::string TokenizerCodec::TokenLabel(int token) const {
+  // The model's vocabulary may have rows past the tokenizer's (padding to a round size).
+  if (token < 0 || size_t(token) >= known_.size() || !known_[size_t(token)]) {
+    return "<" + std::to_string(token) + ">";
+  }
+  if (tokenizer_->IsSpecial(token)) return tokenizer_->IdToToken(token);
+  return unicode::ToValidUtf8(tokenizer_->TokenBytes(token));
+}
+
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_path, const ModelConfig& config) {
   namespace fs = std::filesystem;
+  if (fs::is_directory(model_path) ? fs::exists(fs::path(model_path) / "tokenizer.json")
+                                   : fs::is_regular_file(model_path)) {
+    return std::make_unique<TokenizerCodec>(LoadModelTokenizer(model_path));
+  }
   const fs::path vocab = fs::path(model_path) / "vocab.json";
   // A Hugging Face folder may hold a BPE vocab.json (token -> id); only the character
   // vocabulary form is a codec on its own.

@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "server/text_codec.h"
+#include "tokenizer/tokenizer.h"
 
 namespace polestar {
 
@@ -44,9 +45,25 @@ class CharVocabCodec : public TextCodec {
   int eos_, mask_, pad_, prompt_length_;
 };
 
-// The codec for the model at `model_path`: the character vocabulary when the folder has a
-// vocab.json of that form, otherwise ids as text. (The real tokenizer, tokenizer.json,
-// plugs in here first.)
+// The model's own tokenizer (tokenizer.json, or a GGUF file's vocabulary): completions
+// are encoded as they are (no start token, as `generate --raw`), chat turns with the
+// tokenizer's chat template, and generated text is decoded without special tokens.
+class TokenizerCodec : public TextCodec {
+ public:
+  explicit TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer);
+  std::vector<int> EncodeText(const std::string& text) const override;
+  std::vector<int> EncodeChat(const std::vector<ChatTurn>& turns) const override;
+  std::unique_ptr<TextStream> NewTextStream() const override;
+  std::string TokenLabel(int token) const override;
+
+ private:
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<bool> known_;  // [tokenizer vocab] the id has a token
+};
+
+// The codec for the model at `model_path`: its tokenizer when it has one (a folder with
+// tokenizer.json, or a GGUF file), else the character vocabulary of a vocab.json of that
+// form, else ids as text.
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_path, const ModelConfig& config);
 
 }  // namespace polestar

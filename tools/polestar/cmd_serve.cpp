@@ -25,7 +25,8 @@ void AddServeCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto args = std::make_shared<ServeArgs>();
   ServerOptions& s = args->server;
-  cmd->add_option("-m,--model", args->model, "model folder or .gguf file")->required();
+  cmd->add_option("-m,--model", args->model,
+                  "model folder or .gguf file (default: the bundled model)");
   cmd->add_option("--host", s.host, "address to listen on (loopback by default)")
       ->capture_default_str();
   cmd->add_option("--port", s.port, "port (0: any free port)")->capture_default_str();
@@ -55,10 +56,11 @@ void AddServeCommand(CLI::App& app) {
     sigaddset(&signals, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+    const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
     Server server(args->server);
     const int port = server.Start();
     std::fprintf(stderr, "polestar serve: listening on http://%s:%d/ (loading %s)\n",
-                 args->server.host.c_str(), port, args->model.c_str());
+                 args->server.host.c_str(), port, model_path.c_str());
     std::thread signal_waiter([&] {
       int received = 0;
       sigwait(&signals, &received);
@@ -66,8 +68,8 @@ void AddServeCommand(CLI::App& app) {
       server.Stop();
     });
     try {
-      auto model = Model::Load(args->model);
-      auto codec = LoadTextCodec(args->model, model->config());
+      auto model = Model::Load(model_path);
+      auto codec = LoadTextCodec(model_path, model->config());
       server.SetModel(std::move(model), std::move(codec));
     } catch (...) {
       pthread_kill(signal_waiter.native_handle(), SIGTERM);

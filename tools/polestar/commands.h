@@ -8,6 +8,8 @@ namespace polestar::cli {
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
 void AddGenerateCommand(CLI::App& app);
+void AddTokenizeCommand(CLI::App& app);
+void AddConvertCommand(CLI::App& app);
 void AddServeCommand(CLI::App& app);
 
 }  // namespace polestar::cli

@@ -1,6 +1,7 @@
 #include "decode_flags.h"
 
 #include <charconv>
+#include <filesystem>
 
 #include "base/error.h"
 
@@ -48,6 +49,15 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--drift-metric", o.drift_metric, "Polestar: kl | cosine")->capture_default_str();
   cmd->add_option("--nvfp4", o.nvfp4_hidden, "Polestar: NVFP4 residual hidden-state cache (true/false)")->capture_default_str();
   cmd->add_option("--overlap", o.overlap, "Polestar: auxiliary work on a worker thread (true/false)")->capture_default_str();
+}
+
+std::string DefaultModelPath() {
+  namespace fs = std::filesystem;
+  for (const fs::path& candidate : {fs::path("models/polestar-tiny"),
+                                    fs::path(POLESTAR_SOURCE_DIR) / "models/polestar-tiny"}) {
+    if (fs::exists(candidate / "config.json")) return candidate.string();
+  }
+  Fail("no model given (-m) and the bundled models/polestar-tiny was not found");
 }
 
 std::vector<int> ParseIdList(const std::string& text, const char* flag) {

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   polestar::cli::AddInspectCommand(app);
   polestar::cli::AddForwardCommand(app);
   polestar::cli::AddGenerateCommand(app);
+  polestar::cli::AddTokenizeCommand(app);
+  polestar::cli::AddConvertCommand(app);
   polestar::cli::AddServeCommand(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,104 @@
+// GGUF files of llama.cpp's LLaDA and Dream converters: hyper-parameters from {arch}.* keys,
+// special tokens from tokenizer.ggml.*, tensors named blk.N.*. llama.cpp's LLaDA converter
+// permutes the q/k rows of each head so that rotate-half RoPE becomes the interleaved
+// (2i, 2i+1) form; we run interleaved RoPE on those rows rather than undo the permutation
+// (attention scores are the same either way, since q and k share the permutation).
+#include <algorithm>
+#include <limits>
+
+#include "base/error.h"
+#include "io/gguf.h"
+#include "model/model.h"
+
+namespace polestar {
+
+ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
+  const std::string& origin = m.origin();
+  const std::string arch = m.GetString("general.architecture");
+  ModelConfig c;
+  if (arch == "llada") {
+    c.arch = Arch::kLlada;
+  } else if (arch == "dream") {
+    c.arch = Arch::kDream;
+  } else {
+    Fail(origin, ": general.architecture '", arch, "' is not supported (llada, dream)");
+  }
+  auto key = [&](const char* leaf) { return arch + "." + leaf; };
+  auto count = [&](const std::string& name) {
+    const uint64_t value = m.GetUint(name);
+    if (value > uint64_t(std::numeric_limits<int>::max()))
+      Fail(origin, ": ", name, " is too large");
+    return int(value);
+  };
+  auto id_or = [&](const char* name, int fallback) {
+    return m.Has(name) ? int(std::min<int64_t>(m.GetInt(name), std::numeric_limits<int>::max()))
+                       : fallback;
+  };
+  c.width = count(key("embedding_length"));
+  c.layers = count(key("block_count"));
+  c.ffn = count(key("feed_forward_length"));
+  c.heads = count(key("attention.head_count"));
+  c.kv_heads =
+      m.Has(key("attention.head_count_kv")) ? count(key("attention.head_count_kv")) : c.heads;
+  c.rms_eps = float(m.GetFloat(key("attention.layer_norm_rms_epsilon")));
+  c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
+  c.max_positions = std::min(count(key("context_length")), 32768);
+  c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
+    Fail(origin, ": ", key("attention.causal"), " is true; diffusion models attend both ways");
+  }
+  const TensorRef& embedding = store.Get("token_embd.weight");
+  if (embedding.shape.size() != 2) Fail(origin, ": token_embd.weight is not a matrix");
+  c.vocab = int(std::min<int64_t>(embedding.shape[0], std::numeric_limits<int>::max()));
+  if (m.Has(key("vocab_size")) && count(key("vocab_size")) != c.vocab) {
+    Fail(origin, ": ", key("vocab_size"), " = ", count(key("vocab_size")),
+         " but token_embd.weight has ", c.vocab, " rows");
+  }
+  c.mask_id = id_or("tokenizer.ggml.mask_token_id", c.arch == Arch::kLlada ? 126336 : 151666);
+  c.eos_id = id_or("tokenizer.ggml.eos_token_id", -1);
+  c.pad_id = id_or("tokenizer.ggml.padding_token_id", c.eos_id);
+  c.bos_id = id_or("tokenizer.ggml.bos_token_id", -1);
+  c.eot_id = id_or("tokenizer.ggml.eot_token_id", -1);
+  c.qkv_bias = c.arch == Arch::kDream || store.Find("blk.0.attn_q.bias") != nullptr;
+  c.tied_embeddings = store.Find("output.weight") == nullptr;
+  c.shift_logits = m.Has("diffusion.shift_logits") ? m.GetBool("diffusion.shift_logits")
+                                                   : c.arch == Arch::kDream;
+  c.rope_interleaved = c.arch == Arch::kLlada;
+  c.Validate(origin);
+  if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
+    Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,
+         " (partial rotary embeddings are not supported)");
+  }
+  return c;
+}
+
+TensorNames GgufTensorNames() {
+  TensorNames n;
+  n.embedding = "token_embd.weight";
+  n.final_norm = "output_norm.weight";
+  n.lm_head = "output.weight";
+  n.layer_prefix = "blk.{}.";
+  n.q = "attn_q.weight";
+  n.k = "attn_k.weight";
+  n.v = "attn_v.weight";
+  n.o = "attn_output.weight";
+  n.gate = "ffn_gate.weight";
+  n.up = "ffn_up.weight";
+  n.down = "ffn_down.weight";
+  n.attn_norm = "attn_norm.weight";
+  n.ffn_norm = "ffn_norm.weight";
+  n.q_bias = "attn_q.bias";
+  n.k_bias = "attn_k.bias";
+  n.v_bias = "attn_v.bias";
+  return n;
+}
+
+std::unique_ptr<Model> LoadGgufModel(const std::string& path) {
+  TensorStore store;
+  store.set_origin(path);
+  const GgufFile file = ReadGgufFile(path, store);
+  const ModelConfig config = ParseGgufConfig(file.metadata, store);
+  return std::make_unique<Model>(std::move(store), config, GgufTensorNames(), path);
+}
+
+}  // namespace polestar

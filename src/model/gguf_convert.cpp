@@ -1,0 +1,331 @@
+#include "model/gguf_convert.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "io/gguf.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "ops/quant.h"
+
+namespace polestar {
+namespace {
+
+namespace fs = std::filesystem;
+
+// llama.cpp's llama_ftype values, written as general.file_type.
+uint32_t FileTypeId(GgufFileType type) {
+  switch (type) {
+    case GgufFileType::kF16:
+      return 1;
+    case GgufFileType::kBF16:
+      return 32;
+    case GgufFileType::kQ8_0:
+      return 7;
+    case GgufFileType::kQ4_0:
+      return 2;
+    case GgufFileType::kQ4_K_M:
+      return 15;
+  }
+  return 0;
+}
+
+bool EndsWith(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// One tensor to write: where it comes from and how.
+struct TensorPlan {
+  std::string gguf_name, hf_name;
+  std::vector<int64_t> shape;  // [rows, cols] or [n]
+  int permute_heads = 0;       // > 0: LLaDA q/k, rows regrouped per head for interleaved RoPE
+};
+
+// llama.cpp's LLaDA permute: within each of `heads` groups of D rows, output row 2i + j
+// takes input row j * D/2 + i, so rotate-half pairs (i, i + D/2) become (2i, 2i + 1).
+int64_t SourceRow(int64_t row, int64_t rows, int heads) {
+  if (heads == 0) return row;
+  const int64_t head_dim = rows / heads;
+  const int64_t head = row / head_dim, within = row % head_dim;
+  return head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
+}
+
+std::vector<TensorPlan> PlanTensors(const ModelConfig& c, const TensorNames& hf) {
+  const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
+  const bool permute = c.arch == Arch::kLlada;
+  std::vector<TensorPlan> plan;
+  plan.push_back({"token_embd.weight", hf.embedding, {c.vocab, c.width}});
+  for (int l = 0; l < c.layers; ++l) {
+    std::string prefix = hf.layer_prefix;
+    prefix.replace(prefix.find("{}"), 2, std::to_string(l));
+    const std::string blk = "blk." + std::to_string(l) + ".";
+    auto add = [&](const char* leaf, const std::string& hf_leaf, std::vector<int64_t> shape,
+                   int heads = 0) {
+      plan.push_back({blk + leaf, prefix + hf_leaf, std::move(shape), heads});
+    };
+    add("attn_norm.weight", hf.attn_norm, {c.width});
+    add("attn_q.weight", hf.q, {q_width, c.width}, permute ? c.heads : 0);
+    if (c.qkv_bias) add("attn_q.bias", hf.q_bias, {q_width}, permute ? c.heads : 0);
+    add("attn_k.weight", hf.k, {kv_width, c.width}, permute ? c.kv_heads : 0);
+    if (c.qkv_bias) add("attn_k.bias", hf.k_bias, {kv_width}, permute ? c.kv_heads : 0);
+    add("attn_v.weight", hf.v, {kv_width, c.width});
+    if (c.qkv_bias) add("attn_v.bias", hf.v_bias, {kv_width});
+    add("attn_output.weight", hf.o, {c.width, q_width});
+    add("ffn_norm.weight", hf.ffn_norm, {c.width});
+    add("ffn_gate.weight", hf.gate, {c.ffn, c.width});
+    add("ffn_up.weight", hf.up, {c.ffn, c.width});
+    add("ffn_down.weight", hf.down, {c.width, c.ffn});
+  }
+  plan.push_back({"output_norm.weight", hf.final_norm, {c.width}});
+  if (!c.tied_embeddings) plan.push_back({"output.weight", hf.lm_head, {c.vocab, c.width}});
+  return plan;
+}
+
+std::string MergeText(const nlohmann::json& merge, const std::string& path) {
+  if (merge.is_string()) return merge.get<std::string>();
+  if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    return merge[0].get<std::string>() + " " + merge[1].get<std::string>();
+  }
+  Fail(path, ": a merge is neither \"a b\" nor [\"a\", \"b\"]");
+}
+
+struct Vocabulary {
+  std::vector<std::string> tokens;  // [V]
+  std::vector<int32_t> types;       // [V]: 1 normal, 3 control, 4 user-defined, 5 unused
+  std::vector<std::string> merges;
+};
+
+// tokenizer.json (byte-level BPE) as llama.cpp's gpt2 vocabulary path writes it: ids the
+// tokenizer does not use become "[PAD<id>]" of type UNUSED.
+Vocabulary ReadTokenizerJson(const std::string& path, int64_t vocab) {
+  Vocabulary v{std::vector<std::string>(static_cast<size_t>(vocab)),
+               std::vector<int32_t>(static_cast<size_t>(vocab), 5),
+               {}};
+  try {
+    const nlohmann::json tok = ReadJsonFile(path);
+    if (!tok.contains("model") || tok["model"].value("type", "") != "BPE" ||
+        !tok["model"].contains("vocab") || !tok["model"]["vocab"].is_object()) {
+      Fail(path, ": only BPE tokenizers with a vocab object are supported");
+    }
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    auto place = [&](const std::string& text, const nlohmann::json& id, int32_t type) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
+        Fail(path, ": token '", text, "' has an id outside the model's vocabulary of ", vocab);
+      }
+      v.tokens[id.get<size_t>()] = text;
+      v.types[id.get<size_t>()] = type;
+      seen[id.get<size_t>()] = true;
+    };
+    for (const auto& [text, id] : tok["model"]["vocab"].items()) place(text, id, 1);
+    for (const auto& added : tok.value("added_tokens", nlohmann::json::array())) {
+      if (!added.contains("content") || !added["content"].is_string() || !added.contains("id")) {
+        Fail(path, ": added_tokens entry without content and id");
+      }
+      place(added["content"].get<std::string>(), added["id"],
+            added.value("special", false) ? 3 : 4);
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (!seen[size_t(i)]) v.tokens[size_t(i)] = Cat("[PAD", i, "]");
+    }
+    for (const auto& merge : tok["model"].value("merges", nlohmann::json::array())) {
+      v.merges.push_back(MergeText(merge, path));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    Fail(path, ": unexpected structure: ", e.what());
+  }
+  return v;
+}
+
+// tokenizer.ggml.* from tokenizer.json; without one, a placeholder vocabulary <t0>, <t1>, ...
+// with the config's special ids marked as control tokens.
+void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConfig& c) {
+  const fs::path tokenizer_path = fs::path(hf_dir) / "tokenizer.json";
+  Vocabulary v;
+  std::string pre = "default";
+  if (fs::exists(tokenizer_path)) {
+    v = ReadTokenizerJson(tokenizer_path.string(), c.vocab);
+    // llama.cpp names the pre-tokenizer by hashing a probe tokenisation; these are the
+    // names of the regexes the two families use (Qwen2 for Dream, Llama-3 style for LLaDA).
+    pre = c.arch == Arch::kDream ? "qwen2" : "llama-bpe";
+  } else {
+    for (int i = 0; i < c.vocab; ++i) v.tokens.push_back(Cat("<t", i, ">"));
+    v.types.assign(static_cast<size_t>(c.vocab), 1);
+    for (int id : {c.mask_id, c.eos_id, c.pad_id, c.bos_id, c.eot_id}) {
+      if (id >= 0 && id < c.vocab) v.types[size_t(id)] = 3;
+    }
+  }
+  meta.Add("tokenizer.ggml.model", GgufValue::String("gpt2"));
+  meta.Add("tokenizer.ggml.pre", GgufValue::String(pre));
+  meta.Add("tokenizer.ggml.tokens", GgufValue::Strings(v.tokens));
+  meta.Add("tokenizer.ggml.token_type", GgufValue::I32s(v.types));
+  if (!v.merges.empty()) meta.Add("tokenizer.ggml.merges", GgufValue::Strings(v.merges));
+  auto add_id = [&](const char* key, int id) {
+    if (id >= 0) meta.Add(key, GgufValue::U32(uint32_t(id)));
+  };
+  add_id("tokenizer.ggml.bos_token_id", c.bos_id);
+  add_id("tokenizer.ggml.eos_token_id", c.eos_id);
+  add_id("tokenizer.ggml.eot_token_id", c.eot_id);
+  add_id("tokenizer.ggml.padding_token_id", c.pad_id);
+  add_id("tokenizer.ggml.mask_token_id", c.mask_id);
+  if (c.arch == Arch::kLlada) meta.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+  std::string chat_template;
+  const fs::path template_file = fs::path(hf_dir) / "chat_template.jinja";
+  const fs::path tokenizer_config = fs::path(hf_dir) / "tokenizer_config.json";
+  if (fs::exists(tokenizer_config)) {
+    const nlohmann::json config = ReadJsonFile(tokenizer_config.string());
+    if (config.contains("chat_template") && config["chat_template"].is_string()) {
+      chat_template = config["chat_template"].get<std::string>();
+    }
+  }
+  if (chat_template.empty() && fs::exists(template_file)) {
+    std::ifstream in(template_file, std::ios::binary);
+    chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  if (!chat_template.empty()) meta.Add("tokenizer.chat_template", GgufValue::String(chat_template));
+}
+
+}  // namespace
+
+GgufFileType ParseGgufFileType(const std::string& name) {
+  if (name == "f16") return GgufFileType::kF16;
+  if (name == "bf16") return GgufFileType::kBF16;
+  if (name == "q8_0") return GgufFileType::kQ8_0;
+  if (name == "q4_0") return GgufFileType::kQ4_0;
+  if (name == "q4_k_m") return GgufFileType::kQ4_K_M;
+  Fail("unknown GGUF type '", name, "' (f16, bf16, q8_0, q4_0, q4_k_m)");
+}
+
+DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t width,
+                     bool is_vector) {
+  if (is_vector) return DType::kF32;
+  auto fits = [&](DType type) { return width % BlockSize(type) == 0; };
+  auto or_fallback = [&](DType type) {
+    if (fits(type)) return type;
+    return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
+  };
+  switch (file_type) {
+    case GgufFileType::kF16:
+      return DType::kF16;
+    case GgufFileType::kBF16:
+      return DType::kBF16;
+    case GgufFileType::kQ8_0:
+      return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
+    case GgufFileType::kQ4_0:
+      return name == "output.weight" ? or_fallback(DType::kQ6_K)
+                                     : (fits(DType::kQ4_0) ? DType::kQ4_0 : DType::kF16);
+    case GgufFileType::kQ4_K_M: {
+      const bool sensitive = name == "output.weight" || EndsWith(name, ".attn_v.weight") ||
+                             EndsWith(name, ".ffn_down.weight");
+      return or_fallback(sensitive ? DType::kQ6_K : DType::kQ4_K);
+    }
+  }
+  return DType::kF32;
+}
+
+void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufFileType type,
+                   const std::function<void(const std::string&)>& log) {
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  if (!fs::exists(config_path)) Fail(hf_dir, ": no config.json");
+  const nlohmann::json raw = ReadJsonFile(config_path);
+  const std::string model_type = raw.value("model_type", "");
+  ModelConfig c;
+  TensorNames hf;
+  int64_t context_length = 0;
+  if (model_type == "llada") {
+    c = ParseLladaConfig(config_path);
+    hf = LladaTensorNames();
+    context_length = c.max_positions;  // max_sequence_length
+  } else if (model_type == "Dream" || model_type == "dream") {
+    c = ParseDreamConfig(config_path);
+    hf = DreamTensorNames();
+    // The config's own value: ParseDreamConfig caps max_positions for the RoPE table.
+    const bool given = raw.contains("max_position_embeddings") &&
+                       raw["max_position_embeddings"].is_number_integer();
+    context_length = given ? raw["max_position_embeddings"].get<int64_t>() : c.max_positions;
+  } else {
+    Fail(config_path, ": unknown model_type '", model_type, "' (supported: llada, Dream)");
+  }
+  const TensorStore store = ReadSafetensorsDir(hf_dir);
+
+  GgufWriter writer;
+  GgufMetadata& meta = writer.metadata();
+  const std::string arch = ArchName(c.arch);
+  auto key = [&](const char* leaf) { return arch + "." + leaf; };
+  std::string name = fs::path(hf_dir).filename().string();
+  if (name.empty()) name = fs::path(hf_dir).parent_path().filename().string();
+  meta.Add("general.architecture", GgufValue::String(arch));
+  meta.Add("general.type", GgufValue::String("model"));
+  meta.Add("general.name", GgufValue::String(name));
+  meta.Add(key("block_count"), GgufValue::U32(uint32_t(c.layers)));
+  meta.Add(key("context_length"), GgufValue::U32(uint32_t(context_length)));
+  meta.Add(key("embedding_length"), GgufValue::U32(uint32_t(c.width)));
+  meta.Add(key("feed_forward_length"), GgufValue::U32(uint32_t(c.ffn)));
+  meta.Add(key("attention.head_count"), GgufValue::U32(uint32_t(c.heads)));
+  meta.Add(key("attention.head_count_kv"), GgufValue::U32(uint32_t(c.kv_heads)));
+  meta.Add(key("rope.freq_base"), GgufValue::F32(c.rope_theta));
+  meta.Add(key("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_eps));
+  meta.Add("general.file_type", GgufValue::U32(FileTypeId(type)));
+  if (c.arch == Arch::kLlada) meta.Add(key("vocab_size"), GgufValue::U32(uint32_t(c.vocab)));
+  meta.Add(key("rope.dimension_count"), GgufValue::U32(uint32_t(c.head_dim)));
+  meta.Add(key("attention.causal"), GgufValue::Bool(false));
+  if (c.arch == Arch::kLlada) meta.Add("diffusion.shift_logits", GgufValue::Bool(false));
+  meta.Add("general.quantization_version", GgufValue::U32(2));
+  AddTokenizer(meta, hf_dir, c);
+
+  const std::vector<TensorPlan> plan = PlanTensors(c, hf);
+  std::vector<DType> out_types;
+  for (const TensorPlan& t : plan) {
+    const TensorRef& source = store.Get(t.hf_name);
+    if (source.shape != t.shape) {
+      std::string expected;
+      for (int64_t d : t.shape) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
+      Fail(store.origin(), ": tensor '", t.hf_name, "' does not have the shape [", expected,
+           "] that config.json implies");
+    }
+    if (source.dtype != DType::kF32 && source.dtype != DType::kF16 &&
+        source.dtype != DType::kBF16) {
+      Fail(store.origin(), ": tensor '", t.hf_name, "' has type ", DTypeName(source.dtype),
+           " (F32, F16 or BF16 expected)");
+    }
+    out_types.push_back(GgufTensorType(type, t.gguf_name, t.shape.back(), t.shape.size() == 1));
+    writer.AddTensor(t.gguf_name, out_types.back(), t.shape);
+  }
+  writer.Open(out_path);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const TensorPlan& t = plan[i];
+    const TensorRef& source = store.Get(t.hf_name);
+    // A vector is converted as `n` rows of one value, which permutes biases like rows.
+    const bool vector = t.shape.size() == 1;
+    const int64_t rows = t.shape[0];
+    const int64_t cols = vector ? 1 : t.shape[1];
+    const DType out_type = out_types[i];
+    const int64_t source_row_bytes = cols * BlockBytes(source.dtype);
+    const int64_t out_row_bytes = RowBytes(out_type, cols);
+    std::vector<uint8_t> out(size_t(rows * out_row_bytes));  // the tensor as written
+    // Chunks of at least 64K values, so small tensors are converted without waking threads.
+    ParallelFor(rows, std::max<int64_t>(1, 65536 / cols), [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(cols));  // [K]
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t from = SourceRow(r, rows, t.permute_heads);
+        DequantizeValues(source.dtype, source.data + from * source_row_bytes, cols, row.data());
+        QuantizeValues(out_type, row.data(), cols, out.data() + r * out_row_bytes);
+      }
+    });
+    writer.WriteTensorData(out.data(), out.size());
+    if (log)
+      log(Cat(t.gguf_name, " <- ", t.hf_name, " ", DTypeName(source.dtype), " -> ",
+              DTypeName(out_type)));
+  }
+  writer.Close();
+}
+
+}  // namespace polestar

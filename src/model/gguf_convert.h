@@ -1,0 +1,31 @@
+// Hugging Face checkpoint (LLaDA or Dream, safetensors) -> GGUF, laid out as llama.cpp's
+// converter writes it: {arch}.* keys, blk.N.* tensor names in ggml order, LLaDA's q/k rows
+// permuted for interleaved RoPE, norms and biases in F32, the tokenizer in tokenizer.ggml.*.
+// Quantisation reproduces ggml's reference quantisers, so F16 / BF16 / Q8_0 / Q4_0 output
+// matches llama.cpp's byte for byte.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "base/dtype.h"
+
+namespace polestar {
+
+enum class GgufFileType { kF16, kBF16, kQ8_0, kQ4_0, kQ4_K_M };
+
+// "f16", "bf16", "q8_0", "q4_0", "q4_k_m"; throws Error for anything else.
+GgufFileType ParseGgufFileType(const std::string& name);
+
+// The type a tensor gets in a file of type `file_type` (llama.cpp's choices): vectors F32;
+// Q4_K_M uses Q6_K for output, attn_v and ffn_down and Q4_K elsewhere; Q4_0 keeps output
+// in Q6_K. Rows whose width does not fit the block size fall back to Q8_0, then F16.
+DType GgufTensorType(GgufFileType file_type, const std::string& gguf_name, int64_t rows_width,
+                     bool is_vector);
+
+// Converts the checkpoint folder `hf_dir` (config.json, safetensors, and tokenizer.json /
+// tokenizer_config.json when present) into `out_path`. `log` receives one line per tensor.
+void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufFileType type,
+                   const std::function<void(const std::string&)>& log = {});
+
+}  // namespace polestar

@@ -1,0 +1,34 @@
+// AVX2 + FMA + F16C kernels. The files in ops/avx2/ are the only ones compiled with those
+// instruction sets; ops.cpp calls them only after Supported() said yes, and otherwise runs
+// the scalar twins in ops/reference.h. Each function here computes what its twin of the
+// same name computes (up to the order of float additions); ops_test.cpp holds them to it.
+//
+// This header declares plain C++ signatures only, so code built without AVX2 may include it.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/ops.h"
+
+namespace polestar::avx2 {
+
+// The running CPU has AVX2, FMA and F16C.
+bool Supported();
+
+// Single-threaded; see reference::MatMulColumns.
+void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
+                   float* y, int64_t ldy);
+
+void DequantizeRow(const WeightView& w, int64_t n, float* out);
+
+float Dot(const float* a, const float* b, int64_t n);
+void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* out);
+void SiluMul(float* gate, const float* up, int64_t count);
+void AddInPlace(float* x, const float* y, int64_t n);
+void SoftmaxRow(float* x, int64_t n);
+
+// See reference::AttendHead.
+void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
+                int head_dim, float* probs, float* out);
+
+}  // namespace polestar::avx2

@@ -1,0 +1,508 @@
+// Scalar block formats. The quantisers follow ggml's reference quantisers operation by
+// operation (same float expressions in the same order, no contraction: this file is built
+// with -ffp-contract=off) so converted files match ggml's byte for byte.
+#include "ops/quant.h"
+
+#include "ops/avx2/avx2.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "ops/reference.h"
+
+namespace polestar {
+namespace {
+
+constexpr int kQK = 256;  // values per K-quant super-block
+
+uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// ggml's nearest_int: adding 1.5 * 2^23 leaves the rounded integer (ties to even) in the
+// low mantissa bits. Reproduced literally, out-of-range inputs included.
+int NearestInt(float value) {
+  const float shifted = value + 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, 4);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block.
+void ScaleMinK4(int j, const uint8_t* scales, uint8_t* scale, uint8_t* min) {
+  if (j < 4) {
+    *scale = scales[j] & 63;
+    *min = scales[j + 4] & 63;
+  } else {
+    *scale = uint8_t((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+    *min = uint8_t((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+  }
+}
+
+// --- dequantisation, one block at a time ---
+
+void DequantizeQ8_0(const uint8_t* block, float* out) {
+  const float d = F16ToF32(LoadU16(block));
+  const int8_t* qs = reinterpret_cast<const int8_t*>(block + 2);
+  for (int j = 0; j < 32; ++j) out[j] = float(qs[j]) * d;
+}
+
+void DequantizeQ4_0(const uint8_t* block, float* out) {
+  const float d = F16ToF32(LoadU16(block));
+  const uint8_t* qs = block + 2;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = float((qs[j] & 0xF) - 8) * d;
+    out[j + 16] = float((qs[j] >> 4) - 8) * d;
+  }
+}
+
+void DequantizeQ4_K(const uint8_t* block, float* out) {
+  const float d = F16ToF32(LoadU16(block));
+  const float dmin = F16ToF32(LoadU16(block + 2));
+  const uint8_t* scales = block + 4;
+  const uint8_t* qs = block + 16;
+  for (int chunk = 0; chunk < 4; ++chunk) {  // 64 values: two sub-blocks sharing 32 bytes
+    uint8_t sc, m;
+    ScaleMinK4(2 * chunk, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    ScaleMinK4(2 * chunk + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) out[l] = d1 * float(qs[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) out[l + 32] = d2 * float(qs[l] >> 4) - m2;
+    qs += 32;
+    out += 64;
+  }
+}
+
+void DequantizeQ5_K(const uint8_t* block, float* out) {
+  const float d = F16ToF32(LoadU16(block));
+  const float dmin = F16ToF32(LoadU16(block + 2));
+  const uint8_t* scales = block + 4;
+  const uint8_t* qh = block + 16;
+  const uint8_t* qs = block + 48;
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    uint8_t sc, m;
+    ScaleMinK4(2 * chunk, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    ScaleMinK4(2 * chunk + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    const int low_bit = 2 * chunk, high_bit = 2 * chunk + 1;  // bits of qh for this chunk
+    for (int l = 0; l < 32; ++l) {
+      out[l] = d1 * float((qs[l] & 0xF) + (((qh[l] >> low_bit) & 1) << 4)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      out[l + 32] = d2 * float((qs[l] >> 4) + (((qh[l] >> high_bit) & 1) << 4)) - m2;
+    }
+    qs += 32;
+    out += 64;
+  }
+}
+
+void DequantizeQ6_K(const uint8_t* block, float* out) {
+  const uint8_t* ql = block;
+  const uint8_t* qh = block + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = F16ToF32(LoadU16(block + 208));
+  for (int half = 0; half < 2; ++half) {  // 128 values: ql[64], qh[32], scales[8]
+    for (int l = 0; l < 32; ++l) {
+      const int s = l / 16;
+      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      out[l] = d * float(scales[s]) * float(q1);
+      out[l + 32] = d * float(scales[s + 2]) * float(q2);
+      out[l + 64] = d * float(scales[s + 4]) * float(q3);
+      out[l + 96] = d * float(scales[s + 6]) * float(q4);
+    }
+    ql += 64;
+    qh += 32;
+    scales += 8;
+    out += 128;
+  }
+}
+
+// --- quantisation helpers (ggml's make_qkx2_quants and make_qx_quants) ---
+
+// Fits x[n] ~ scale * L - min with L in [0, nmax], minimising the weighted squared error
+// over a sweep of candidate scales. Returns the scale; *neg_min receives the (non-negative)
+// min. L receives the levels.
+float FitScaleMin(int n, int nmax, const float* x, const float* weights, uint8_t* levels,
+                  float* neg_min, float rmin, float rdelta, int nstep) {
+  float min = x[0];
+  float max = x[0];
+  float sum_w = weights[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < min) min = x[i];
+    if (x[i] > max) max = x[i];
+    const float w = weights[i];
+    sum_w += w;
+    sum_x += w * x[i];
+  }
+  if (min > 0) min = 0;
+  if (max == min) {
+    std::fill(levels, levels + n, uint8_t{0});
+    *neg_min = -min;
+    return 0.0f;
+  }
+  float iscale = float(nmax) / (max - min);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = NearestInt(iscale * (x[i] - min));
+    levels[i] = uint8_t(std::max(0, std::min(nmax, l)));
+    const float diff = scale * float(levels[i]) + min - x[i];
+    best_error += weights[i] * (diff * diff);
+  }
+  uint8_t trial[32];  // [n]
+  for (int step = 0; step <= nstep; ++step) {
+    iscale = (rmin + rdelta * float(step) + float(nmax)) / (max - min);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::max(0, std::min(nmax, NearestInt(iscale * (x[i] - min))));
+      trial[i] = uint8_t(l);
+      const float w = weights[i];
+      sum_l += w * float(l);
+      sum_l2 += w * float(l) * float(l);
+      sum_xl += w * float(l) * x[i];
+    }
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (det > 0) {
+      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+      if (this_min > 0) {
+        this_min = 0;
+        this_scale = sum_xl / sum_l2;
+      }
+      float error = 0;
+      for (int i = 0; i < n; ++i) {
+        const float diff = this_scale * float(trial[i]) + this_min - x[i];
+        error += weights[i] * (diff * diff);
+      }
+      if (error < best_error) {
+        std::copy(trial, trial + n, levels);
+        best_error = error;
+        scale = this_scale;
+        min = this_min;
+      }
+    }
+  }
+  *neg_min = -min;
+  return scale;
+}
+
+// Fits x[n] ~ scale * (L - nmax) with L in [0, 2*nmax), weights x^2, trying 19 scales
+// around nmax / max|x|. Returns the (signed) scale.
+float FitSymmetricScale(int n, int nmax, const float* x, int8_t* levels) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < 1e-15f) {
+    std::fill(levels, levels + n, int8_t{0});
+    return 0.0f;
+  }
+  auto level = [&](float iscale, int i) {
+    return std::max(-nmax, std::min(nmax - 1, NearestInt(iscale * x[i])));
+  };
+  float iscale = float(-nmax) / max;
+  float sum_lx = 0, sum_l2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = level(iscale, i);
+    levels[i] = int8_t(l + nmax);
+    const float w = x[i] * x[i];
+    sum_lx += w * x[i] * float(l);
+    sum_l2 += w * float(l) * float(l);
+  }
+  float scale = sum_l2 != 0 ? sum_lx / sum_l2 : 0.0f;
+  float best = scale * sum_lx;
+  for (int step = -9; step <= 9; ++step) {
+    if (step == 0) continue;
+    iscale = -(float(nmax) + 0.1f * float(step)) / max;
+    sum_lx = sum_l2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = level(iscale, i);
+      const float w = x[i] * x[i];
+      sum_lx += w * x[i] * float(l);
+      sum_l2 += w * float(l) * float(l);
+    }
+    if (sum_l2 > 0 && sum_lx * sum_lx > best * sum_l2) {
+      for (int i = 0; i < n; ++i) levels[i] = int8_t(level(iscale, i) + nmax);
+      scale = sum_lx / sum_l2;
+      best = scale * sum_lx;
+    }
+  }
+  return scale;
+}
+
+// --- quantisation, one block at a time ---
+
+void QuantizeQ8_0(const float* x, uint8_t* block) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127;
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  StoreU16(block, F32ToF16(d));
+  for (int j = 0; j < 32; ++j) block[2 + j] = uint8_t(int8_t(std::round(x[j] * id)));
+}
+
+void QuantizeQ4_0(const float* x, uint8_t* block) {
+  float amax = 0.0f, max = 0.0f;  // max: the signed value of largest magnitude
+  for (int j = 0; j < 32; ++j) {
+    if (amax < std::fabs(x[j])) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -8;
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  StoreU16(block, F32ToF16(d));
+  for (int j = 0; j < 16; ++j) {
+    // ggml truncates x*id + 8.5 toward zero, i.e. rounds half up within [0, 16].
+    const int lo = std::min(15, int(int8_t(x[j] * id + 8.5f)));
+    const int hi = std::min(15, int(int8_t(x[j + 16] * id + 8.5f)));
+    block[2 + j] = uint8_t(lo | (hi << 4));
+  }
+}
+
+// Shared by Q4_K and Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins; writes d, dmin
+// and scales[12] into `header` (16 bytes) and the levels into L[256].
+void QuantizeScalesK(const float* x, int nmax, float rmin, float rdelta, int nstep, uint8_t* header,
+                     uint8_t* levels) {
+  float scales[8], mins[8], weights[32];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* xj = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xj[l] * xj[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xj[l]);
+    scales[j] = FitScaleMin(32, nmax, xj, weights, levels + 32 * j, &mins[j], rmin, rdelta, nstep);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  uint8_t* packed = header + 4;  // scales[12]
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t ls = std::min<uint8_t>(63, uint8_t(NearestInt(inv_scale * scales[j])));
+    const uint8_t lm = std::min<uint8_t>(63, uint8_t(NearestInt(inv_min * mins[j])));
+    if (j < 4) {
+      packed[j] = ls;
+      packed[j + 4] = lm;
+    } else {  // low 4 bits in bytes 8..11, high 2 bits in the top of bytes 0..7
+      packed[j + 4] = uint8_t((ls & 0xF) | ((lm & 0xF) << 4));
+      packed[j - 4] |= uint8_t((ls >> 4) << 6);
+      packed[j] |= uint8_t((lm >> 4) << 6);
+    }
+  }
+  StoreU16(header, F32ToF16(max_scale / 63.f));
+  StoreU16(header + 2, F32ToF16(max_min / 63.f));
+  // Re-derive the levels against the rounded scales.
+  const float d = F16ToF32(LoadU16(header));
+  const float dmin = F16ToF32(LoadU16(header + 2));
+  for (int j = 0; j < 8; ++j) {
+    uint8_t sc, m;
+    ScaleMinK4(j, packed, &sc, &m);
+    const float dj = d * sc;
+    if (dj == 0) continue;
+    const float mj = dmin * m;
+    for (int l = 0; l < 32; ++l) {
+      const int q = NearestInt((x[32 * j + l] + mj) / dj);
+      levels[32 * j + l] = uint8_t(std::max(0, std::min(nmax, q)));
+    }
+  }
+}
+
+void QuantizeQ4_K(const float* x, uint8_t* block) {
+  uint8_t levels[kQK];
+  QuantizeScalesK(x, 15, -1.0f, 0.1f, 20, block, levels);
+  uint8_t* qs = block + 16;
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    for (int l = 0; l < 32; ++l) {
+      qs[32 * chunk + l] = uint8_t(levels[64 * chunk + l] | (levels[64 * chunk + 32 + l] << 4));
+    }
+  }
+}
+
+void QuantizeQ5_K(const float* x, uint8_t* block) {
+  uint8_t levels[kQK];
+  QuantizeScalesK(x, 31, -0.5f, 0.1f, 15, block, levels);
+  uint8_t* qh = block + 16;
+  uint8_t* qs = block + 48;
+  std::memset(qh, 0, 32);
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    for (int l = 0; l < 32; ++l) {
+      const int lo = levels[64 * chunk + l], hi = levels[64 * chunk + 32 + l];
+      qh[l] |= uint8_t(((lo >> 4) << (2 * chunk)) | ((hi >> 4) << (2 * chunk + 1)));
+      qs[32 * chunk + l] = uint8_t((lo & 0xF) | ((hi & 0xF) << 4));
+    }
+  }
+}
+
+void QuantizeQ6_K(const float* x, uint8_t* block) {
+  int8_t levels[kQK];
+  float scales[16];
+  float max_scale = 0, max_abs_scale = 0;
+  for (int s = 0; s < 16; ++s) {
+    scales[s] = FitSymmetricScale(16, 32, x + 16 * s, levels + 16 * s);
+    if (std::fabs(scales[s]) > max_abs_scale) {
+      max_abs_scale = std::fabs(scales[s]);
+      max_scale = scales[s];
+    }
+  }
+  std::memset(block, 0, 210);
+  if (max_abs_scale < 1e-15f) return;  // all zero: d = 0
+  uint8_t* ql = block;
+  uint8_t* qh = block + 128;
+  int8_t* block_scales = reinterpret_cast<int8_t*>(block + 192);
+  const float iscale = -128.f / max_scale;
+  StoreU16(block + 208, F32ToF16(1 / iscale));
+  for (int s = 0; s < 16; ++s)
+    block_scales[s] = int8_t(std::min(127, NearestInt(iscale * scales[s])));
+  const float d = F16ToF32(LoadU16(block + 208));
+  for (int s = 0; s < 16; ++s) {
+    const float ds = d * float(block_scales[s]);
+    if (ds == 0) continue;
+    for (int l = 0; l < 16; ++l) {
+      const int q = NearestInt(x[16 * s + l] / ds);
+      levels[16 * s + l] = int8_t(std::max(-32, std::min(31, q)) + 32);
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    const int8_t* L = levels + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = uint8_t((L[l] & 0xF) | ((L[l + 64] & 0xF) << 4));
+      ql[l + 32] = uint8_t((L[l + 32] & 0xF) | ((L[l + 96] & 0xF) << 4));
+      qh[l] = uint8_t((L[l] >> 4) | ((L[l + 32] >> 4) << 2) | ((L[l + 64] >> 4) << 4) |
+                      ((L[l + 96] >> 4) << 6));
+    }
+    ql += 64;
+    qh += 32;
+  }
+}
+
+}  // namespace
+
+bool IsBlockQuantized(DType type) {
+  switch (type) {
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out) {
+  PS_CHECK(n % BlockSize(type) == 0);
+  const int64_t blocks = n / BlockSize(type);
+  const int block_bytes = BlockBytes(type);
+  void (*block_fn)(const uint8_t*, float*) = nullptr;
+  switch (type) {
+    case DType::kF32:
+      std::memcpy(out, src, size_t(n) * 4);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(LoadU16(src + 2 * i));
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(LoadU16(src + 2 * i));
+      return;
+    case DType::kQ8_0:
+      block_fn = DequantizeQ8_0;
+      break;
+    case DType::kQ4_0:
+      block_fn = DequantizeQ4_0;
+      break;
+    case DType::kQ4_K:
+      block_fn = DequantizeQ4_K;
+      break;
+    case DType::kQ5_K:
+      block_fn = DequantizeQ5_K;
+      break;
+    case DType::kQ6_K:
+      block_fn = DequantizeQ6_K;
+      break;
+    default:
+      Fail("no dequantisation for weight type ", DTypeName(type));
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    block_fn(src + b * block_bytes, out + b * BlockSize(type));
+  }
+}
+
+void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
+  PS_CHECK(n % BlockSize(type) == 0);
+  const int64_t blocks = n / BlockSize(type);
+  const int block_bytes = BlockBytes(type);
+  void (*block_fn)(const float*, uint8_t*) = nullptr;
+  switch (type) {
+    case DType::kF32:
+      std::memcpy(dst, src, size_t(n) * 4);
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, F32ToF16(src[i]));
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) StoreU16(dst + 2 * i, F32ToBf16(src[i]));
+      return;
+    case DType::kQ8_0:
+      block_fn = QuantizeQ8_0;
+      break;
+    case DType::kQ4_0:
+      block_fn = QuantizeQ4_0;
+      break;
+    case DType::kQ4_K:
+      block_fn = QuantizeQ4_K;
+      break;
+    case DType::kQ5_K:
+      block_fn = QuantizeQ5_K;
+      break;
+    case DType::kQ6_K:
+      block_fn = QuantizeQ6_K;
+      break;
+    default:
+      Fail("no quantiser for weight type ", DTypeName(type));
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    block_fn(src + b * BlockSize(type), dst + b * block_bytes);
+  }
+}
+
+bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias) {
+  if (!IsBlockQuantized(w.dtype)) return false;
+  static const bool use_avx2 = avx2::Supported();
+  // Each chunk of output columns dequantises its own weight rows once and reuses them for
+  // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
+  const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));
+  ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
+    if (use_avx2) {
+      avx2::QuantMatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+    } else {
+      reference::MatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+    }
+  });
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) AddInPlace(y + i * w.rows, bias, w.rows);
+  }
+  return true;
+}
+
+}  // namespace polestar

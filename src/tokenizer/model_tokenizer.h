@@ -1,0 +1,15 @@
+// The tokenizer that belongs to a model path: tokenizer.json (+ tokenizer_config.json) in a
+// Hugging Face folder, or the tokenizer.ggml.* metadata of a .gguf file.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tokenizer/tokenizer.h"
+
+namespace polestar {
+
+// Throws Error naming the path when the model has no tokenizer (use token ids then).
+std::unique_ptr<Tokenizer> LoadModelTokenizer(const std::string& model_path);
+
+}  // namespace polestar

@@ -1,0 +1,51 @@
+// Pre-tokenizer regexes on PCRE2 (JIT, UTF mode).
+//
+// tokenizer.json patterns are written for Oniguruma (Hugging Face tokenizers) and run by the
+// reference implementation (transformers.js) as JavaScript regexes. PCRE2 handles their
+// syntax natively: \p{L}, \p{N}, lookahead such as (?!\S), and possessive quantifiers (?+,
+// ++) that JavaScript lacks. Where the engines' meanings differ, the pattern is rewritten to
+// the reference's meaning before compiling:
+//   \s, \S       JavaScript's whitespace set (includes U+FEFF, excludes U+0085)
+//   (?i:...)     ASCII-only case folding, as transformers.js rewrites (?i:'s|'t|...)
+//   \uHHHH       \x{HHHH}
+//   .            any character except \n \r U+2028 U+2029
+// \d, \w and \b stay ASCII (PCRE2 without UCP), as in JavaScript.
+//
+// A Regex is immutable after construction and safe to use from several threads.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace polestar {
+
+class Regex {
+ public:
+  // Throws Error naming the pattern and the position of a syntax error.
+  explicit Regex(std::string_view pattern);
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // Calls on_match(begin, end) for each successive non-empty, non-overlapping match in
+  // `text` (valid UTF-8), scanning left to right like JavaScript's matchAll.
+  void ForEachMatch(std::string_view text,
+                    const std::function<void(size_t begin, size_t end)>& on_match) const;
+
+  const std::string& pattern() const { return pattern_; }
+  // The pattern as handed to PCRE2 after rewriting.
+  const std::string& compiled_pattern() const { return compiled_; }
+
+ private:
+  std::string pattern_, compiled_;
+  struct Code;
+  std::unique_ptr<Code> code_;
+};
+
+// The rewriting described above; exposed for tests.
+std::string TranslateRegex(std::string_view pattern);
+
+}  // namespace polestar

@@ -1,0 +1,164 @@
+// The polestar binary end to end: inspect's report, forward's logits against the fixture's
+// reference, and bad input ending in a non-zero exit with a message (never a crash).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "base/dtype.h"
+#include "io/safetensors.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string Quote(const std::string& path) { return "'" + path + "'"; }
+
+struct CliResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+CliResult Polestar(const std::string& args) {
+  CliResult result;
+  result.exit_code = testing::RunCli(args, &result.output, /*merge_stderr=*/true);
+  return result;
+}
+
+// Parameter counts worked out by hand from the fixture configs (see the comments).
+TEST(CliInspect, LladaTinyReport) {
+  const CliResult r = Polestar("inspect -m " + Quote(testing::FixtureDir("llada-tiny")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("architecture  llada"));
+  EXPECT_THAT(r.output, HasSubstr("layers        2"));
+  EXPECT_THAT(r.output, HasSubstr("width         64"));
+  EXPECT_THAT(r.output, HasSubstr("heads         4 (kv 4, head dim 16)"));
+  EXPECT_THAT(r.output, HasSubstr("ffn           96"));
+  EXPECT_THAT(r.output, HasSubstr("vocab         160"));
+  EXPECT_THAT(r.output, HasSubstr("logit shift   no"));
+  // wte + LM head 2 * 160 * 64, ln_f 64, per layer q/k/v/o 4 * 64 * 64, gate/up 2 * 96 * 64,
+  // down 64 * 96, two norms 2 * 64: 20544 + 2 * 34944.
+  EXPECT_THAT(r.output, HasSubstr("parameters    90432"));
+  EXPECT_THAT(r.output, HasSubstr("F32         21 tensors, 361728 bytes"));
+  EXPECT_THAT(r.output, HasSubstr("mask 156, eos 157"));
+}
+
+TEST(CliInspect, Bf16AndDreamReports) {
+  CliResult r = Polestar("inspect -m " + Quote(testing::FixtureDir("llada-tiny-bf16")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("parameters    90432"));
+  EXPECT_THAT(r.output, HasSubstr("BF16        21 tensors, 180864 bytes"));
+  EXPECT_THAT(r.output, Not(HasSubstr("F32 ")));
+
+  r = Polestar("inspect -m " + Quote(testing::FixtureDir("dream-tiny")));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("architecture  dream"));
+  EXPECT_THAT(r.output, HasSubstr("heads         4 (kv 2, head dim 16)"));
+  EXPECT_THAT(r.output, HasSubstr("logit shift   yes"));
+  // As LLaDA but k/v are 32 * 64 (two kv heads) and q/k/v carry biases (64 + 32 + 32):
+  // 20544 + 2 * 30976.
+  EXPECT_THAT(r.output, HasSubstr("parameters    82496"));
+}
+
+TEST(CliForward, LogitsMatchTheReference) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
+    const std::string dir = testing::FixtureDir(fixture);
+    const std::string out = testing::TempDir() + "/logits.safetensors";
+    const CliResult r = Polestar("forward -m " + Quote(dir) + " --input " +
+                                 Quote(dir + "/expected.safetensors") + " --output " + Quote(out));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+
+    TensorStore expected, got;
+    ReadSafetensorsFile(dir + "/expected.safetensors", expected);
+    ReadSafetensorsFile(out, got);
+    const TensorRef& want = expected.Get("forward.logits");  // [1, 40, V]
+    const TensorRef& logits = got.Get("logits");
+    ASSERT_EQ(logits.dtype, DType::kF32);
+    ASSERT_EQ(logits.shape, want.shape) << fixture;
+    std::vector<float> a(static_cast<size_t>(want.NumElements())), b(a.size());
+    std::memcpy(a.data(), want.data, want.bytes);
+    std::memcpy(b.data(), logits.data, logits.bytes);
+    float max_err = 0;
+    for (size_t i = 0; i < a.size(); ++i) max_err = std::max(max_err, std::fabs(a[i] - b[i]));
+    EXPECT_LE(max_err, 1e-4f) << fixture;
+  }
+}
+
+TEST(CliErrors, MissingModel) {
+  const std::string missing = testing::TempDir() + "/no-model";
+  const CliResult r = Polestar("inspect -m " + Quote(missing));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("polestar: error: " + missing + ": no such file or directory"));
+}
+
+TEST(CliErrors, BrokenConfig) {
+  const std::string dir = testing::TempDir();
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llada", "d_model": 64, "n_heads": 5})";
+  const CliResult r = Polestar("inspect -m " + Quote(dir));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr(dir + "/config.json"));
+  EXPECT_THAT(r.output, HasSubstr("error:"));
+}
+
+TEST(CliErrors, ForwardInputs) {
+  const std::string model = Quote(testing::FixtureDir("llada-tiny"));
+  const std::string dir = testing::TempDir();
+
+  // An input file without input_ids.
+  const std::string no_ids = dir + "/no_ids.safetensors";
+  WriteSafetensors(no_ids, {F32Tensor("x", {1}, {1.0f})});
+  CliResult r = Polestar("forward -m " + model + " --input " + Quote(no_ids) + " --output " +
+                         Quote(dir + "/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr(no_ids + ": no tensor input_ids"));
+
+  // A token outside the vocabulary of 160.
+  const std::string bad_token = dir + "/bad_token.safetensors";
+  WriteSafetensors(bad_token, {I64Tensor("input_ids", {1, 3}, {1, 999, 2})});
+  r = Polestar("forward -m " + model + " --input " + Quote(bad_token) + " --output " +
+               Quote(dir + "/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("token id 999 at position 1"));
+
+  // Wrong dtype / rank.
+  const std::string floats = dir + "/floats.safetensors";
+  WriteSafetensors(floats, {F32Tensor("input_ids", {1, 2}, {1.0f, 2.0f})});
+  r = Polestar("forward -m " + model + " --input " + Quote(floats) + " --output " +
+               Quote(dir + "/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("input_ids must be I64 of shape [1, L]"));
+
+  // A corrupt input file.
+  const std::string corrupt = dir + "/corrupt.safetensors";
+  std::ofstream(corrupt) << "not a safetensors file";
+  r = Polestar("forward -m " + model + " --input " + Quote(corrupt) + " --output " +
+               Quote(dir + "/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr(corrupt + ": header length"));
+
+  // An output that cannot be created.
+  const std::string good_input = Quote(testing::FixtureDir("llada-tiny") + "/expected.safetensors");
+  r = Polestar("forward -m " + model + " --input " + good_input + " --output " +
+               Quote(dir + "/missing-dir/out.safetensors"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("missing-dir/out.safetensors: cannot create"));
+}
+
+TEST(CliErrors, UsageMistakes) {
+  CliResult r = Polestar("forward -m x");  // --input and --output missing
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--input is required"));
+  r = Polestar("frobnicate");
+  EXPECT_NE(r.exit_code, 0);
+  r = Polestar("");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("subcommand is required"));
+}
+
+}  // namespace
+}  // namespace polestar

@@ -1,0 +1,656 @@
+// GGUF: reading llama.cpp's files (fixtures written by ggml), rejecting damaged ones,
+// writing, running the fixtures' models against the PyTorch reference logits, and
+// converting Hugging Face checkpoints bit for bit as llama.cpp does.
+#include "io/gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "model/forward.h"
+#include "model/gguf_convert.h"
+#include "ops/quant.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FixtureGguf(const std::string& name) {
+  return testing::FixtureDir(name) + "/model.gguf";
+}
+
+std::vector<uint8_t> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Expects `fn` to throw polestar::Error whose message contains every one of `parts`.
+template <typename Fn>
+void ExpectError(Fn fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << *parts.begin() << "'";
+  } catch (const Error& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message: " << e.what() << "\nexpected to contain: " << part;
+    }
+  }
+}
+
+// --- reading ---
+
+TEST(GgufRead, FixtureHeaderMetadataAndTensors) {
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(FixtureGguf("gguf-llada-q8_0"), store);
+  EXPECT_EQ(file.version, 3u);
+  EXPECT_EQ(file.alignment, 32u);
+  EXPECT_EQ(file.data_offset % 32, 0u);
+  const GgufMetadata& m = file.metadata;
+  EXPECT_EQ(m.GetString("general.architecture"), "llada");
+  EXPECT_EQ(m.GetUint("llada.block_count"), 2u);
+  EXPECT_EQ(m.GetUint("llada.embedding_length"), 64u);
+  EXPECT_EQ(m.GetUint("llada.attention.head_count_kv"), 4u);
+  EXPECT_FLOAT_EQ(float(m.GetFloat("llada.attention.layer_norm_rms_epsilon")), 1e-5f);
+  EXPECT_EQ(m.GetFloat("llada.rope.freq_base"), 10000.0);
+  EXPECT_FALSE(m.GetBool("diffusion.shift_logits"));
+  ASSERT_EQ(file.tensors.size(), 21u);
+  EXPECT_EQ(file.tensors[0].name, "token_embd.weight");
+  EXPECT_EQ(file.tensors[0].ne, (std::vector<int64_t>{64, 160}));
+  const TensorRef& embedding = store.Get("token_embd.weight");
+  EXPECT_EQ(embedding.dtype, DType::kQ8_0);
+  EXPECT_EQ(embedding.shape, (std::vector<int64_t>{160, 64}));  // outermost first
+  EXPECT_EQ(embedding.bytes, 160u * 2 * 34);
+  const TensorRef& norm = store.Get("blk.1.ffn_norm.weight");
+  EXPECT_EQ(norm.dtype, DType::kF32);
+  EXPECT_EQ(norm.shape, (std::vector<int64_t>{64}));
+  EXPECT_EQ((norm.data - embedding.data) % 32, 0);
+  ExpectError([&] { m.GetString("llada.block_count"); }, {"llada.block_count", "u32"});
+  ExpectError([&] { m.GetUint("no.such.key"); }, {"missing metadata key 'no.such.key'"});
+}
+
+TEST(GgufRead, VocabularyMetadata) {
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(FixtureGguf("gguf-dream-q8_0"), store);
+  const GgufVocab vocab = ReadGgufVocab(file.metadata);
+  EXPECT_EQ(vocab.model, "gpt2");
+  EXPECT_EQ(vocab.pre, "default");
+  ASSERT_EQ(vocab.tokens.size(), 160u);
+  EXPECT_EQ(vocab.tokens[42], "<t42>");
+  EXPECT_EQ(vocab.token_types[42], 1);
+  EXPECT_EQ(vocab.token_types[156], 3);
+  EXPECT_EQ(vocab.mask_id, 156);
+  EXPECT_EQ(vocab.eos_id, 157);
+  EXPECT_EQ(vocab.pad_id, 157);
+  EXPECT_EQ(vocab.bos_id, -1);
+  EXPECT_TRUE(vocab.merges.empty());
+  EXPECT_TRUE(vocab.chat_template.empty());
+}
+
+// --- writing ---
+
+TEST(GgufWrite, RoundTripsEveryValueTypeAndTensorData) {
+  const std::string path = testing::TempDir() + "/all.gguf";
+  GgufWriter writer;
+  GgufMetadata& m = writer.metadata();
+  m.Add("u8", {GgufType::kU8, GgufType::kU8, uint64_t{200}});
+  m.Add("i8", {GgufType::kI8, GgufType::kU8, int64_t{-100}});
+  m.Add("u16", {GgufType::kU16, GgufType::kU8, uint64_t{60000}});
+  m.Add("i16", {GgufType::kI16, GgufType::kU8, int64_t{-30000}});
+  m.Add("u32", GgufValue::U32(4000000000u));
+  m.Add("i32", GgufValue::I32(-2000000000));
+  m.Add("f32", GgufValue::F32(0.1f));
+  m.Add("bool", GgufValue::Bool(true));
+  m.Add("string", GgufValue::String("h\xC3\xA9llo"));
+  m.Add("u64", GgufValue::U64(uint64_t{1} << 60));
+  m.Add("i64", {GgufType::kI64, GgufType::kU8, int64_t{-(int64_t{1} << 60)}});
+  m.Add("f64", {GgufType::kF64, GgufType::kU8, 1.0 / 3});
+  m.Add("strings", GgufValue::Strings({"a b", "", "c"}));
+  m.Add("ints", GgufValue::I32s({1, -2, 3}));
+  m.Add("floats", GgufValue::F32s({0.5f, -1.5f}));
+  m.Add("nested", {GgufType::kArray, GgufType::kArray,
+                   std::vector<GgufValue>{GgufValue::I32s({7}), GgufValue::I32s({8, 9})}});
+  std::vector<float> values(2 * 64);
+  std::iota(values.begin(), values.end(), -10.0f);
+  std::vector<uint8_t> q8(static_cast<size_t>(RowBytes(DType::kQ8_0, 64) * 2));
+  QuantizeValues(DType::kQ8_0, values.data(), 128, q8.data());
+  writer.AddTensor("vector", DType::kF32, {3});
+  writer.AddTensor("matrix", DType::kQ8_0, {2, 64});
+  writer.Open(path);
+  writer.WriteTensorData(reinterpret_cast<const uint8_t*>(values.data()), 12);
+  writer.WriteTensorData(q8.data(), q8.size());
+  writer.Close();
+
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(path, store);
+  ASSERT_EQ(file.metadata.entries().size(), m.entries().size());
+  for (size_t i = 0; i < m.entries().size(); ++i) {
+    EXPECT_EQ(file.metadata.entries()[i].first, m.entries()[i].first);
+    EXPECT_TRUE(file.metadata.entries()[i].second == m.entries()[i].second) << m.entries()[i].first;
+  }
+  EXPECT_EQ(file.metadata.GetInts("ints"), (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(file.metadata.GetFloats("floats"), (std::vector<double>{0.5, -1.5}));
+  EXPECT_EQ(file.metadata.GetStrings("strings"), (std::vector<std::string>{"a b", "", "c"}));
+  EXPECT_EQ(file.metadata.GetInt("i64"), -(int64_t{1} << 60));
+  EXPECT_EQ(file.metadata.GetFloat("u16"), 60000.0);
+  const TensorRef& vector = store.Get("vector");
+  EXPECT_EQ(std::memcmp(vector.data, values.data(), 12), 0);
+  const TensorRef& matrix = store.Get("matrix");
+  EXPECT_EQ(matrix.shape, (std::vector<int64_t>{2, 64}));
+  EXPECT_EQ(file.tensors[1].offset, 32u);  // 12 bytes padded to the 32-byte alignment
+  EXPECT_EQ(std::memcmp(matrix.data, q8.data(), q8.size()), 0);
+  EXPECT_EQ(fs::file_size(path) % 32, 0u);
+}
+
+TEST(GgufRead, VocabularyWithMergesAndErrors) {
+  const std::string dir = testing::TempDir();
+  auto write = [&](const std::string& name, auto&& add) {
+    GgufWriter writer;
+    GgufMetadata& m = writer.metadata();
+    m.Add("tokenizer.ggml.model", GgufValue::String("gpt2"));
+    m.Add("tokenizer.ggml.tokens", GgufValue::Strings({"a", "b", "ab", "<eos>"}));
+    add(m);
+    writer.Open(dir + "/" + name);
+    writer.Close();
+    TensorStore store;
+    return ReadGgufFile(dir + "/" + name, store).metadata;
+  };
+  const GgufMetadata good = write("good.gguf", [](GgufMetadata& m) {
+    m.Add("tokenizer.ggml.token_type", GgufValue::I32s({1, 1, 1, 3}));
+    m.Add("tokenizer.ggml.merges", GgufValue::Strings({"a b"}));
+    m.Add("tokenizer.ggml.eos_token_id", GgufValue::U32(3));
+    m.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+    m.Add("tokenizer.chat_template", GgufValue::String("{{ messages }}"));
+  });
+  const GgufVocab vocab = ReadGgufVocab(good);
+  EXPECT_EQ(vocab.merges, (std::vector<std::string>{"a b"}));
+  EXPECT_EQ(vocab.token_types, (std::vector<int32_t>{1, 1, 1, 3}));
+  EXPECT_EQ(vocab.eos_id, 3);
+  EXPECT_TRUE(vocab.add_bos);
+  EXPECT_EQ(vocab.chat_template, "{{ messages }}");
+
+  const GgufMetadata short_types = write("types.gguf", [](GgufMetadata& m) {
+    m.Add("tokenizer.ggml.token_type", GgufValue::I32s({1, 1}));
+  });
+  ExpectError([&] { ReadGgufVocab(short_types); }, {"types.gguf", "token_type has 2 entries"});
+  const GgufMetadata bad_id = write(
+      "id.gguf", [](GgufMetadata& m) { m.Add("tokenizer.ggml.eos_token_id", GgufValue::U32(4)); });
+  ExpectError([&] { ReadGgufVocab(bad_id); }, {"id.gguf", "eos_token_id = 4"});
+  const GgufMetadata bad_merge = write("merge.gguf", [](GgufMetadata& m) {
+    m.Add("tokenizer.ggml.merges", GgufValue::Strings({"ab"}));
+  });
+  ExpectError([&] { ReadGgufVocab(bad_merge); }, {"merge.gguf", "'ab'"});
+}
+
+// --- damaged files ---
+
+// A small valid file: four metadata keys, a Q8_0 matrix and an F32 vector that ends the
+// file exactly (so every shorter prefix is a truncated file).
+std::vector<uint8_t> SmallGguf() {
+  const std::string path = testing::TempDir() + "/small.gguf";
+  GgufWriter writer;
+  writer.metadata().Add("general.architecture", GgufValue::String("llada"));
+  writer.metadata().Add("general.alignment", GgufValue::U32(32));
+  writer.metadata().Add("test.aaaa", GgufValue::U32(1));
+  writer.metadata().Add("test.bbbb", GgufValue::U32(2));
+  writer.metadata().Add("test.array", GgufValue::I32s({1, 2, 3}));
+  writer.AddTensor("tensor_a", DType::kQ8_0, {2, 32});
+  writer.AddTensor("tensor_b", DType::kF32, {8});
+  writer.Open(path);
+  const std::vector<uint8_t> a(68, 0x11), b(32, 0);
+  writer.WriteTensorData(a.data(), a.size());
+  writer.WriteTensorData(b.data(), b.size());
+  writer.Close();
+  return ReadBytes(path);
+}
+
+size_t Find(const std::vector<uint8_t>& bytes, const std::string& text) {
+  const auto it = std::search(bytes.begin(), bytes.end(), text.begin(), text.end());
+  PS_CHECK(it != bytes.end());
+  return size_t(it - bytes.begin());
+}
+
+template <typename T>
+std::vector<uint8_t> Patched(std::vector<uint8_t> bytes, size_t position, T value) {
+  std::memcpy(bytes.data() + position, &value, sizeof(T));
+  return bytes;
+}
+
+void ExpectParseError(const std::vector<uint8_t>& bytes, const std::string& part) {
+  ExpectError([&] { ParseGguf(bytes.data(), bytes.size(), "bad.gguf"); }, {"bad.gguf", part});
+}
+
+TEST(GgufBadFiles, HeaderProblems) {
+  const std::vector<uint8_t> good = SmallGguf();
+  ASSERT_NO_THROW(ParseGguf(good.data(), good.size(), "good.gguf"));
+  ExpectParseError(Patched(good, 0, uint8_t{'X'}), "not a GGUF file");
+  ExpectParseError(Patched(good, 4, uint32_t{1}), "version 1");
+  ExpectParseError(Patched(good, 4, uint32_t{4}), "version 4");
+  ExpectParseError(Patched(good, 8, uint64_t{1} << 60), "tensor count");
+  ExpectParseError(Patched(good, 16, uint64_t{1} << 60), "metadata count");
+  ExpectParseError(Patched(good, 24, uint64_t{1} << 62), "claims");
+}
+
+TEST(GgufBadFiles, MetadataProblems) {
+  const std::vector<uint8_t> good = SmallGguf();
+  const size_t aaaa = Find(good, "test.aaaa");
+  ExpectParseError(Patched(good, aaaa + 9, uint32_t{99}), "unknown value type 99");
+  const size_t array = Find(good, "test.array");
+  ExpectParseError(Patched(good, array + 14, uint32_t{99}), "unknown array element type 99");
+  ExpectParseError(Patched(good, array + 18, uint64_t{1} << 40), "does not fit");
+  const size_t alignment = Find(good, "general.alignment");
+  ExpectParseError(Patched(good, alignment + 21, uint32_t{48}), "power of two");
+  ExpectParseError(Patched(good, alignment + 21, uint32_t{0}), "power of two");
+  std::vector<uint8_t> duplicate = good;
+  std::memcpy(duplicate.data() + Find(good, "test.bbbb"), "test.aaaa", 9);
+  ExpectParseError(duplicate, "'test.aaaa' appears twice");
+}
+
+TEST(GgufBadFiles, TensorInfoProblems) {
+  const std::vector<uint8_t> good = SmallGguf();
+  const size_t a = Find(good, "tensor_a"), b = Find(good, "tensor_b");
+  ExpectParseError(Patched(good, b + 8, uint32_t{0}), "0 dimensions");
+  ExpectParseError(Patched(good, b + 8, uint32_t{5}), "5 dimensions");
+  ExpectParseError(Patched(Patched(good, a + 12, uint64_t{1} << 40), a + 20, uint64_t{1} << 40),
+                   "too large");
+  ExpectParseError(Patched(good, b + 20, uint32_t{77}), "unknown ggml tensor type 77");
+  ExpectParseError(Patched(good, b + 20, uint32_t{3}), "Q4_1");
+  ExpectParseError(Patched(good, a + 12, uint64_t{33}), "block size");
+  ExpectParseError(Patched(good, b + 24, uint64_t{100}), "alignment");
+  ExpectParseError(Patched(good, b + 24, uint64_t{1} << 20), "past the end");
+  ExpectParseError(Patched(good, b + 24, uint64_t{1} << 63), "past the end");
+  ExpectParseError(Patched(good, b + 24, uint64_t{64}), "overlap");
+  std::vector<uint8_t> duplicate = good;
+  std::memcpy(duplicate.data() + b, "tensor_a", 8);
+  ExpectParseError(duplicate, "'tensor_a' appears twice");
+}
+
+TEST(GgufBadFiles, EveryTruncationIsAnError) {
+  const std::vector<uint8_t> good = SmallGguf();
+  for (size_t length = 0; length < good.size(); ++length) {
+    const std::vector<uint8_t> prefix(good.begin(), good.begin() + long(length));
+    EXPECT_THROW(ParseGguf(prefix.data(), prefix.size(), "cut.gguf"), Error) << length;
+  }
+}
+
+TEST(GgufBadFiles, ByteFlipsInTheHeaderNeverCrash) {
+  const std::vector<uint8_t> good = SmallGguf();
+  const size_t header = Find(good, "tensor_b") + 40;
+  for (size_t i = 0; i < header; ++i) {
+    for (uint8_t value : {uint8_t{0}, uint8_t{0x7f}, uint8_t{0xff}}) {
+      const std::vector<uint8_t> bytes = Patched(good, i, value);
+      try {
+        ParseGguf(bytes.data(), bytes.size(), "flip.gguf");
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+// Copies a fixture with edits, to check what the model loader says about bad metadata.
+void RewriteGguf(const std::string& from, const std::string& to,
+                 const std::function<void(GgufMetadata&)>& edit_metadata,
+                 const std::string& drop_tensor = "") {
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(from, store);
+  GgufMetadata metadata;
+  for (const auto& [key, value] : file.metadata.entries()) metadata.Add(key, value);
+  edit_metadata(metadata);
+  GgufWriter writer;
+  for (const auto& [key, value] : metadata.entries()) writer.metadata().Add(key, value);
+  std::vector<const TensorRef*> kept;
+  for (const GgufTensorInfo& info : file.tensors) {
+    if (info.name == drop_tensor) continue;
+    kept.push_back(&store.Get(info.name));
+    writer.AddTensor(info.name, info.dtype, kept.back()->shape);
+  }
+  writer.Open(to);
+  for (const TensorRef* t : kept) writer.WriteTensorData(t->data, t->bytes);
+  writer.Close();
+}
+
+GgufMetadata Without(const GgufMetadata& m, const std::string& key) {
+  GgufMetadata out;
+  for (const auto& [k, v] : m.entries()) {
+    if (k != key) out.Add(k, v);
+  }
+  return out;
+}
+
+TEST(GgufBadFiles, ModelLoaderNamesTheProblem) {
+  const std::string dir = testing::TempDir();
+  const std::string source = FixtureGguf("gguf-llada-q8_0");
+  struct Case {
+    std::string file;
+    std::function<void(GgufMetadata&)> edit;
+    std::string drop_tensor;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"no_blocks.gguf", [](GgufMetadata& m) { m = Without(m, "llada.block_count"); }, "",
+       "missing metadata key 'llada.block_count'"},
+      {"no_eps.gguf",
+       [](GgufMetadata& m) { m = Without(m, "llada.attention.layer_norm_rms_epsilon"); }, "",
+       "llada.attention.layer_norm_rms_epsilon"},
+      {"arch.gguf",
+       [](GgufMetadata& m) {
+         m = Without(m, "general.architecture");
+         m.Add("general.architecture", GgufValue::String("gpt2"));
+       },
+       "", "'gpt2' is not supported"},
+      {"heads.gguf",
+       [](GgufMetadata& m) {
+         m = Without(m, "llada.attention.head_count");
+         m.Add("llada.attention.head_count", GgufValue::U32(3));
+       },
+       "", "head count"},
+      {"mask.gguf",
+       [](GgufMetadata& m) {
+         m = Without(m, "tokenizer.ggml.mask_token_id");
+         m.Add("tokenizer.ggml.mask_token_id", GgufValue::U32(1000));
+       },
+       "", "mask token id"},
+      {"causal.gguf",
+       [](GgufMetadata& m) {
+         m = Without(m, "llada.attention.causal");
+         m.Add("llada.attention.causal", GgufValue::Bool(true));
+       },
+       "", "causal"},
+      {"tensor.gguf", [](GgufMetadata&) {}, "blk.1.ffn_up.weight",
+       "missing tensor 'blk.1.ffn_up.weight'"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir + "/" + c.file;
+    RewriteGguf(source, path, c.edit, c.drop_tensor);
+    ExpectError([&] { Model::Load(path); }, {path, c.message});
+  }
+  ExpectError([&] { Model::Load(dir + "/absent.gguf"); }, {"absent.gguf"});
+}
+
+// --- the fixtures' models against the PyTorch reference ---
+
+std::vector<float> ToFloats(const TensorRef& t) {
+  std::vector<float> v(static_cast<size_t>(t.NumElements()));
+  std::memcpy(v.data(), t.data, t.bytes);
+  return v;
+}
+
+std::vector<int> ToInts(const TensorRef& t) {
+  std::vector<int> v(static_cast<size_t>(t.NumElements()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t x;
+    std::memcpy(&x, t.data + 8 * i, 8);
+    v[i] = int(x);
+  }
+  return v;
+}
+
+// Largest |logit error| over largest |reference logit| for one full forward pass.
+double RelativeLogitError(const Model& model, const std::string& expected_path) {
+  TensorStore expected;
+  ReadSafetensorsFile(expected_path, expected);
+  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  KvCache cache = MakeCache(model, int64_t(ids.size()), false);
+  Forward forward(model, cache);
+  StepPlan plan;
+  plan.input_rows.resize(ids.size());
+  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+  plan.logit_rows = plan.input_rows;
+  const StepResult got = forward.Run(ids, plan);
+  EXPECT_EQ(got.logits.size(), want.size());
+  double max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size() && i < got.logits.size(); ++i) {
+    max_err = std::max(max_err, double(std::fabs(got.logits[i] - want[i])));
+    max_abs = std::max(max_abs, double(std::fabs(want[i])));
+  }
+  return max_err / max_abs;
+}
+
+class GgufFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufFixture, LogitsMatchReferenceOnDequantisedWeights) {
+  const std::string dir = testing::FixtureDir(GetParam());
+  auto model = Model::Load(dir + "/model.gguf");
+  EXPECT_EQ(model->config().rope_interleaved, model->config().arch == Arch::kLlada);
+  EXPECT_EQ(model->config().shift_logits, model->config().arch == Arch::kDream);
+  const double error = RelativeLogitError(*model, dir + "/expected.safetensors");
+  std::printf("%s: max |logit error| / max |logit| = %.2e\n", GetParam(), error);
+  EXPECT_LE(error, 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufFixture,
+                         ::testing::Values("gguf-llada-q8_0", "gguf-llada-f16", "gguf-dream-q8_0",
+                                           "gguf-llada-q4_k_m"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+TEST(GgufCli, InspectAndForwardAcceptGgufFiles) {
+  const std::string dir = testing::FixtureDir("gguf-dream-q8_0");
+  std::string out;
+  ASSERT_EQ(testing::RunCli("inspect -m " + dir + "/model.gguf", &out), 0);
+  EXPECT_NE(out.find("dream"), std::string::npos);
+  EXPECT_NE(out.find("Q8_0"), std::string::npos);
+  const std::string logits = testing::TempDir() + "/logits.safetensors";
+  ASSERT_EQ(testing::RunCli("forward -m " + dir + "/model.gguf --input " + dir +
+                                "/expected.safetensors --output " + logits,
+                            &out, true),
+            0)
+      << out;
+  TensorStore store;
+  ReadSafetensorsFile(logits, store);
+  EXPECT_EQ(store.Get("logits").shape, (std::vector<int64_t>{1, 40, 160}));
+  EXPECT_EQ(testing::RunCli("inspect -m " + dir + "/expected.json", &out, true), 1);
+  EXPECT_NE(out.find(".gguf file"), std::string::npos) << out;
+}
+
+// --- conversion ---
+
+struct Conversion {
+  const char* source;
+  GgufFileType type;
+  const char* fixture;
+};
+
+void PrintTo(const Conversion& c, std::ostream* out) { *out << c.source << " -> " << c.fixture; }
+
+class GgufConvert : public ::testing::TestWithParam<Conversion> {};
+
+TEST_P(GgufConvert, TensorBytesAndMetadataMatchLlamaCpp) {
+  const Conversion& c = GetParam();
+  const std::string out = testing::TempDir() + "/out.gguf";
+  ConvertToGguf(testing::FixtureDir(c.source), out, c.type);
+  TensorStore ours_store, theirs_store;
+  const GgufFile ours = ReadGgufFile(out, ours_store);
+  const GgufFile theirs = ReadGgufFile(FixtureGguf(c.fixture), theirs_store);
+  ASSERT_EQ(ours.tensors.size(), theirs.tensors.size());
+  for (size_t i = 0; i < theirs.tensors.size(); ++i) {
+    const GgufTensorInfo& want = theirs.tensors[i];
+    const GgufTensorInfo& got = ours.tensors[i];
+    EXPECT_EQ(got.name, want.name);
+    EXPECT_EQ(got.ggml_type, want.ggml_type) << want.name;
+    EXPECT_EQ(got.ne, want.ne) << want.name;
+    EXPECT_EQ(got.offset, want.offset) << want.name;
+    const TensorRef& a = ours_store.Get(want.name);
+    const TensorRef& b = theirs_store.Get(want.name);
+    ASSERT_EQ(a.bytes, b.bytes) << want.name;
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.bytes), 0) << want.name << " differs";
+  }
+  for (const auto& [key, value] : theirs.metadata.entries()) {
+    if (key == "general.name" || key == "general.alignment") continue;
+    const GgufValue* mine = ours.metadata.Find(key);
+    ASSERT_NE(mine, nullptr) << key;
+    EXPECT_TRUE(*mine == value) << key;
+  }
+  EXPECT_EQ(ours.metadata.GetUint("general.quantization_version"), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GgufConvert,
+    ::testing::Values(Conversion{"llada-tiny", GgufFileType::kQ8_0, "gguf-llada-q8_0"},
+                      Conversion{"llada-tiny", GgufFileType::kF16, "gguf-llada-f16"},
+                      Conversion{"dream-tiny", GgufFileType::kQ8_0, "gguf-dream-q8_0"},
+                      Conversion{"llada-c", GgufFileType::kQ4_K_M, "gguf-llada-q4_k_m"}),
+    [](const auto& info) {
+      std::string name = std::string(info.param.fixture);
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
+      return name;
+    });
+
+// llama.cpp's LLaDA permutation from its definition: within each head of D rows, row 2i + j
+// holds the source row j * D/2 + i.
+int64_t PermutedSourceRow(int64_t row, int64_t head_dim) {
+  const int64_t within = row % head_dim;
+  return row - within + (within % 2) * (head_dim / 2) + within / 2;
+}
+
+TEST(GgufConvertQ4_K_M, QuantisationErrorNoWorseThanGgml) {
+  const std::string out = testing::TempDir() + "/q4km.gguf";
+  ConvertToGguf(testing::FixtureDir("llada-c"), out, GgufFileType::kQ4_K_M);
+  const TensorStore source = ReadSafetensorsDir(testing::FixtureDir("llada-c"));
+  TensorStore ours, ggml;
+  ReadGgufFile(out, ours);
+  ReadGgufFile(FixtureGguf("gguf-llada-q4_k_m"), ggml);
+  const int64_t head_dim = 64;
+  double ours_sq = 0, ggml_sq = 0, count = 0;
+  std::map<std::string, std::string> hf_names = {
+      {"token_embd.weight", "model.transformer.wte.weight"},
+      {"output.weight", "model.transformer.ff_out.weight"}};
+  const std::pair<const char*, const char*> leaves[] = {
+      {"attn_q.weight", "q_proj.weight"},    {"attn_k.weight", "k_proj.weight"},
+      {"attn_v.weight", "v_proj.weight"},    {"attn_output.weight", "attn_out.weight"},
+      {"ffn_gate.weight", "ff_proj.weight"}, {"ffn_up.weight", "up_proj.weight"},
+      {"ffn_down.weight", "ff_out.weight"}};
+  for (int l = 0; l < 2; ++l) {
+    for (const auto& [gguf_leaf, hf_leaf] : leaves) {
+      hf_names["blk." + std::to_string(l) + "." + gguf_leaf] =
+          "model.transformer.blocks." + std::to_string(l) + "." + hf_leaf;
+    }
+  }
+  for (const auto& [name, t] : ggml.tensors()) {
+    if (!IsBlockQuantized(t.dtype)) continue;
+    const bool permuted =
+        name.find("attn_q") != std::string::npos || name.find("attn_k") != std::string::npos;
+    const TensorRef& src = source.Get(hf_names.at(name));
+    const TensorRef& mine = ours.Get(name);
+    ASSERT_EQ(mine.dtype, t.dtype) << name;
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    std::vector<float> a(static_cast<size_t>(cols)), b(a.size());
+    double tensor_ours = 0, tensor_ggml = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeValues(t.dtype, mine.data + r * RowBytes(t.dtype, cols), cols, a.data());
+      DequantizeValues(t.dtype, t.data + r * RowBytes(t.dtype, cols), cols, b.data());
+      const float* x = reinterpret_cast<const float*>(src.data) +
+                       (permuted ? PermutedSourceRow(r, head_dim) : r) * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        tensor_ours += double(a[j] - x[j]) * (a[j] - x[j]);
+        tensor_ggml += double(b[j] - x[j]) * (b[j] - x[j]);
+      }
+    }
+    EXPECT_LE(tensor_ours, tensor_ggml * 1.0201) << name;  // RMS within 1%
+    ours_sq += tensor_ours;
+    ggml_sq += tensor_ggml;
+    count += double(rows * cols);
+  }
+  const double ours_rms = std::sqrt(ours_sq / count), ggml_rms = std::sqrt(ggml_sq / count);
+  std::printf("Q4_K_M RMS quantisation error over %.0f weights: polestar %.6e, ggml %.6e\n", count,
+              ours_rms, ggml_rms);
+  RecordProperty("rms_polestar", std::to_string(ours_rms));
+  RecordProperty("rms_ggml", std::to_string(ggml_rms));
+  EXPECT_LE(ours_rms, ggml_rms * 1.01);
+}
+
+TEST(GgufConvertTypes, Bf16AndQ4_0FilesRunCloseToTheF32Model) {
+  const std::string dir = testing::TempDir();
+  const std::string expected = testing::FixtureDir("llada-tiny") + "/expected.safetensors";
+  const struct {
+    const char* name;
+    GgufFileType type;
+    double tolerance;
+  } cases[] = {{"bf16", GgufFileType::kBF16, 2e-2}, {"q4_0", GgufFileType::kQ4_0, 0.3}};
+  for (const auto& c : cases) {
+    const std::string path = dir + "/" + c.name + ".gguf";
+    ConvertToGguf(testing::FixtureDir("llada-tiny"), path, c.type);
+    auto model = Model::Load(path);
+    const double error = RelativeLogitError(*model, expected);
+    std::printf("llada-tiny as %s: max |logit error| / max |logit| = %.2e\n", c.name, error);
+    EXPECT_LE(error, c.tolerance) << c.name;
+    EXPECT_GT(error, 1e-5) << c.name;  // it was quantised
+  }
+  // Widths of 64 do not fit Q4_K / Q6_K blocks: llama.cpp falls back to a 32-block type.
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.attn_q.weight", 64, false), DType::kQ8_0);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.attn_q.weight", 256, false), DType::kQ4_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.3.ffn_down.weight", 512, false),
+            DType::kQ6_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_0, "output.weight", 4096, false), DType::kQ6_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ8_0, "blk.0.ffn_norm.weight", 64, true), DType::kF32);
+}
+
+TEST(GgufConvertTokenizer, WritesTokenizerJsonAsGgufVocabulary) {
+  const std::string dir = testing::TempDir();
+  const std::string hf = dir + "/hf";
+  fs::create_directories(hf);
+  fs::copy_file(testing::FixtureDir("llada-tiny") + "/config.json", hf + "/config.json");
+  fs::create_symlink(testing::FixtureDir("llada-tiny") + "/model.safetensors",
+                     hf + "/model.safetensors");
+  nlohmann::json tokenizer;
+  tokenizer["model"]["type"] = "BPE";
+  for (int i = 0; i < 150; ++i) tokenizer["model"]["vocab"][Cat("t", i)] = i;
+  tokenizer["model"]["merges"] = {"t1 t2", nlohmann::json::array({"t3", "t4"})};
+  tokenizer["added_tokens"] = {{{"id", 156}, {"content", "<|mdm_mask|>"}, {"special", true}},
+                               {{"id", 157}, {"content", "<|eot_id|>"}, {"special", true}},
+                               {{"id", 150}, {"content", "<user>"}, {"special", false}}};
+  std::ofstream(hf + "/tokenizer.json") << tokenizer.dump();
+  std::ofstream(hf + "/tokenizer_config.json") << R"({"chat_template": "{{ bos_token }}"})";
+  std::string out;
+  ASSERT_EQ(
+      testing::RunCli("convert -q -m " + hf + " -o " + dir + "/tok.gguf --type q8_0", &out, true),
+      0)
+      << out;
+  TensorStore store;
+  const GgufVocab vocab = ReadGgufVocab(ReadGgufFile(dir + "/tok.gguf", store).metadata);
+  ASSERT_EQ(vocab.tokens.size(), 160u);
+  EXPECT_EQ(vocab.tokens[7], "t7");
+  EXPECT_EQ(vocab.token_types[7], 1);
+  EXPECT_EQ(vocab.tokens[156], "<|mdm_mask|>");
+  EXPECT_EQ(vocab.token_types[156], 3);  // special added token: control
+  EXPECT_EQ(vocab.token_types[150], 4);  // user-defined
+  EXPECT_EQ(vocab.tokens[158], "[PAD158]");
+  EXPECT_EQ(vocab.token_types[158], 5);  // unused
+  EXPECT_EQ(vocab.merges, (std::vector<std::string>{"t1 t2", "t3 t4"}));
+  EXPECT_EQ(vocab.mask_id, 156);
+  EXPECT_EQ(vocab.eos_id, 157);
+  EXPECT_TRUE(vocab.add_bos);
+  EXPECT_EQ(vocab.chat_template, "{{ bos_token }}");
+  EXPECT_EQ(vocab.pre, "llama-bpe");
+  std::ofstream(hf + "/tokenizer.json") << R"({"model": {"type": 5, "vocab": {}}})";
+  ExpectError([&] { ConvertToGguf(hf, dir + "/bad.gguf", GgufFileType::kF16); },
+              {"tokenizer.json", "unexpected structure"});
+  std::ofstream(hf + "/tokenizer.json") << R"({"model": {"type": "BPE", "vocab": {"x": 999}}})";
+  ExpectError([&] { ConvertToGguf(hf, dir + "/bad.gguf", GgufFileType::kF16); },
+              {"tokenizer.json", "'x' has an id outside"});
+  EXPECT_EQ(testing::RunCli("convert -m " + hf + " -o " + dir + "/x.gguf --type q3_k", &out, true),
+            1);
+  EXPECT_NE(out.find("unknown GGUF type 'q3_k'"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace polestar

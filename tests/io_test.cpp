@@ -1,0 +1,417 @@
+// Checkpoint readers on broken input: every case must end in a polestar::Error whose
+// message names the file and the problem, never a crash or a foreign exception. Also a
+// sharded checkpoint (model.safetensors.index.json) that must load exactly like one file.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "base/error.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "model/forward.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// Runs fn and checks it throws polestar::Error mentioning every one of `parts`.
+template <typename Fn>
+void ExpectError(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << parts.front() << "'";
+  } catch (const Error& e) {
+    for (const std::string& part : parts) EXPECT_THAT(e.what(), HasSubstr(part));
+  }
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// A safetensors file from its parts: the u64 header length (as given, so it can lie), the
+// header text and the data buffer.
+std::string Safetensors(uint64_t header_length, const std::string& header, size_t data_bytes) {
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &header_length, 8);
+  return bytes + header + std::string(data_bytes, '\x01');
+}
+
+std::string Safetensors(const std::string& header, size_t data_bytes) {
+  return Safetensors(header.size(), header, data_bytes);
+}
+
+// Reads `bytes` written to a file in the test's folder; returns the file's path.
+std::string WriteCase(const std::string& bytes) {
+  const std::string path = testing::TempDir() + "/case.safetensors";
+  WriteBytes(path, bytes);
+  return path;
+}
+
+void Read(const std::string& path) {
+  TensorStore store;
+  ReadSafetensorsFile(path, store);
+}
+
+// ---------------------------------------------------------------------------------------
+// One safetensors file
+
+TEST(SafetensorsRead, ValidFileRoundTrips) {
+  const std::string path = testing::TempDir() + "/ok.safetensors";
+  WriteSafetensors(path, {F32Tensor("b", {2, 2}, {1, 2, 3, 4}), I64Tensor("a", {3}, {7, -8, 9})},
+                   {{"format", "pt"}});
+  TensorStore store;
+  ReadSafetensorsFile(path, store);
+  ASSERT_EQ(store.tensors().size(), 2u);
+  const TensorRef& b = store.Get("b");
+  EXPECT_EQ(b.dtype, DType::kF32);
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 2}));
+  float values[4];
+  std::memcpy(values, b.data, 16);
+  EXPECT_EQ(values[3], 4.0f);
+  int64_t a1;
+  std::memcpy(&a1, store.Get("a").data + 8, 8);
+  EXPECT_EQ(a1, -8);
+}
+
+TEST(SafetensorsRead, EmptyAndShortFilesAreTruncated) {
+  const std::string path = WriteCase("");
+  ExpectError([&] { Read(path); }, {path, "truncated", "0 bytes"});
+  const std::string short_path = WriteCase("12345");
+  ExpectError([&] { Read(short_path); }, {short_path, "truncated"});
+}
+
+TEST(SafetensorsRead, HeaderLengthOutOfRange) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  for (uint64_t length :
+       {uint64_t{0}, uint64_t{1}, uint64_t{1} << 40, uint64_t(header.size() + 5)}) {
+    const std::string path = WriteCase(Safetensors(length, header, 4));
+    ExpectError([&] { Read(path); }, {path, "header length", "out of range"});
+  }
+}
+
+TEST(SafetensorsRead, MalformedJsonHeader) {
+  const std::string path = WriteCase(Safetensors(R"({"a":{"dtype":"F32",)", 4));
+  ExpectError([&] { Read(path); }, {path, "malformed JSON"});
+  const std::string array_path = WriteCase(Safetensors("[1, 2]", 0));
+  ExpectError([&] { Read(array_path); }, {array_path, "not a JSON object"});
+  const std::string entry_path = WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[1]}})", 4));
+  ExpectError([&] { Read(entry_path); }, {entry_path, "'a'", "data_offsets"});
+}
+
+TEST(SafetensorsRead, OffsetsOutsideTheFile) {
+  const std::string path =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8));
+  ExpectError([&] { Read(path); }, {path, "'a'", "outside the data buffer of 8 bytes"});
+  const std::string reversed =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8));
+  ExpectError([&] { Read(reversed); }, {reversed, "'a'", "[8, 4)"});
+  const std::string negative =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", 8));
+  ExpectError([&] { Read(negative); }, {negative, "'a'", "data_offsets"});
+}
+
+TEST(SafetensorsRead, TruncatedRealCheckpoint) {
+  std::ifstream in(testing::FixtureDir("llada-tiny") + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 1000u);
+  const std::string path = WriteCase(bytes.substr(0, bytes.size() / 2));
+  ExpectError([&] { Read(path); }, {path, "outside the data buffer", "truncated"});
+}
+
+TEST(SafetensorsRead, OverlappingTensorsNameBoth) {
+  const std::string path =
+      WriteCase(Safetensors(R"({"first":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                            R"("second":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                            12));
+  ExpectError([&] { Read(path); }, {path, "overlap", "'first'", "'second'"});
+}
+
+TEST(SafetensorsRead, DtypeShapeAndByteCountMismatch) {
+  const std::string path =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
+  ExpectError([&] { Read(path); },
+              {path, "'a'", "8 bytes do not match dtype F32", "12 bytes expected"});
+  const std::string bf16 =
+      WriteCase(Safetensors(R"({"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", 8));
+  ExpectError([&] { Read(bf16); }, {bf16, "BF16", "12 bytes expected"});
+  const std::string bad_dim =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4));
+  ExpectError([&] { Read(bad_dim); }, {bad_dim, "'a'", "shape"});
+  const std::string huge =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],)"
+                            R"("data_offsets":[0,4]}})",
+                            4));
+  ExpectError([&] { Read(huge); }, {huge, "'a'", "too large"});
+}
+
+TEST(SafetensorsRead, UnsupportedDtype) {
+  const std::string path =
+      WriteCase(Safetensors(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4));
+  ExpectError([&] { Read(path); }, {path, "'a'", "unsupported dtype F8_E4M3"});
+}
+
+// ---------------------------------------------------------------------------------------
+// Model folders built from llada-tiny with one thing broken
+
+struct Checkpoint {
+  nlohmann::json config;
+  std::vector<TensorToWrite> tensors;
+};
+
+Checkpoint LoadFixture(const std::string& name) {
+  const std::string dir = testing::FixtureDir(name);
+  Checkpoint checkpoint;
+  checkpoint.config = ReadJsonFile(dir + "/config.json");
+  const TensorStore store = ReadSafetensorsDir(dir);
+  for (const auto& [tensor_name, t] : store.tensors()) {
+    checkpoint.tensors.push_back(
+        {tensor_name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
+  }
+  return checkpoint;
+}
+
+void WriteConfig(const std::string& dir, const nlohmann::json& config) {
+  WriteBytes(dir + "/config.json", config.dump(2));
+}
+
+// Writes `checkpoint` as a single-file model folder under the test's folder.
+std::string WriteModel(const Checkpoint& checkpoint, const std::string& name = "model") {
+  const std::string dir = testing::TempDir() + "/" + name;
+  fs::create_directories(dir);
+  WriteConfig(dir, checkpoint.config);
+  WriteSafetensors(dir + "/model.safetensors", checkpoint.tensors);
+  return dir;
+}
+
+TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) {
+  for (TensorToWrite& t : checkpoint.tensors) {
+    if (t.name == name) return t;
+  }
+  throw std::runtime_error("test fixture lacks " + name);
+}
+
+TEST(ModelLoad, FixtureCopyLoads) {  // the control for the broken cases below
+  auto model = Model::Load(WriteModel(LoadFixture("llada-tiny")));
+  EXPECT_EQ(model->config().layers, 2);
+  EXPECT_EQ(model->config().vocab, 160);
+}
+
+TEST(ModelLoad, PathsThatAreNotModels) {
+  const std::string missing = testing::TempDir() + "/nowhere";
+  ExpectError([&] { Model::Load(missing); }, {missing, "no such file"});
+  const std::string empty = testing::TempDir();
+  ExpectError([&] { Model::Load(empty); }, {empty, "no config.json"});
+  WriteConfig(empty, LoadFixture("llada-tiny").config);
+  ExpectError([&] { Model::Load(empty); }, {empty, "no model.safetensors"});
+}
+
+TEST(ModelLoad, MissingTensor) {
+  Checkpoint checkpoint = LoadFixture("llada-tiny");
+  const std::string gone = "model.transformer.blocks.1.ff_out.weight";
+  std::erase_if(checkpoint.tensors, [&](const TensorToWrite& t) { return t.name == gone; });
+  const std::string dir = WriteModel(checkpoint);
+  ExpectError([&] { Model::Load(dir); }, {dir, "missing tensor", gone});
+}
+
+TEST(ModelLoad, MisshapenTensor) {
+  Checkpoint checkpoint = LoadFixture("llada-tiny");
+  TensorToWrite& q = Find(checkpoint, "model.transformer.blocks.0.q_proj.weight");
+  q.shape = {32, 128};  // same bytes, wrong shape
+  const std::string dir = WriteModel(checkpoint);
+  ExpectError([&] { Model::Load(dir); },
+              {dir, "model.transformer.blocks.0.q_proj.weight", "[32, 128]", "expected [64, 64]"});
+}
+
+TEST(ModelLoad, IntegerTensorWhereWeightsBelong) {
+  Checkpoint checkpoint = LoadFixture("llada-tiny");
+  TensorToWrite& norm = Find(checkpoint, "model.transformer.ln_f.weight");
+  norm = I64Tensor(norm.name, {64}, std::vector<int64_t>(64, 1));
+  const std::string dir = WriteModel(checkpoint);
+  ExpectError([&] { Model::Load(dir); }, {dir, "model.transformer.ln_f.weight", "I64"});
+}
+
+TEST(ModelLoad, UnknownOrMissingModelType) {
+  Checkpoint checkpoint = LoadFixture("llada-tiny");
+  checkpoint.config["model_type"] = "gpt2";
+  std::string dir = WriteModel(checkpoint, "gpt2");
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", "unknown model_type 'gpt2'"});
+  checkpoint.config["model_type"] = 5;
+  dir = WriteModel(checkpoint, "number");
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", "model_type"});
+  checkpoint.config.erase("model_type");
+  dir = WriteModel(checkpoint, "none");
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", "model_type"});
+}
+
+TEST(ModelLoad, ConfigThatIsNotAnObject) {
+  const std::string dir = testing::TempDir();
+  WriteBytes(dir + "/config.json", "[1, 2, 3]");
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", "not a JSON object"});
+  WriteBytes(dir + "/config.json", "{\"model_type\": \"llada\",");
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", "malformed JSON"});
+}
+
+struct BadConfig {
+  const char* label;
+  const char* arch;  // fixture
+  nlohmann::json changes;
+  const char* message;
+};
+
+class ModelConfigTest : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(ModelConfigTest, NamesFileAndProblem) {
+  const BadConfig& bad = GetParam();
+  Checkpoint checkpoint = LoadFixture(bad.arch);
+  checkpoint.config.merge_patch(bad.changes);
+  const std::string dir = WriteModel(checkpoint);
+  ExpectError([&] { Model::Load(dir); }, {dir + "/config.json", bad.message});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Nonsense, ModelConfigTest,
+    ::testing::Values(
+        BadConfig{"zero_heads",
+                  "llada-tiny",
+                  {{"n_heads", 0}, {"n_kv_heads", 0}},
+                  "head count (0) must be positive"},
+        BadConfig{"heads_not_dividing_width",
+                  "llada-tiny",
+                  {{"n_heads", 5}, {"n_kv_heads", 5}},
+                  "head count (5) must divide the hidden width (64)"},
+        BadConfig{"kv_heads_not_dividing_heads",
+                  "llada-tiny",
+                  {{"n_kv_heads", 3}},
+                  "key/value head count (3) must divide the head count (4)"},
+        BadConfig{"mask_outside_vocab",
+                  "llada-tiny",
+                  {{"mask_token_id", 160}},
+                  "mask token id (160) must lie inside the vocabulary (160)"},
+        BadConfig{"negative_mask", "llada-tiny", {{"mask_token_id", -2}}, "mask token id (-2)"},
+        BadConfig{"eos_outside_vocab", "llada-tiny", {{"eos_token_id", 1000}}, "eos 1000"},
+        BadConfig{
+            "zero_layers", "llada-tiny", {{"n_layers", 0}}, "layer count (0) must be positive"},
+        BadConfig{
+            "string_layers", "llada-tiny", {{"n_layers", "2"}}, "n_layers must be an integer"},
+        BadConfig{"huge_layers", "llada-tiny", {{"n_layers", 1000000000000}}, "n_layers"},
+        BadConfig{"string_bias_flag",
+                  "llada-tiny",
+                  {{"include_qkv_bias", "yes"}},
+                  "include_qkv_bias must be true or false"},
+        BadConfig{"huge_context",
+                  "llada-tiny",
+                  {{"max_sequence_length", 2000000000}},
+                  "maximum sequence length (2000000000)"},
+        BadConfig{"negative_eps", "llada-tiny", {{"rms_norm_eps", -1.0}}, "rms_norm_eps"},
+        BadConfig{"dream_kv_heads",
+                  "dream-tiny",
+                  {{"num_key_value_heads", 3}},
+                  "key/value head count (3) must divide the head count (4)"},
+        BadConfig{"dream_zero_width", "dream-tiny", {{"hidden_size", 0}}, "hidden width (0)"},
+        BadConfig{"dream_string_sliding",
+                  "dream-tiny",
+                  {{"use_sliding_window", "no"}},
+                  "use_sliding_window must be true or false"}),
+    [](const auto& info) { return std::string(info.param.label); });
+
+// ---------------------------------------------------------------------------------------
+// Sharded checkpoints
+
+// Splits the checkpoint's tensors alternately across two shards with an index.
+std::string WriteSharded(const Checkpoint& checkpoint, const std::string& name) {
+  const std::string dir = testing::TempDir() + "/" + name;
+  fs::create_directories(dir);
+  WriteConfig(dir, checkpoint.config);
+  const std::string shard_names[2] = {"model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors"};
+  std::vector<TensorToWrite> shards[2];
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < checkpoint.tensors.size(); ++i) {
+    shards[i % 2].push_back(checkpoint.tensors[i]);
+    weight_map[checkpoint.tensors[i].name] = shard_names[i % 2];
+  }
+  for (int s = 0; s < 2; ++s) WriteSafetensors(dir + "/" + shard_names[s], shards[s]);
+  WriteBytes(dir + "/model.safetensors.index.json",
+             nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+  return dir;
+}
+
+std::vector<float> FullForwardLogits(const Model& model, const std::vector<int>& ids) {
+  KvCache cache = MakeCache(model, int64_t(ids.size()), false);
+  Forward forward(model, cache);
+  StepPlan plan;
+  plan.input_rows.resize(ids.size());
+  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+  plan.logit_rows = plan.input_rows;
+  return forward.Run(ids, plan).logits;
+}
+
+std::vector<int> FixtureInputIds() {
+  TensorStore expected;
+  ReadSafetensorsFile(testing::FixtureDir("llada-tiny") + "/expected.safetensors", expected);
+  const TensorRef& t = expected.Get("forward.input_ids");
+  std::vector<int> ids(static_cast<size_t>(t.NumElements()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int64_t id;
+    std::memcpy(&id, t.data + 8 * i, 8);
+    ids[i] = int(id);
+  }
+  return ids;
+}
+
+TEST(ShardedCheckpoint, LoadsLikeTheSingleFile) {
+  const Checkpoint checkpoint = LoadFixture("llada-tiny");
+  const std::string dir = WriteSharded(checkpoint, "sharded");
+  auto sharded = Model::Load(dir);
+  auto single = Model::Load(testing::FixtureDir("llada-tiny"));
+  EXPECT_THAT(sharded->tensors().origin(), HasSubstr("2 safetensors shards"));
+  EXPECT_EQ(sharded->ParameterCount(), single->ParameterCount());
+  const std::vector<int> ids = FixtureInputIds();
+  const std::vector<float> want = FullForwardLogits(*single, ids);
+  const std::vector<float> got = FullForwardLogits(*sharded, ids);
+  ASSERT_EQ(got.size(), ids.size() * 160);
+  EXPECT_EQ(got, want);  // same weights, same kernels: bit for bit
+}
+
+TEST(ShardedCheckpoint, IndexNamingAMissingShard) {
+  const std::string dir = WriteSharded(LoadFixture("llada-tiny"), "sharded");
+  fs::remove(dir + "/model-00002-of-00002.safetensors");
+  ExpectError([&] { Model::Load(dir); },
+              {dir + "/model-00002-of-00002.safetensors", "model.safetensors.index.json"});
+}
+
+TEST(ShardedCheckpoint, IndexNamingATensorTheShardLacks) {
+  const std::string dir = WriteSharded(LoadFixture("llada-tiny"), "sharded");
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  nlohmann::json index = ReadJsonFile(index_path);
+  index["weight_map"]["model.transformer.blocks.9.q_proj.weight"] =
+      "model-00001-of-00002.safetensors";
+  WriteBytes(index_path, index.dump());
+  ExpectError([&] { Model::Load(dir); }, {index_path, "model.transformer.blocks.9.q_proj.weight",
+                                          "model-00001-of-00002.safetensors"});
+}
+
+TEST(ShardedCheckpoint, MalformedIndex) {
+  const std::string dir = WriteSharded(LoadFixture("llada-tiny"), "sharded");
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  WriteBytes(index_path, R"({"weight_map": ["model-00001-of-00002.safetensors"]})");
+  ExpectError([&] { Model::Load(dir); }, {index_path, "weight_map"});
+  WriteBytes(index_path, R"({"weight_map": {"a": "../model.safetensors"}})");
+  ExpectError([&] { Model::Load(dir); }, {index_path, "../model.safetensors"});
+  WriteBytes(index_path, R"({"weight_map": {"a": 3}})");
+  ExpectError([&] { Model::Load(dir); }, {index_path, "'a'"});
+}
+
+}  // namespace
+}  // namespace polestar

@@ -1,0 +1,513 @@
+// Every AVX2 kernel against its scalar twin over many sizes (tails of every vector width,
+// odd K, M = 1..7 and beyond, pointers off alignment), and the scalar BF16/F16 conversions
+// against hand-computed bit patterns.
+#include "ops/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/parallel.h"
+#include "ops/avx2/avx2.h"
+#include "ops/reference.h"
+
+namespace polestar {
+namespace {
+
+constexpr float kUlp = std::numeric_limits<float>::epsilon() / 2;  // unit roundoff, 2^-24
+
+float FromBits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+uint32_t Bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  return bits;
+}
+
+#define SKIP_WITHOUT_AVX2() \
+  if (!avx2::Supported()) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C"
+
+// ---------------------------------------------------------------------------------------
+// Conversions
+
+TEST(Bf16, ToF32IsTheHighHalf) {
+  EXPECT_EQ(Bf16ToF32(0x3f80), 1.0f);
+  EXPECT_EQ(Bf16ToF32(0xc040), -3.0f);
+  EXPECT_EQ(Bf16ToF32(0x4049), 3.140625f);
+  EXPECT_EQ(Bf16ToF32(0x7f80), INFINITY);
+  EXPECT_EQ(Bf16ToF32(0xff80), -INFINITY);
+  EXPECT_TRUE(std::isnan(Bf16ToF32(0x7fc0)));
+  EXPECT_EQ(Bf16ToF32(0x0001), std::ldexp(1.0f, -133));  // smallest subnormal
+  EXPECT_EQ(Bits(Bf16ToF32(0x8000)), 0x80000000u);       // -0
+}
+
+TEST(Bf16, FromF32RoundsToNearestEven) {
+  EXPECT_EQ(F32ToBf16(1.0f), 0x3f80);
+  // 1 + 2^-8 lies halfway between 0x3f80 and 0x3f81: ties go to the even 0x3f80.
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3 * 2^-8 lies halfway between 0x3f81 and 0x3f82: to the even 0x3f82.
+  EXPECT_EQ(F32ToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  // Just above the halfway point rounds up.
+  EXPECT_EQ(F32ToBf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(F32ToBf16(-3.0f), 0xc040);
+  EXPECT_EQ(F32ToBf16(-0.0f), 0x8000);
+  EXPECT_EQ(F32ToBf16(3.14159265f), 0x4049);
+}
+
+TEST(Bf16, FromF32OverflowNanAndSubnormals) {
+  EXPECT_EQ(F32ToBf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
+  EXPECT_EQ(F32ToBf16(INFINITY), 0x7f80);
+  EXPECT_EQ(F32ToBf16(-INFINITY), 0xff80);
+  // NaN stays NaN, quieted, even when rounding the mantissa would carry into infinity.
+  EXPECT_EQ(F32ToBf16(FromBits(0x7fc00000)), 0x7fc0);
+  EXPECT_EQ(F32ToBf16(FromBits(0x7f800001)), 0x7fc0);
+  EXPECT_EQ(F32ToBf16(FromBits(0xffffffff)), 0xffff);
+  EXPECT_EQ(F32ToBf16(FromBits(0x00012345)), 0x0001);  // subnormal, rounds down
+  EXPECT_EQ(F32ToBf16(FromBits(0x00018000)), 0x0002);  // subnormal tie, to even
+  EXPECT_EQ(F32ToBf16(FromBits(0x00008000)), 0x0000);  // half the smallest: to even 0
+}
+
+TEST(F16, ToF32) {
+  EXPECT_EQ(F16ToF32(0x3c00), 1.0f);
+  EXPECT_EQ(F16ToF32(0xc000), -2.0f);
+  EXPECT_EQ(F16ToF32(0x3555), 0.333251953125f);
+  EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
+  EXPECT_EQ(F16ToF32(0x0400), std::ldexp(1.0f, -14));  // smallest normal
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+  EXPECT_EQ(F16ToF32(0x03ff), 1023 * std::ldexp(1.0f, -24));
+  EXPECT_EQ(F16ToF32(0x8001), -std::ldexp(1.0f, -24));
+  EXPECT_EQ(Bits(F16ToF32(0x8000)), 0x80000000u);
+  EXPECT_EQ(F16ToF32(0x7c00), INFINITY);
+  EXPECT_EQ(F16ToF32(0xfc00), -INFINITY);
+  EXPECT_TRUE(std::isnan(F16ToF32(0x7e00)));
+  EXPECT_TRUE(std::isnan(F16ToF32(0x7c01)));
+}
+
+TEST(F16, FromF32RoundsToNearestEven) {
+  EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
+  EXPECT_EQ(F32ToF16(-2.0f), 0xc000);
+  EXPECT_EQ(F32ToF16(1.0f / 3.0f), 0x3555);
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie, to even
+  EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie, to even
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3c01);
+  EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
+}
+
+TEST(F16, FromF32OverflowNanAndSubnormals) {
+  EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);  // largest finite
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);  // below the halfway point to 65536
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);  // halfway: to even, which is infinity
+  EXPECT_EQ(F32ToF16(1e6f), 0x7c00);
+  EXPECT_EQ(F32ToF16(-1e6f), 0xfc00);
+  EXPECT_EQ(F32ToF16(INFINITY), 0x7c00);
+  const uint16_t nan = F32ToF16(NAN);
+  EXPECT_EQ(nan & 0x7c00, 0x7c00);
+  EXPECT_NE(nan & 0x03ff, 0);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400);
+  EXPECT_EQ(F32ToF16(1023 * std::ldexp(1.0f, -24)), 0x03ff);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);       // tie between 0 and 1: to 0
+  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -26)), 0x0001);   // 0.75 of the smallest: up
+  EXPECT_EQ(F32ToF16(3 * std::ldexp(1.0f, -25)), 0x0002);   // tie between 1 and 2: to 2
+  EXPECT_EQ(F32ToF16(-5 * std::ldexp(1.0f, -25)), 0x8002);  // tie between 2 and 3: to 2
+  EXPECT_EQ(F32ToF16(1e-10f), 0x0000);
+  // A value that rounds up out of the subnormals into the smallest normal.
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14) - std::ldexp(1.0f, -26)), 0x0400);
+}
+
+TEST(F16, EveryFiniteValueRoundTrips) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float value = F16ToF32(uint16_t(bits));
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(F32ToF16(value), bits) << std::hex << bits;
+  }
+}
+
+TEST(Bf16, EveryNonNanValueRoundTrips) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const float value = Bf16ToF32(uint16_t(bits));
+    if (std::isnan(value)) continue;
+    ASSERT_EQ(F32ToBf16(value), bits) << std::hex << bits;
+  }
+}
+
+// avx2::DequantizeRow converts every one of the 65536 patterns as the scalar code does,
+// from a misaligned start and with a tail shorter than a vector.
+TEST(Avx2Dequantize, AllSixteenBitPatternsMatchScalar) {
+  SKIP_WITHOUT_AVX2();
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const int64_t count = 0x10000 + 5;
+    std::vector<uint16_t> bits(size_t(count) + 1);
+    for (int64_t i = 0; i < count; ++i)
+      bits[size_t(i) + 1] = uint16_t(i * 40503);  // odd: a permutation
+    const WeightView w{type, reinterpret_cast<const uint8_t*>(bits.data() + 1), 1, count,
+                       2 * count};
+    std::vector<float> got(static_cast<size_t>(count)), want(static_cast<size_t>(count));
+    avx2::DequantizeRow(w, 0, got.data());
+    reference::DequantizeRow(w, 0, want.data());
+    for (int64_t i = 0; i < count; ++i) {
+      if (std::isnan(want[i])) {
+        ASSERT_TRUE(std::isnan(got[i])) << DTypeName(type) << " " << i;
+      } else {
+        ASSERT_EQ(Bits(got[i]), Bits(want[i])) << DTypeName(type) << " " << i;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// MatMul
+
+// Weights of one type laid out with a row stride of row_bytes (>= the packed row), starting
+// `offset` bytes into the buffer so that rows are off the vector alignment.
+struct TestWeights {
+  std::vector<uint8_t> buffer;
+  std::vector<float> values;  // [N, K] the exact values stored
+  WeightView view;
+};
+
+TestWeights MakeWeights(DType type, int64_t n, int64_t k, int64_t pad_bytes, int64_t offset,
+                        std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  TestWeights w;
+  const int64_t row_bytes = RowBytes(type, k) + pad_bytes;
+  w.buffer.assign(size_t(offset + n * row_bytes + 16), 0xAB);
+  w.values.resize(size_t(n * k));
+  for (int64_t r = 0; r < n; ++r) {
+    uint8_t* row = w.buffer.data() + offset + r * row_bytes;
+    for (int64_t c = 0; c < k; ++c) {
+      float value = uniform(rng);
+      if (type == DType::kF32) {
+        std::memcpy(row + 4 * c, &value, 4);
+      } else {
+        const uint16_t bits = type == DType::kBF16 ? F32ToBf16(value) : F32ToF16(value);
+        value = type == DType::kBF16 ? Bf16ToF32(bits) : F16ToF32(bits);
+        std::memcpy(row + 2 * c, &bits, 2);
+      }
+      w.values[size_t(r * k + c)] = value;
+    }
+  }
+  w.view = WeightView{type, w.buffer.data() + offset, n, k, row_bytes};
+  return w;
+}
+
+// |got - want| within what two sums of K products may differ by: 2 K u sum_k |x_k w_k|.
+void ExpectMatMulClose(const std::vector<float>& x, const TestWeights& w, int64_t m,
+                       int64_t n_begin, int64_t n_end, const float* got, const float* want,
+                       int64_t ldy, const std::string& label) {
+  const int64_t k = w.view.cols;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      double magnitude = 0;
+      for (int64_t t = 0; t < k; ++t) {
+        magnitude += std::fabs(x[size_t(i * k + t) + 1] * w.values[size_t(n * k + t)]);
+      }
+      const double tolerance = 2.0 * double(k + 1) * kUlp * magnitude + 1e-30;
+      const float g = got[i * ldy + (n - n_begin)], e = want[i * ldy + (n - n_begin)];
+      ASSERT_LE(std::fabs(double(g) - double(e)), tolerance)
+          << label << " row " << i << " col " << n << ": " << g << " vs " << e;
+    }
+  }
+}
+
+TEST(Avx2MatMul, MatchesScalarOverShapesTypesAndAlignments) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<int64_t> depths;
+  for (int64_t k = 0; k <= 19; ++k) depths.push_back(k);
+  for (int64_t k : {31, 33, 64, 255, 256, 257, 515}) depths.push_back(k);
+  const std::vector<int64_t> widths = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 48};
+  const std::vector<int64_t> row_counts = {1, 2, 3, 4, 5, 6, 7, 8, 13};
+  int checked = 0;
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t k : depths) {
+      // Odd padding and offsets keep rows off 16- and 32-byte boundaries.
+      const int64_t element = BlockBytes(type);
+      const TestWeights w = MakeWeights(type, 48, k, 3 * element, element, rng);
+      for (int64_t n : widths) {
+        WeightView view = w.view;
+        view.rows = n;
+        for (int64_t m : row_counts) {
+          if ((k * n * m) % 3 != 0 && k > 64) continue;  // thin out the largest cases
+          std::vector<float> x(size_t(m * k) + 1);       // [M, K] at x.data() + 1
+          for (float& v : x) v = uniform(rng);
+          const int64_t ldy = n + 3;
+          std::vector<float> got(size_t(m * ldy), -7.0f), want(size_t(m * ldy), -7.0f);
+          avx2::MatMulColumns(x.data() + 1, m, view, 0, n, got.data(), ldy);
+          reference::MatMulColumns(x.data() + 1, m, view, 0, n, want.data(), ldy);
+          const std::string label = Cat(DTypeName(type), " M=", m, " N=", n, " K=", k);
+          ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), ldy, label);
+          for (int64_t i = 0; i < m; ++i) {  // columns beyond N are left alone
+            for (int64_t c = n; c < ldy; ++c) ASSERT_EQ(got[i * ldy + c], -7.0f) << label;
+          }
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 5000);
+}
+
+TEST(Avx2MatMul, ColumnRangeInsideTheMatrix) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, 70, 37, 0, 0, rng);
+    for (int64_t m : {1, 3, 4, 9}) {
+      std::vector<float> x(size_t(m * 37) + 1);
+      for (float& v : x) v = uniform(rng);
+      const int64_t n_begin = 5, n_end = 67, ldy = 70;
+      std::vector<float> got(size_t(m * ldy), 0.0f), want(size_t(m * ldy), 0.0f);
+      avx2::MatMulColumns(x.data() + 1, m, w.view, n_begin, n_end, got.data(), ldy);
+      reference::MatMulColumns(x.data() + 1, m, w.view, n_begin, n_end, want.data(), ldy);
+      ExpectMatMulClose(x, w, m, n_begin, n_end, got.data(), want.data(), ldy,
+                        Cat(DTypeName(type), " M=", m));
+    }
+  }
+}
+
+// The public entry point: threads over panels, adds the bias, whichever kernel runs.
+TEST(MatMul, ThreadedWithBiasMatchesScalar) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const int64_t n = 300, k = 520;
+    const TestWeights w = MakeWeights(type, n, k, 0, 0, rng);
+    std::vector<float> bias(static_cast<size_t>(n));
+    for (float& v : bias) v = uniform(rng);
+    for (int64_t m : {1, 2, 3, 5, 32}) {
+      std::vector<float> x(size_t(m * k) + 1);
+      for (float& v : x) v = uniform(rng);
+      std::vector<float> got(size_t(m * n)), want(size_t(m * n));
+      MatMul(x.data() + 1, m, w.view, got.data(), bias.data());
+      reference::MatMulColumns(x.data() + 1, m, w.view, 0, n, want.data(), n);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) want[size_t(i * n + j)] += bias[size_t(j)];
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double magnitude = std::fabs(bias[size_t(j)]);
+          for (int64_t t = 0; t < k; ++t) {
+            magnitude += std::fabs(x[size_t(i * k + t) + 1] * w.values[size_t(j * k + t)]);
+          }
+          ASSERT_NEAR(got[size_t(i * n + j)], want[size_t(i * n + j)],
+                      2.0 * double(k + 2) * kUlp * magnitude)
+              << DTypeName(type) << " M=" << m << " row " << i << " col " << j;
+        }
+      }
+    }
+  }
+  SetThreadCount(saved_threads);
+}
+
+// ---------------------------------------------------------------------------------------
+// Row and element-wise kernels
+
+std::vector<int64_t> VectorSizes() {
+  std::vector<int64_t> sizes;
+  for (int64_t n = 0; n <= 2 * 8 + 3; ++n) sizes.push_back(n);
+  for (int64_t n : {31, 33, 64, 100, 1000, 4099}) sizes.push_back(n);
+  return sizes;
+}
+
+std::vector<float> RandomVector(int64_t n, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-scale, scale);
+  std::vector<float> v(size_t(n) + 1);  // callers use v.data() + 1: off the alignment
+  for (float& x : v) x = uniform(rng);
+  return v;
+}
+
+TEST(Avx2Vector, DotMatchesScalar) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(10);
+  for (int64_t n : VectorSizes()) {
+    const auto a = RandomVector(n, 1.0f, rng), b = RandomVector(n, 1.0f, rng);
+    double magnitude = 0;
+    for (int64_t i = 0; i < n; ++i) magnitude += std::fabs(a[i + 1] * b[i + 1]);
+    EXPECT_NEAR(avx2::Dot(a.data() + 1, b.data() + 1, n),
+                reference::Dot(a.data() + 1, b.data() + 1, n),
+                2.0 * double(n + 1) * kUlp * magnitude)
+        << "n=" << n;
+  }
+}
+
+TEST(Avx2Vector, AddInPlaceIsExact) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(11);
+  for (int64_t n : VectorSizes()) {
+    auto got = RandomVector(n, 10.0f, rng);
+    const auto y = RandomVector(n, 10.0f, rng);
+    auto want = got;
+    avx2::AddInPlace(got.data() + 1, y.data() + 1, n);
+    reference::AddInPlace(want.data() + 1, y.data() + 1, n);
+    ASSERT_EQ(got, want) << "n=" << n;
+  }
+}
+
+TEST(Avx2Vector, SiluMulMatchesScalar) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(12);
+  for (int64_t n : VectorSizes()) {
+    auto got = RandomVector(n, 30.0f, rng);  // far enough out that exp saturates
+    const auto up = RandomVector(n, 3.0f, rng);
+    auto want = got;
+    avx2::SiluMul(got.data() + 1, up.data() + 1, n);
+    reference::SiluMul(want.data() + 1, up.data() + 1, n);
+    for (int64_t i = 1; i <= n; ++i) {
+      ASSERT_NEAR(got[i], want[i], 8 * kUlp * std::fabs(want[i]) + 1e-30f)
+          << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST(Avx2Vector, SiluMulAtExtremes) {
+  SKIP_WITHOUT_AVX2();
+  std::vector<float> gate = {-200.0f, -90.0f, -88.5f, -20.0f, 0.0f, 20.0f, 88.5f, 200.0f};
+  const std::vector<float> up(gate.size(), 2.0f);
+  std::vector<float> want = gate;
+  avx2::SiluMul(gate.data(), up.data(), int64_t(gate.size()));
+  reference::SiluMul(want.data(), up.data(), int64_t(want.size()));
+  for (size_t i = 0; i < gate.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(gate[i])) << i;
+    ASSERT_NEAR(gate[i], want[i], 8 * kUlp * std::fabs(want[i]) + 1e-35f) << i;
+  }
+}
+
+TEST(Avx2Vector, SoftmaxRowMatchesScalar) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(13);
+  for (float spread : {1.0f, 40.0f, 200.0f}) {
+    for (int64_t n : VectorSizes()) {
+      auto got = RandomVector(n, spread, rng);
+      auto want = got;
+      avx2::SoftmaxRow(got.data() + 1, n);
+      reference::SoftmaxRow(want.data() + 1, n);
+      double total = 0;
+      for (int64_t i = 1; i <= n; ++i) {
+        // The two totals may differ by 2 (n + 1) ulp, exp by a few ulp per element.
+        ASSERT_NEAR(got[i], want[i], (2 * n + 10) * kUlp * want[i] + 1e-37f)
+            << "n=" << n << " i=" << i;
+        total += got[i];
+      }
+      if (n > 0) {
+        EXPECT_NEAR(total, 1.0, 1e-5) << "n=" << n;
+      }
+    }
+  }
+}
+
+TEST(Avx2Vector, RmsNormMatchesScalar) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(14);
+  for (int64_t m : {1, 2, 3}) {
+    for (int64_t c : VectorSizes()) {
+      if (c == 0) continue;
+      const auto x = RandomVector(m * c, 3.0f, rng);
+      const auto weight = RandomVector(c, 2.0f, rng);
+      std::vector<float> got(size_t(m * c)), want(size_t(m * c));
+      avx2::RmsNorm(x.data() + 1, m, c, weight.data() + 1, 1e-5f, got.data());
+      reference::RmsNorm(x.data() + 1, m, c, weight.data() + 1, 1e-5f, want.data());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2 * (c + 4) * kUlp * std::fabs(want[i]))
+            << "m=" << m << " c=" << c << " i=" << i;
+      }
+      // In place, as the forward pass uses it for the final norm.
+      std::vector<float> in_place(x.begin() + 1, x.end());
+      avx2::RmsNorm(in_place.data(), m, c, weight.data() + 1, 1e-5f, in_place.data());
+      ASSERT_EQ(in_place, got);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+TEST(Avx2Attention, AttendHeadMatchesScalar) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(15);
+  std::vector<int64_t> lengths;
+  for (int64_t l = 1; l <= 19; ++l) lengths.push_back(l);
+  for (int64_t l : {40, 101}) lengths.push_back(l);
+  for (int head_dim : {1, 2, 3, 7, 8, 9, 16, 17, 24, 63, 64, 72, 128, 130}) {
+    for (int64_t l : lengths) {
+      const int64_t kv_stride = 2 * head_dim + 3;
+      const auto q = RandomVector(head_dim, 2.0f, rng);
+      const auto k = RandomVector(l * kv_stride, 2.0f, rng);
+      const auto v = RandomVector(l * kv_stride, 1.0f, rng);
+      std::vector<float> got_p(static_cast<size_t>(l)), want_p(static_cast<size_t>(l));
+      std::vector<float> got(static_cast<size_t>(head_dim) + 1);  // written at got.data() + 1
+      std::vector<float> want(static_cast<size_t>(head_dim));
+      // This head's slice starts head_dim + 1 floats into each row.
+      const float* k_head = k.data() + 1 + head_dim + 1;
+      const float* v_head = v.data() + 1 + head_dim + 1;
+      avx2::AttendHead(q.data() + 1, k_head, v_head, l, kv_stride, head_dim, got_p.data(),
+                       got.data() + 1);
+      reference::AttendHead(q.data() + 1, k_head, v_head, l, kv_stride, head_dim, want_p.data(),
+                            want.data());
+      const std::string label = Cat("D=", head_dim, " L=", l);
+      // A score's rounding error is at most 2 (D + 1) u sum_d |q_d k_jd| / sqrt(D); the
+      // softmax doubles it (the max and the total shift too) and adds exp's and the total's.
+      double score_error = 0;
+      for (int64_t j = 0; j < l; ++j) {
+        double magnitude = 0;
+        for (int d = 0; d < head_dim; ++d)
+          magnitude += std::fabs(q[d + 1] * k_head[j * kv_stride + d]);
+        score_error =
+            std::max(score_error, 2.0 * (head_dim + 1) * kUlp * magnitude / std::sqrt(head_dim));
+      }
+      const double prob_tolerance = 2 * score_error + (2 * l + 10) * kUlp;
+      for (int64_t j = 0; j < l; ++j) {
+        ASSERT_NEAR(got_p[j], want_p[j], prob_tolerance * want_p[j] + 1e-37) << label << " j=" << j;
+      }
+      for (int d = 0; d < head_dim; ++d) {
+        double weighted = 0;
+        for (int64_t j = 0; j < l; ++j)
+          weighted += want_p[j] * std::fabs(v_head[j * kv_stride + d]);
+        ASSERT_NEAR(got[d + 1], want[d], (prob_tolerance + 2 * (l + 1) * kUlp) * weighted + 1e-30)
+            << label << " d=" << d;
+      }
+    }
+  }
+}
+
+TEST(Attention, ThreadedGroupedHeadsMatchScalar) {
+  std::mt19937 rng(16);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const int heads = 6, kv_heads = 2, head_dim = 24;
+  const int64_t m = 5, l = 37;
+  const auto q = RandomVector(m * heads * head_dim, 1.0f, rng);
+  const auto k = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
+  const auto v = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
+  std::vector<float> got(size_t(m * heads * head_dim)), want(got.size()), no_probs(got.size());
+  std::vector<float> got_p(size_t(m * heads * l)), want_p(got_p.size());
+  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim, got.data(),
+            got_p.data());
+  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+            no_probs.data());
+  reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                       want.data(), want_p.data());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+    ASSERT_EQ(no_probs[i], got[i]) << i;
+  }
+  for (size_t i = 0; i < got_p.size(); ++i) ASSERT_NEAR(got_p[i], want_p[i], 1e-6f) << i;
+  SetThreadCount(saved_threads);
+}
+
+}  // namespace
+}  // namespace polestar
