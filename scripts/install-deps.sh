@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev     # config.json, tokenizer.json, JSON output
   libcli11-dev           # the polestar command line
   libcpp-httplib-dev     # polestar serve
+  chromium               # headless browser for the test of polestar serve's page
   libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, lookahead, possessive)
   libicu-dev             # tokenizer Unicode normalization (NFC for Qwen/Dream)
   libgtest-dev libgmock-dev libbenchmark-dev

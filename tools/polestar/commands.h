@@ -10,6 +10,7 @@ void AddForwardCommand(CLI::App& app);
 void AddGenerateCommand(CLI::App& app);
 void AddTokenizeCommand(CLI::App& app);
 void AddConvertCommand(CLI::App& app);
+void AddServeCommand(CLI::App& app);
 void AddMakeRandomModelCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddEvalCommand(CLI::App& app);

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   polestar::cli::AddGenerateCommand(app);
   polestar::cli::AddTokenizeCommand(app);
   polestar::cli::AddConvertCommand(app);
+  polestar::cli::AddServeCommand(app);
   polestar::cli::AddMakeRandomModelCommand(app);
   polestar::cli::AddBenchCommand(app);
   polestar::cli::AddEvalCommand(app);

@@ -1,0 +1,66 @@
+// polestar serve: an OpenAI-compatible HTTP server for diffusion LMs (cpp-httplib).
+//
+//   GET  /health, /v1/health      200 {"status":"ok"} once the model is loaded, 503 before
+//   GET  /v1/models
+//   POST /v1/completions          OpenAI bodies; "stream": true gives Server-Sent Events
+//   POST /v1/chat/completions     (text deltas of the settled left-to-right prefix)
+//   GET  /v1/diffusion/stream     SSE of every denoising step's canvas, query parameters
+//   GET  /metrics                 Prometheus text
+//   GET  /                        a page that shows the canvas filling in live
+//
+// Requests wait in a bounded queue (429 when full) for one of --parallel workers (see
+// scheduler.h for how they share the model); a request times out after --timeout seconds
+// and is cancelled when its client disconnects.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "decode/options.h"
+#include "model/model.h"
+#include "server/metrics.h"
+#include "server/text_codec.h"
+
+namespace polestar {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;               // 0: any free port
+  int parallel = 1;              // generations running at once
+  int queue = 8;                 // generations waiting for a worker
+  double timeout_seconds = 600;  // a request's whole life, queue included; 0: none
+  std::string api_key;           // when set, "Authorization: Bearer KEY" is required
+  int threads = 0;               // OpenMP threads per forward (0: all cores)
+  int max_prompt_tokens = 0;     // 0: the model's context
+  int max_tokens = 0;            // 0: the model's context
+  int max_prompts = 16;          // prompts in one /v1/completions request
+  size_t max_body_bytes = 4 << 20;
+  std::string model_id;    // the name /v1/models shows
+  DecodeOptions defaults;  // decoding of requests that do not say otherwise
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();  // Stop()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and answers requests on background threads from now on; /health says 503 until
+  // SetModel. Returns the bound port. Throws Error when the address cannot be bound.
+  int Start();
+  // Installs the model (loaded while /health already answered) and starts the workers.
+  void SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> codec);
+  // Stops listening, cancels running generations, and joins every thread. Idempotent.
+  void Stop();
+  // Blocks until Stop is called (from another thread).
+  void Wait();
+
+  const Metrics& metrics() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace polestar

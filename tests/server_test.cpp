@@ -1,0 +1,1116 @@
+// polestar serve over real HTTP on an ephemeral loopback port: every endpoint, streaming
+// parsed chunk by chunk, concurrency, every class of bad request, disconnects, a full
+// queue, timeouts and the API key. Expected answers come from the PyTorch reference runs
+// of the trained probe (llada-probe/reference.json), not from the engine itself.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/error.h"
+#include "io/json_file.h"
+#include "model/model.h"
+#include "server/api.h"
+#include "server/codecs.h"
+#include "server/output_text.h"
+#include "server/scheduler.h"
+#include "server/utf8.h"
+#include "test_support.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace polestar {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+struct Reply {
+  int status = 0;
+  json body;
+  std::string text;
+};
+
+// One SSE event as the client saw it.
+struct SseEvent {
+  std::string name;  // "" for plain data events
+  std::string data;
+};
+
+// Splits a byte stream into SSE events as bytes arrive, in whatever pieces they come.
+class SseParser {
+ public:
+  void Feed(const char* data, size_t size) {
+    buffer_.append(data, size);
+    size_t end;
+    while ((end = buffer_.find("\n\n")) != std::string::npos) {
+      const std::string block = buffer_.substr(0, end);
+      buffer_.erase(0, end + 2);
+      SseEvent event;
+      bool has_data = false;
+      size_t start = 0;
+      while (start <= block.size()) {
+        size_t line_end = block.find('\n', start);
+        if (line_end == std::string::npos) line_end = block.size();
+        const std::string line = block.substr(start, line_end - start);
+        if (line.rfind("event: ", 0) == 0) event.name = line.substr(7);
+        if (line.rfind("data: ", 0) == 0) {
+          event.data += line.substr(6);
+          has_data = true;
+        }
+        start = line_end + 1;
+      }
+      if (has_data) events.push_back(event);  // comments (": ping") carry no data
+    }
+  }
+  std::vector<SseEvent> events;
+
+ private:
+  std::string buffer_;
+};
+
+class TestServer {
+ public:
+  explicit TestServer(ServerOptions options, const std::string& fixture = "llada-probe",
+                      std::unique_ptr<TextCodec> codec = nullptr, bool load = true)
+      : server_(Defaults(std::move(options))) {
+    port_ = server_.Start();
+    if (load) Load(fixture, std::move(codec));
+  }
+  void Load(const std::string& fixture, std::unique_ptr<TextCodec> codec = nullptr) {
+    const std::string dir = testing::FixtureDir(fixture);
+    auto model = Model::Load(dir);
+    if (!codec) codec = LoadTextCodec(dir, model->config());
+    server_.SetModel(std::move(model), std::move(codec));
+  }
+  int port() const { return port_; }
+  Server& server() { return server_; }
+
+  httplib::Client Client(double read_timeout_seconds = 60) const {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_tcp_nodelay(true);
+    client.set_read_timeout(std::chrono::duration<double>(read_timeout_seconds));
+    return client;
+  }
+  Reply Get(const std::string& path, const httplib::Headers& headers = {}) const {
+    auto client = Client();
+    auto result = client.Get(path.c_str(), headers);
+    return ToReply(result);
+  }
+  Reply PostRaw(const std::string& path, const std::string& body,
+                const httplib::Headers& headers = {}) const {
+    auto client = Client();
+    auto result = client.Post(path.c_str(), headers, body, "application/json");
+    return ToReply(result);
+  }
+  Reply Post(const std::string& path, const json& body,
+             const httplib::Headers& headers = {}) const {
+    return PostRaw(path, body.dump(), headers);
+  }
+  // Posts with "stream": true and parses the events as they arrive. `on_event` may return
+  // false to hang up.
+  int Stream(const std::string& path, const json& body, SseParser& parser,
+             const std::function<bool(const SseParser&)>& on_event = nullptr,
+             const std::string& method = "POST") const {
+    auto client = Client();
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    if (method == "POST") {
+      req.headers = {{"Content-Type", "application/json"}};
+      req.body = body.dump();
+    }
+    req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      parser.Feed(data, size);
+      return on_event ? on_event(parser) : true;
+    };
+    httplib::Response res;
+    httplib::Error error;
+    client.send(req, res, error);
+    return res.status;
+  }
+  int64_t Metric(const std::string& line_prefix) const {
+    const std::string text = Get("/metrics").text;
+    const size_t at = text.find("\n" + line_prefix + " ");
+    if (at == std::string::npos) return -1;
+    return std::stoll(text.substr(at + line_prefix.size() + 2));
+  }
+
+ private:
+  static ServerOptions Defaults(ServerOptions o) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    if (o.threads == 0) o.threads = 1;
+    return o;
+  }
+  static Reply ToReply(const httplib::Result& result) {
+    Reply reply;
+    if (!result) return reply;
+    reply.status = result->status;
+    reply.text = result->body;
+    reply.body = json::parse(result->body, nullptr, false);
+    return reply;
+  }
+
+  Server server_;
+  int port_ = 0;
+};
+
+ServerOptions ProbeOptions() {
+  ServerOptions o;
+  o.defaults.gen_length = 32;
+  o.defaults.block_length = 8;
+  o.defaults.steps = 32;
+  return o;
+}
+
+// Reference answers of the trained probe: vanilla, 32 steps, block 8 (reference.json).
+struct ProbeCase {
+  std::string prompt, answer, reference_text;
+};
+std::vector<ProbeCase> ProbeCases() {
+  const std::string dir = testing::FixtureDir("llada-probe");
+  const json reference = ReadJsonFile(dir + "/reference.json");
+  const json vocab = ReadJsonFile(dir + "/vocab.json");
+  std::vector<ProbeCase> cases;
+  const json& runs = reference["policies"]["vanilla"]["per_prompt"];
+  for (size_t i = 0; i < reference["prompts"].size(); ++i) {
+    ProbeCase c{reference["prompts"][i]["prompt"], reference["prompts"][i]["answer"], ""};
+    for (int id : runs[i]["generated"].get<std::vector<int>>()) {
+      if (id == vocab["EOS"].get<int>()) break;
+      c.reference_text += vocab["chars"][size_t(id)].get<std::string>();
+    }
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::string UrlEncode(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.') {
+      out += char(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+std::string ContentOf(const json& chunk) {
+  const json& choice = chunk["choices"][0];
+  if (choice.contains("delta")) return choice["delta"].value("content", "");
+  return choice["text"].get<std::string>();
+}
+
+// The streamed text of a finished stream, checking the OpenAI chunk protocol on the way.
+std::string Reassemble(const std::vector<SseEvent>& events, const std::string& object,
+                       json* final_chunk, int* text_chunks = nullptr) {
+  std::string text, id;
+  bool finished = false, done = false;
+  int chunks = 0;
+  for (const SseEvent& e : events) {
+    if (e.name == "canvas") continue;
+    EXPECT_FALSE(done) << "data after [DONE]";
+    if (e.data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(e.data);
+    EXPECT_FALSE(chunk.contains("error")) << e.data;
+    EXPECT_EQ(chunk["object"], object);
+    if (id.empty()) id = chunk["id"];
+    EXPECT_EQ(chunk["id"], id) << "every chunk carries the same id";
+    if (chunk["choices"].empty()) {
+      EXPECT_TRUE(finished) << "the usage chunk follows the last choice";
+      EXPECT_TRUE(chunk.contains("usage"));
+      continue;
+    }
+    EXPECT_FALSE(finished) << "nothing after finish_reason but usage";
+    const std::string delta = ContentOf(chunk);
+    EXPECT_TRUE(IsValidUtf8(delta));
+    if (!delta.empty()) ++chunks;
+    text += delta;
+    if (!chunk["choices"][0]["finish_reason"].is_null()) {
+      finished = true;
+      if (final_chunk) *final_chunk = chunk;
+    }
+  }
+  EXPECT_TRUE(finished && done) << "a stream ends with a finish_reason and data: [DONE]";
+  if (text_chunks) *text_chunks = chunks;
+  return text;
+}
+
+// --- pure pieces -----------------------------------------------------------------------
+
+TEST(Utf8, IncompleteTailAndSanitize) {
+  EXPECT_EQ(IncompleteUtf8Tail("abc"), 0u);
+  EXPECT_EQ(IncompleteUtf8Tail("ab\xC3"), 1u);
+  EXPECT_EQ(IncompleteUtf8Tail("ab\xC3\xA9"), 0u);
+  EXPECT_EQ(IncompleteUtf8Tail("\xE2\x82"), 2u);
+  EXPECT_EQ(IncompleteUtf8Tail("\xF0\x9F\x98"), 3u);
+  EXPECT_EQ(IncompleteUtf8Tail("\xE0"), 1u);      // may still become U+0800..
+  EXPECT_EQ(IncompleteUtf8Tail("\xE0\x80"), 0u);  // overlong: can never complete
+  EXPECT_EQ(IncompleteUtf8Tail("\xED\xA0"), 0u);  // surrogate
+  EXPECT_EQ(IncompleteUtf8Tail("a\x80"), 0u);     // stray continuation
+  EXPECT_EQ(SanitizeUtf8("a\xC3(b"), "a\xEF\xBF\xBD(b");
+  EXPECT_EQ(SanitizeUtf8("\xC3\xA9\xF0\x9F\x98\x80"), "\xC3\xA9\xF0\x9F\x98\x80");
+  EXPECT_TRUE(IsValidUtf8("\xE2\x82\xAC"));
+  EXPECT_FALSE(IsValidUtf8("\xC0\xAF"));
+}
+
+// A stream whose token i yields pieces[i]: bytes cut anywhere, as byte-level BPE does.
+class PieceStream : public TextStream {
+ public:
+  explicit PieceStream(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  std::string Push(int token) override { return pieces_[size_t(token)]; }
+  std::string Finish() override { return ""; }
+
+ private:
+  std::vector<std::string> pieces_;
+};
+
+std::vector<std::string> Deltas(const std::vector<std::string>& pieces,
+                                std::vector<std::string> stop, bool* stopped = nullptr) {
+  OutputText output(std::make_unique<PieceStream>(pieces), std::move(stop));
+  std::vector<std::string> deltas;
+  for (size_t i = 0; i < pieces.size() && !output.stopped(); ++i)
+    deltas.push_back(output.Push(int(i)));
+  deltas.push_back(output.Finish());
+  if (stopped) *stopped = output.stopped();
+  return deltas;
+}
+
+TEST(OutputText, DeltasEndOnCharacterBoundaries) {
+  const std::vector<std::string> deltas =
+      Deltas({"h", "\xC3", "\xA9", "llo ", "\xF0\x9F", "\x98", "\x80", "!"}, {});
+  EXPECT_EQ(deltas, (std::vector<std::string>{"h", "", "\xC3\xA9", "llo ", "", "",
+                                              "\xF0\x9F\x98\x80", "!", ""}));
+  // A character cut off by the end of the text becomes U+FFFD at Finish.
+  EXPECT_EQ(Deltas({"a", "\xE2\x82"}, {}),
+            (std::vector<std::string>{"a", "", "\xEF\xBF\xBD\xEF\xBF\xBD"}));
+}
+
+TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
+  bool stopped = false;
+  EXPECT_EQ(Deltas({"abc S", "TO", "P tail"}, {"STOP"}, &stopped),
+            (std::vector<std::string>{"abc ", "", "", ""}));
+  EXPECT_TRUE(stopped);
+  // A false start is released once it cannot be a stop string any more.
+  EXPECT_EQ(Deltas({"abc S", "Tx", "y"}, {"STOP"}, &stopped),
+            (std::vector<std::string>{"abc ", "STx", "y", ""}));
+  EXPECT_FALSE(stopped);
+  // The earliest of several stop strings wins; held text is released at the end.
+  EXPECT_EQ(Deltas({"1,2", ";3"}, {";", ",2"}, &stopped), (std::vector<std::string>{"1", ""}));
+  EXPECT_EQ(Deltas({"ab", "S"}, {"ST"}, &stopped), (std::vector<std::string>{"ab", "", "S"}));
+}
+
+TEST(FairTurn, NeverLetsInMoreThanItsSlots) {
+  for (int slots : {1, 2}) {
+    FairTurn turn(slots);
+    std::atomic<int> active{0}, most{0};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 4; ++w) {
+      workers.emplace_back([&] {
+        for (int step = 0; step < 50; ++step) {
+          turn.Acquire();
+          const int now = ++active;
+          int seen = most;
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          --active;
+          turn.Release();
+        }
+      });
+    }
+    for (std::thread& t : workers) t.join();
+    EXPECT_EQ(most, slots);
+  }
+}
+
+TEST(Codecs, CharVocabularyPadsPromptsAndRejectsUnknownCharacters) {
+  auto codec = CharVocabCodec::Load(testing::FixtureDir("llada-probe") + "/vocab.json");
+  const std::vector<int> ids = codec->EncodeText("A678+741=");
+  EXPECT_EQ(ids, (std::vector<int>{49, 49, 49, 49, 49, 49, 49, 49, 49, 49,
+                                   49, 44, 6,  7,  8,  10, 7,  4,  1,  12}));
+  EXPECT_THROW(codec->EncodeText("A6#"), Error);
+  auto stream = codec->NewTextStream();
+  std::string text;
+  for (int id : {1, 47, 49, 9}) text += stream->Push(id);
+  EXPECT_EQ(text + stream->Finish(), "19");
+  EXPECT_EQ(codec->TokenLabel(47), "<eos>");
+}
+
+TEST(Codecs, IdTextReadsAndWritesIds) {
+  ModelConfig config;
+  config.vocab = 160;
+  config.eos_id = 157;
+  IdTextCodec codec(config);
+  EXPECT_EQ(codec.EncodeText(" 12, 7\n9 "), (std::vector<int>{12, 7, 9}));
+  EXPECT_THROW(codec.EncodeText("12 x"), Error);
+  EXPECT_THROW(codec.EncodeText("160"), Error);
+  auto stream = codec.NewTextStream();
+  std::string text;
+  for (int id : {157, 3, 157, 40}) text += stream->Push(id);
+  EXPECT_EQ(text + stream->Finish(), "3 40");
+}
+
+// --- endpoints -------------------------------------------------------------------------
+
+TEST(Server, HealthIs503WhileLoadingThen200) {
+  TestServer s(ProbeOptions(), "llada-probe", nullptr, /*load=*/false);
+  Reply loading = s.Get("/health");
+  EXPECT_EQ(loading.status, 503);
+  EXPECT_EQ(loading.body["error"]["message"], "Loading model");
+  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}}).status, 503);
+  EXPECT_EQ(s.Metric("polestar_model_loaded"), 0);
+  s.Load("llada-probe");
+  Reply ready = s.Get("/health");
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_EQ(ready.body, json({{"status", "ok"}}));
+  EXPECT_EQ(s.Get("/v1/health").status, 200);
+  EXPECT_EQ(s.Metric("polestar_model_loaded"), 1);
+}
+
+TEST(Server, ModelsListsTheModel) {
+  ServerOptions o = ProbeOptions();
+  o.model_id = "probe";
+  TestServer s(o);
+  Reply r = s.Get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["object"], "list");
+  ASSERT_EQ(r.body["data"].size(), 1u);
+  EXPECT_EQ(r.body["data"][0]["id"], "probe");
+  EXPECT_EQ(r.body["data"][0]["object"], "model");
+  EXPECT_EQ(r.body["data"][0]["meta"]["vocab"], 50);
+  EXPECT_EQ(r.body["data"][0]["meta"]["n_ctx"], 128);
+}
+
+TEST(Server, CompletionsReproduceTheReferenceAnswers) {
+  TestServer s(ProbeOptions());
+  const std::vector<ProbeCase> cases = ProbeCases();
+  json prompts = json::array();
+  for (size_t i = 0; i < 4; ++i) prompts.push_back(cases[i].prompt);
+  Reply r = s.Post("/v1/completions",
+                   {{"model", "x"}, {"prompt", prompts}, {"max_tokens", 32}, {"seed", 3}});
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["object"], "text_completion");
+  EXPECT_EQ(r.body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(r.body["choices"].size(), 4u);
+  int completion_tokens = 0;
+  for (size_t i = 0; i < 4; ++i) {
+    const json& choice = r.body["choices"][i];
+    EXPECT_EQ(choice["index"], i);
+    EXPECT_EQ(choice["text"], cases[i].reference_text) << cases[i].prompt;
+    EXPECT_EQ(choice["finish_reason"], "stop");  // EOS
+    completion_tokens += int(cases[i].reference_text.size());
+  }
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], 4 * 20);  // left-padded to 20
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(r.body["usage"]["total_tokens"], 80 + completion_tokens);
+  const json& t = r.body["timings"];
+  EXPECT_GT(t["nfe"].get<int>(), 0);
+  EXPECT_LT(t["nfe"].get<int>(), 4 * 32) << "the generation ends once the answer has settled";
+  EXPECT_NEAR(t["tpf"].get<double>(), double(completion_tokens) / t["nfe"].get<int>(), 1e-9);
+  EXPECT_GT(t["seconds"].get<double>(), 0);
+  EXPECT_EQ(t["policy"], "vanilla");
+}
+
+TEST(Server, FullCanvasRunMatchesTheReferenceForwardCount) {
+  TestServer s(ProbeOptions());
+  const ProbeCase c = ProbeCases()[1];
+  Reply r =
+      s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop_early", false}});
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["choices"][0]["text"], c.reference_text);
+  EXPECT_EQ(r.body["timings"]["nfe"], 32);  // reference: 32 forwards
+  // The "diffusion" object carries the same knobs: Fast-dLLM threshold commits.
+  Reply fast = s.Post("/v1/completions",
+                      {{"prompt", c.prompt},
+                       {"max_tokens", 32},
+                       {"stop_early", false},
+                       {"diffusion", {{"policy", "fast-dllm-dual"}, {"threshold", 0.9}}}});
+  ASSERT_EQ(fast.status, 200) << fast.text;
+  EXPECT_EQ(fast.body["timings"]["policy"], "fast-dllm-dual");
+  EXPECT_LT(fast.body["timings"]["nfe"].get<int>(), 32);
+}
+
+TEST(Server, ChatCompletionAnswersTheUserTurn) {
+  TestServer s(ProbeOptions());
+  const ProbeCase c = ProbeCases()[0];  // a reversal
+  Reply r = s.Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", c.prompt}}}}, {"max_completion_tokens", 32}});
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["object"], "chat.completion");
+  EXPECT_EQ(r.body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r.body["choices"][0]["message"]["content"], c.answer);
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  // Content given as text parts is the same conversation.
+  Reply parts = s.Post(
+      "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", c.prompt}}}}}}},
+       {"max_tokens", 32}});
+  EXPECT_EQ(parts.body["choices"][0]["message"]["content"], c.answer);
+}
+
+TEST(Server, StopStringsCutTheAnswer) {
+  TestServer s(ProbeOptions());
+  const ProbeCase c = ProbeCases()[1];  // a sort: "2,3,5,6,7,7,8"
+  ASSERT_EQ(c.reference_text, "2,3,5,6,7,7,8");
+  Reply r = s.Post("/v1/completions",
+                   {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", {"6,", "nope"}}});
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["choices"][0]["text"], "2,3,5,");
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  SseParser parser;
+  EXPECT_EQ(s.Stream("/v1/completions",
+                     {{"prompt", c.prompt}, {"max_tokens", 32}, {"stop", "6,"}, {"stream", true}},
+                     parser),
+            200);
+  EXPECT_EQ(Reassemble(parser.events, "text_completion", nullptr), "2,3,5,");
+  // max_tokens caps the text; the canvas is rounded up to a whole block.
+  Reply cut = s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 5}});
+  ASSERT_EQ(cut.status, 200) << cut.text;
+  const std::string text = cut.body["choices"][0]["text"];
+  EXPECT_LE(text.size(), 5u);
+  EXPECT_EQ(cut.body["choices"][0]["finish_reason"], text.size() == 5 ? "length" : "stop");
+  EXPECT_LE(cut.body["usage"]["completion_tokens"].get<int>(), 5);
+  EXPECT_EQ(cut.body["timings"]["gen_length"], 8);
+}
+
+TEST(Server, StreamedChunksReassembleToTheNonStreamedText) {
+  // The untrained fixture with temperature: long, seed-dependent text over many chunks.
+  ServerOptions o;
+  o.defaults.block_length = 8;
+  TestServer s(o, "llada-tiny");
+  for (const char* endpoint : {"/v1/completions", "/v1/chat/completions"}) {
+    SCOPED_TRACE(endpoint);
+    const bool chat = std::string(endpoint).find("chat") != std::string::npos;
+    json body = {{"max_tokens", 48}, {"temperature", 1.0}, {"seed", 11}, {"steps", 24}};
+    if (chat) {
+      body["messages"] = {{{"role", "system"}, {"content", "5 6"}},
+                          {{"role", "user"}, {"content", "1 2 3"}}};
+    } else {
+      body["prompt"] = "1 2 3 4 5";
+    }
+    Reply plain = s.Post(endpoint, body);
+    ASSERT_EQ(plain.status, 200) << plain.text;
+    const std::string expected =
+        chat ? plain.body["choices"][0]["message"]["content"] : plain.body["choices"][0]["text"];
+    const int completion_tokens = plain.body["usage"]["completion_tokens"];
+    ASSERT_GT(completion_tokens, 16) << "seed 11 gives a long answer, so it streams in pieces";
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    SseParser parser;
+    ASSERT_EQ(s.Stream(endpoint, body, parser), 200);
+    json final_chunk;
+    int text_chunks = 0;
+    const std::string streamed =
+        Reassemble(parser.events, chat ? "chat.completion.chunk" : "text_completion", &final_chunk,
+                   &text_chunks);
+    EXPECT_EQ(streamed, expected);
+    EXPECT_GE(text_chunks, 3) << "the settled prefix is sent as it grows, block by block at least";
+    EXPECT_EQ(final_chunk["choices"][0]["finish_reason"],
+              chat ? plain.body["choices"][0]["finish_reason"]
+                   : plain.body["choices"][0]["finish_reason"]);
+    EXPECT_EQ(final_chunk["timings"]["nfe"], plain.body["timings"]["nfe"]);
+    const json usage = json::parse(parser.events[parser.events.size() - 2].data);
+    EXPECT_EQ(usage["usage"]["completion_tokens"], completion_tokens);
+    if (chat) {
+      const json first = json::parse(parser.events.front().data);
+      EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+    }
+    // Another seed, another text: the seed reaches the sampler.
+    body.erase("stream");
+    body.erase("stream_options");
+    body["seed"] = 12;
+    Reply other = s.Post(endpoint, body);
+    EXPECT_NE(
+        chat ? other.body["choices"][0]["message"]["content"] : other.body["choices"][0]["text"],
+        expected);
+  }
+}
+
+// Token i is one byte, and bytes 0..8 are pieces of multi-byte characters: the stream must
+// never split a character, whatever the model commits.
+class ByteCodec : public TextCodec {
+ public:
+  static std::string Byte(int id) {
+    static const char* kPieces[] = {"\xC3", "\xA9", "\xE2", "\x82", "\xAC",
+                                    "\xF0", "\x9F", "\x98", "\x80"};
+    return id < 9 ? kPieces[id] : std::string(1, char('a' + id % 26));
+  }
+  std::vector<int> EncodeText(const std::string& text) const override { return {1, 2, 3, 9, 10}; }
+  std::vector<int> EncodeChat(const std::vector<ChatTurn>&) const override { return {1, 2, 3}; }
+  std::unique_ptr<TextStream> NewTextStream() const override {
+    struct Stream : TextStream {
+      std::string Push(int token) override {
+        return token >= 150 ? "" : Byte(token % 9 == 0 ? token / 9 % 9 : token);
+      }
+      std::string Finish() override { return ""; }
+    };
+    return std::make_unique<Stream>();
+  }
+  std::string TokenLabel(int token) const override { return SanitizeUtf8(Byte(token)); }
+};
+
+TEST(Server, StreamedTextNeverSplitsUtf8Characters) {
+  ServerOptions o;
+  o.defaults.block_length = 8;
+  TestServer s(o, "llada-tiny", std::make_unique<ByteCodec>());
+  json body = {
+      {"prompt", "x"}, {"max_tokens", 64}, {"temperature", 1.0}, {"seed", 5}, {"steps", 16}};
+  Reply plain = s.Post("/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.text;
+  const std::string expected = plain.body["choices"][0]["text"];
+  EXPECT_TRUE(IsValidUtf8(expected));
+  body["stream"] = true;
+  body["stream_canvas"] = true;
+  SseParser parser;
+  ASSERT_EQ(s.Stream("/v1/completions", body, parser), 200);
+  EXPECT_EQ(Reassemble(parser.events, "text_completion", nullptr), expected);  // checks each delta
+}
+
+TEST(Server, CanvasStreamReplaysEveryStep) {
+  TestServer s(ProbeOptions());
+  const ProbeCase c = ProbeCases()[3];
+  SseParser parser;
+  const std::string query = "/v1/diffusion/stream?prompt=" + UrlEncode(c.prompt) +
+                            "&max_tokens=32&stop_early=false&policy=fast-dllm-prefix&threshold=0.9";
+  ASSERT_EQ(s.Stream(query, nullptr, parser, nullptr, "GET"), 200);
+  std::vector<json> steps;
+  json start, final_chunk;
+  for (const SseEvent& e : parser.events) {
+    if (e.name != "canvas") continue;
+    const json event = json::parse(e.data);
+    if (event["nfe"] == 0) {
+      start = event;
+    } else {
+      steps.push_back(event);
+    }
+  }
+  ASSERT_FALSE(start.is_null()) << "the empty canvas comes first";
+  EXPECT_EQ(start["gen_length"], 32);
+  EXPECT_EQ(start["masks_left"], 32);
+  const std::string text = Reassemble(parser.events, "text_completion", &final_chunk);
+  EXPECT_EQ(text, c.reference_text);
+  ASSERT_EQ(int(steps.size()), final_chunk["timings"]["nfe"].get<int>())
+      << "one canvas event per forward";
+  // Committed positions, applied in order, fill every position exactly once.
+  std::vector<std::string> canvas(32);
+  std::vector<int> times_committed(32, 0);
+  int committed_total = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    EXPECT_EQ(steps[k]["nfe"], int(k) + 1);
+    for (const json& commit : steps[k]["committed"]) {
+      const int position = commit[0];
+      ASSERT_TRUE(position >= 0 && position < 32);
+      ++times_committed[size_t(position)];
+      canvas[size_t(position)] = commit[1];
+      ++committed_total;
+    }
+    EXPECT_EQ(steps[k]["committed_total"], committed_total);
+    EXPECT_EQ(steps[k]["masks_left"], 32 - committed_total);
+  }
+  EXPECT_EQ(times_committed, std::vector<int>(32, 1));
+  std::string from_canvas;
+  for (const std::string& label : canvas) {
+    if (label == "<eos>") break;
+    from_canvas += label;
+  }
+  EXPECT_EQ(from_canvas, c.reference_text);
+}
+
+TEST(Server, ConcurrentClientsAreAllAnsweredCorrectly) {
+  ServerOptions o = ProbeOptions();
+  o.parallel = 3;
+  o.queue = 16;
+  TestServer s(o);
+  const std::vector<ProbeCase> cases = ProbeCases();
+  constexpr int kClients = 6;
+  std::vector<Reply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      replies[size_t(i)] = s.Post(
+          i % 2 ? "/v1/completions" : "/v1/chat/completions",
+          i % 2 ? json{{"prompt", cases[size_t(i)].prompt}, {"max_tokens", 32}}
+                : json{{"messages", {{{"role", "user"}, {"content", cases[size_t(i)].prompt}}}},
+                       {"max_tokens", 32}});
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    SCOPED_TRACE(cases[size_t(i)].prompt);
+    ASSERT_EQ(replies[size_t(i)].status, 200) << replies[size_t(i)].text;
+    const json& choice = replies[size_t(i)].body["choices"][0];
+    EXPECT_EQ(i % 2 ? choice["text"] : choice["message"]["content"],
+              cases[size_t(i)].reference_text);
+  }
+  EXPECT_EQ(s.Metric("polestar_requests_processing"), 0);
+  EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
+}
+
+// --- bad requests ------------------------------------------------------------------------
+
+TEST(Server, EveryBadRequestGetsAnOpenAiError) {
+  ServerOptions o = ProbeOptions();
+  o.max_prompt_tokens = 24;
+  o.max_tokens = 64;
+  o.max_body_bytes = 4096;
+  TestServer s(o);
+  const json prompt = {{"prompt", "A1+2="}};
+  auto with = [&](json extra) {
+    json body = prompt;
+    body.update(extra);
+    return body.dump();
+  };
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;  // "" when none is named
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{\"prompt\": \"A1+2=\"", 400, ""},               // malformed JSON
+      {"/v1/completions", "", 400, ""},                                     // no body
+      {"/v1/completions", "[1, 2]", 400, ""},                               // not an object
+      {"/v1/completions", with({{"temprature", 0.5}}), 400, "temprature"},  // unknown field
+      {"/v1/completions", with({{"max_tokens", "32"}}), 400, "max_tokens"},
+      {"/v1/completions", with({{"max_tokens", 2.5}}), 400, "max_tokens"},
+      {"/v1/completions", with({{"max_tokens", 0}}), 400, "max_tokens"},
+      {"/v1/completions", with({{"max_tokens", 65}}), 400, "max_tokens"},  // over --max-tokens
+      {"/v1/completions", with({{"max_tokens", 1e30}}), 400, "max_tokens"},
+      {"/v1/completions", with({{"temperature", "hot"}}), 400, "temperature"},
+      {"/v1/completions", with({{"temperature", -1}}), 400, ""},
+      {"/v1/completions", with({{"seed", -3}}), 400, "seed"},
+      {"/v1/completions", with({{"stream", 1}}), 400, "stream"},
+      {"/v1/completions", with({{"stop", 5}}), 400, "stop"},
+      {"/v1/completions", with({{"stop", {"a", 3}}}), 400, "stop"},
+      {"/v1/completions", with({{"policy", "magic"}}), 400, ""},
+      {"/v1/completions", with({{"block_length", -8}}), 400, "block_length"},
+      {"/v1/completions", with({{"steps", 3}}), 400, ""},  // not divisible by 4 blocks
+      {"/v1/completions", with({{"threshold", true}}), 400, "threshold"},
+      {"/v1/completions", with({{"n", 2}}), 400, "n"},
+      {"/v1/completions", with({{"logprobs", 1}}), 400, "logprobs"},
+      {"/v1/completions", with({{"echo", true}}), 400, "echo"},
+      {"/v1/completions", with({{"presence_penalty", 0.5}}), 400, "presence_penalty"},
+      {"/v1/completions", with({{"stream_options", {{"include_usage", true}}}}), 400,
+       "stream_options"},
+      {"/v1/completions", with({{"diffusion", {{"bogus", 1}}}}), 400, "bogus"},
+      {"/v1/completions", with({{"diffusion", 3}}), 400, "diffusion"},
+      {"/v1/completions", with({{"diffusion", {{"steps", 8}}}, {"steps", 8}}), 400, "steps"},
+      {"/v1/completions", json({{"max_tokens", 8}}).dump(), 400, "prompt"},  // no prompt
+      {"/v1/completions", json({{"prompt", 42}}).dump(), 400, "prompt"},
+      {"/v1/completions", json({{"prompt", {json::array()}}}).dump(), 400, ""},  // no tokens
+      {"/v1/completions", json({{"prompt", json::array()}}).dump(), 400, "prompt"},
+      {"/v1/completions", json({{"prompt", "A1#2"}}).dump(), 400,
+       "prompt"},  // not in the vocabulary
+      {"/v1/completions", json({{"prompt", {1, 2, 50}}}).dump(), 400,
+       "prompt"},  // id outside the vocabulary
+      {"/v1/completions", json({{"prompt", std::string(30, '1')}}).dump(), 400,
+       "prompt"},  // over 24 tokens
+      {"/v1/completions", json({{"prompt", {"A1+2=", "A3+4="}}, {"stream", true}}).dump(), 400,
+       "prompt"},
+      {"/v1/completions", json({{"prompt", "A1+2="}, {"blob", std::string(5000, 'x')}}).dump(), 413,
+       ""},
+      {"/v1/chat/completions", json({{"prompt", "A1+2="}}).dump(), 400,
+       "prompt"},  // not a chat field
+      {"/v1/chat/completions", json({{"messages", "A1+2="}}).dump(), 400, "messages"},
+      {"/v1/chat/completions", json({{"messages", json::array()}}).dump(), 400, "messages"},
+      {"/v1/chat/completions",
+       json({{"messages", {{{"role", "robot"}, {"content", "A1+2="}}}}}).dump(), 400, "messages"},
+      {"/v1/chat/completions", json({{"messages", {{{"role", "user"}, {"content", 5}}}}}).dump(),
+       400, "messages"},
+      {"/v1/chat/completions",
+       json({{"messages", {{{"role", "user"}, {"content", "A1"}, {"x", 1}}}}}).dump(), 400,
+       "messages"},
+      {"/v1/chat/completions",
+       json({{"messages", {{{"role", "user"}, {"content", "A1"}}}},
+             {"tools", {{{"type", "function"}}}}})
+           .dump(),
+       400, "tools"},
+      {"/v1/nothing", "{}", 404, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path + " " + c.body.substr(0, 120));
+    Reply r = s.PostRaw(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << r.text;
+    ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << r.text;
+    EXPECT_EQ(r.body["error"]["code"], c.status);
+    EXPECT_FALSE(r.body["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(r.body["error"]["type"].is_string());
+    if (!c.param.empty()) {
+      EXPECT_EQ(r.body["error"]["param"], c.param);
+    }
+  }
+  // Query parameters of the canvas stream are checked the same way.
+  for (const char* query :
+       {"?prompt=A1%2B2%3D&max_tokens=lots", "?prompt=A1&oops=1", "?prompt=A1&refresh_all=maybe"}) {
+    Reply r = s.Get(std::string("/v1/diffusion/stream") + query);
+    EXPECT_EQ(r.status, 400) << query;
+    EXPECT_TRUE(r.body.contains("error"));
+  }
+  // The server is unharmed and counted them.
+  EXPECT_EQ(s.Get("/health").status, 200);
+  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}}).status, 200);
+  EXPECT_GE(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 30);
+}
+
+// --- robustness --------------------------------------------------------------------------
+
+// A long generation on the untrained fixture (512-position context): 256 forwards.
+json LongRequest(bool stream) {
+  return {{"prompt", "1 2 3"},   {"max_tokens", 256}, {"block_length", 0},      {"steps", 256},
+          {"stop_early", false}, {"stream", stream},  {"stream_canvas", stream}};
+}
+
+bool WaitFor(const std::function<bool()>& condition, std::chrono::seconds limit = 20s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return condition();
+}
+
+TEST(Server, ClientHangingUpMidStreamCancelsTheGeneration) {
+  TestServer s(ServerOptions{}, "llada-tiny");
+  SseParser parser;
+  s.Stream("/v1/completions", LongRequest(true), parser,
+           [](const SseParser& p) { return p.events.size() < 4; });
+  ASSERT_GE(parser.events.size(), 4u);
+  ASSERT_TRUE(WaitFor([&] {
+    return s.server().metrics().RequestCount("/v1/completions", 499) == 1;
+  })) << "the server notices the hang-up";
+  ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
+  EXPECT_LT(s.server().metrics().ForwardPasses(), 256) << "the generation stopped early";
+  EXPECT_EQ(
+      s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status,
+      200);
+}
+
+TEST(Server, ClientHangingUpOnAPlainRequestCancelsTheGeneration) {
+  TestServer s(ServerOptions{}, "llada-tiny");
+  auto client = s.Client(0.3);  // gives up after 0.3 s, closing the connection
+  auto result = client.Post("/v1/completions", LongRequest(false).dump(), "application/json");
+  EXPECT_FALSE(result);
+  ASSERT_TRUE(
+      WaitFor([&] { return s.server().metrics().RequestCount("/v1/completions", 499) == 1; }));
+  ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
+  EXPECT_LT(s.server().metrics().ForwardPasses(), 256);
+}
+
+TEST(Server, FullQueueAnswers429) {
+  ServerOptions o;
+  o.parallel = 1;
+  o.queue = 1;
+  TestServer s(o, "llada-tiny");
+  std::atomic<bool> hang_up{false};
+  std::atomic<int> running_events{0};
+  auto long_stream = [&](std::atomic<int>* events) {
+    SseParser parser;
+    s.Stream("/v1/completions", LongRequest(true), parser, [&](const SseParser& p) {
+      if (events) *events = int(p.events.size());
+      return !hang_up;
+    });
+  };
+  std::thread running(long_stream, &running_events);  // occupies the worker
+  ASSERT_TRUE(WaitFor([&] { return running_events > 0; }));
+  std::thread queued(long_stream, nullptr);  // waits in the queue
+  ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_queue_depth") == 1; }));
+  Reply rejected = s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}});
+  EXPECT_EQ(rejected.status, 429);
+  EXPECT_EQ(rejected.body["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(rejected.body["error"]["code"], 429);
+  hang_up = true;
+  running.join();
+  queued.join();
+  ASSERT_TRUE(WaitFor([&] {
+    return s.Metric("polestar_requests_processing") == 0 && s.Metric("polestar_queue_depth") == 0;
+  }));
+  EXPECT_EQ(
+      s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}, {"block_length", 8}}).status,
+      200);
+  EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"429\"}"), 1);
+}
+
+TEST(Server, WithoutAQueueSequentialClientsAreNeverTurnedAway) {
+  ServerOptions o;
+  o.parallel = 1;
+  o.queue = 0;  // a request is admitted only when the worker is free
+  TestServer s(o, "llada-tiny");
+  for (int i = 0; i < 30; ++i) {
+    Reply r = s.Post("/v1/completions",
+                     {{"prompt", "1 2"}, {"max_tokens", 4}, {"block_length", 4}, {"steps", 1}});
+    ASSERT_EQ(r.status, 200) << "request " << i << ": " << r.text;
+  }
+}
+
+TEST(Server, RequestsTimeOut) {
+  ServerOptions o;
+  o.timeout_seconds = 0.3;
+  TestServer s(o, "llada-tiny");
+  Reply r = s.Post("/v1/completions", LongRequest(false));
+  EXPECT_EQ(r.status, 504);
+  EXPECT_EQ(r.body["error"]["type"], "timeout_error");
+  SseParser parser;
+  EXPECT_EQ(s.Stream("/v1/completions", LongRequest(true), parser), 200);  // headers went out first
+  ASSERT_GE(parser.events.size(), 2u);
+  const json error = json::parse(parser.events[parser.events.size() - 2].data);
+  EXPECT_EQ(error["error"]["code"], 504);
+  EXPECT_EQ(parser.events.back().data, "[DONE]");
+  ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
+  EXPECT_LT(s.server().metrics().ForwardPasses(), 2 * 256);
+}
+
+TEST(Server, ApiKeyIsRequiredExceptForHealthAndThePage) {
+  ServerOptions o = ProbeOptions();
+  o.api_key = "sekrit";
+  TestServer s(o);
+  EXPECT_EQ(s.Get("/health").status, 200);
+  EXPECT_EQ(s.Get("/").status, 200);
+  Reply missing = s.Get("/v1/models");
+  EXPECT_EQ(missing.status, 401);
+  EXPECT_EQ(missing.body["error"]["type"], "authentication_error");
+  EXPECT_EQ(s.Get("/v1/models", {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(s.Get("/metrics").status, 401);
+  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}}).status, 401);
+  const httplib::Headers key = {{"Authorization", "Bearer sekrit"}};
+  EXPECT_EQ(s.Get("/v1/models", key).status, 200);
+  Reply ok = s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}}, key);
+  EXPECT_EQ(ok.status, 200) << ok.text;
+}
+
+TEST(Server, MetricsCountRequestsTokensAndSteps) {
+  TestServer s(ProbeOptions());
+  const ProbeCase c = ProbeCases()[2];
+  Reply r = s.Post("/v1/completions", {{"prompt", c.prompt}, {"max_tokens", 32}});
+  ASSERT_EQ(r.status, 200);
+  s.PostRaw("/v1/completions", "nonsense");
+  const int nfe = r.body["timings"]["nfe"];
+  EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
+  EXPECT_EQ(s.Metric("polestar_requests_total{endpoint=\"/v1/completions\",status=\"400\"}"), 1);
+  EXPECT_EQ(s.Metric("polestar_tokens_generated_total"),
+            r.body["usage"]["completion_tokens"].get<int>());
+  EXPECT_EQ(s.Metric("polestar_prompt_tokens_total"), 20);
+  EXPECT_EQ(s.Metric("polestar_forward_passes_total"), nfe);
+  EXPECT_EQ(s.Metric("polestar_step_seconds_count"), nfe);
+  EXPECT_EQ(s.Metric("polestar_step_seconds_bucket{le=\"+Inf\"}"), nfe);
+  EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
+  const std::string text = s.Get("/metrics").text;
+  EXPECT_NE(text.find("# TYPE polestar_step_seconds histogram"), std::string::npos);
+}
+
+TEST(Server, ThePageIsSelfContained) {
+  TestServer s(ProbeOptions());
+  auto client = s.Client();
+  auto page = client.Get("/");
+  ASSERT_TRUE(page);
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  for (const char* needle :
+       {"id=\"canvas\"", "id=\"prompt\"", "id=\"policy\"", "stream_canvas", "id=\"tpf\""}) {
+    EXPECT_NE(page->body.find(needle), std::string::npos) << needle;
+  }
+  for (const char* external : {"src=\"http", "href=\"http", "<link", "@import", "url(http"}) {
+    EXPECT_EQ(page->body.find(external), std::string::npos) << external;
+  }
+}
+
+// A byte-level BPE tokenizer small enough for llada-tiny's 160 ids, in LLaDA's layout:
+// ASCII (ids 0..93), space Ġ (94), newline Ċ (95), the two bytes of "é" Ã © (96, 97), merges
+// "he" (98), "Ġw" (99), "Ã©" (100); 152..157 are BOS, end of turn, the chat headers, the mask
+// and EOS (the fixture's mask and EOS ids). Ids 101..151 have no token.
+std::unique_ptr<Tokenizer> TinyTokenizer() {
+  TokenizerSpec spec;
+  spec.source = "tiny";
+  spec.vocab.assign(152, "");
+  int id = 0;
+  for (char c = 33; c <= 126; ++c) spec.vocab[size_t(id++)] = std::string(1, c);
+  for (const char* token :
+       {"\u0120", "\u010A", "\u00C3", "\u00A9", "he", "\u0120w", "\u00C3\u00A9"}) {
+    spec.vocab[size_t(id++)] = token;
+  }
+  spec.merges = {{"h", "e"}, {"\u0120", "w"}, {"\u00C3", "\u00A9"}};
+  const std::vector<std::string> specials = {"<|startoftext|>",     "<|eot_id|>",
+                                             "<|start_header_id|>", "<|end_header_id|>",
+                                             "<|mdm_mask|>",        "<|endoftext|>"};
+  for (size_t i = 0; i < specials.size(); ++i) {
+    AddedToken added;
+    added.content = specials[i];
+    added.id = 152 + int(i);
+    added.special = true;
+    spec.added_tokens.push_back(added);
+  }
+  PreTokenizerStep byte_level;
+  byte_level.kind = PreTokenizerStep::Kind::kByteLevel;
+  spec.pre_tokenizers.push_back(byte_level);
+  spec.bos_token = "<|startoftext|>";
+  spec.eos_token = "<|endoftext|>";
+  spec.mask_token = "<|mdm_mask|>";
+  spec.chat_template = "{{ bos_token }}<|start_header_id|>{{ role }}<|end_header_id|>";
+  return std::make_unique<Tokenizer>(std::move(spec));
+}
+
+TEST(Server, ARealTokenizerEncodesDecodesAndStreams) {
+  ServerOptions o;
+  o.defaults.block_length = 8;
+  TestServer s(o, "llada-tiny", std::make_unique<TokenizerCodec>(TinyTokenizer()));
+  // "hello world" -> he l l o Ġw o r l d: nine tokens, by the merges.
+  json body = {{"prompt", "hello world"},
+               {"max_tokens", 48},
+               {"temperature", 1.0},
+               {"seed", 3},
+               {"steps", 24}};
+  Reply plain = s.Post("/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.text;
+  EXPECT_EQ(plain.body["usage"]["prompt_tokens"], 9);
+  const std::string text = plain.body["choices"][0]["text"];
+  EXPECT_TRUE(IsValidUtf8(text));
+  body["stream"] = true;
+  body["stream_canvas"] = true;
+  SseParser parser;
+  ASSERT_EQ(s.Stream("/v1/completions", body, parser), 200);
+  EXPECT_EQ(Reassemble(parser.events, "text_completion", nullptr), text);
+
+  // Chat goes through LLaDA's template: BOS, headers, end of turn.
+  auto reference = TinyTokenizer();
+  const std::vector<int> rendered =
+      ApplyChatTemplate(*reference, {{"user", "hi \u00e9"}}, ChatTemplateKind::kLlada);
+  ASSERT_EQ(rendered.front(), 152);
+  Reply chat =
+      s.Post("/v1/chat/completions",
+             {{"messages", {{{"role", "user"}, {"content", "hi \u00e9"}}}}, {"max_tokens", 8}});
+  ASSERT_EQ(chat.status, 200) << chat.text;
+  EXPECT_EQ(chat.body["usage"]["prompt_tokens"], int(rendered.size()));
+
+  // Canvas labels name special tokens; decoding holds a split "é" together, skips special
+  // tokens and ids without a token.
+  TokenizerCodec codec(TinyTokenizer());
+  EXPECT_EQ(codec.TokenLabel(157), "<|endoftext|>");
+  EXPECT_EQ(codec.TokenLabel(0), "!");
+  EXPECT_EQ(codec.TokenLabel(94), " ");
+  EXPECT_EQ(codec.TokenLabel(151), "<151>");
+  auto stream = codec.NewTextStream();
+  std::vector<std::string> pieces;
+  for (int token : {96, 151, 97, 157, 99}) pieces.push_back(stream->Push(token));
+  pieces.push_back(stream->Finish());
+  EXPECT_EQ(pieces, (std::vector<std::string>{"", "", "\u00e9", "", " w", ""}));
+}
+
+// --- the command ------------------------------------------------------------------------
+
+TEST(ServeCommand, ServesUntilSigterm) {
+  int stderr_pipe[2];
+  ASSERT_EQ(pipe(stderr_pipe), 0);
+  const std::string model = testing::FixtureDir("llada-probe");
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(stderr_pipe[1], 2);
+    close(stderr_pipe[0]);
+    execl(POLESTAR_BINARY, POLESTAR_BINARY, "serve", "-m", model.c_str(), "--port", "0", "-t", "1",
+          "--gen-length", "32", "--block-length", "8", "--alias", "probe",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(stderr_pipe[1]);
+  struct Reaper {  // a failed assertion must not leave the server running
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reaper{child};
+  FILE* log = fdopen(stderr_pipe[0], "r");
+  char line[512] = {};
+  ASSERT_NE(fgets(line, sizeof(line), log), nullptr);
+  int port = 0;
+  ASSERT_EQ(std::sscanf(line, "polestar serve: listening on http://127.0.0.1:%d/", &port), 1)
+      << line;
+  ASSERT_NE(fgets(line, sizeof(line), log), nullptr);  // the model is loaded
+  EXPECT_STREQ(line, "polestar serve: ready\n");
+  httplib::Client client("127.0.0.1", port);
+  client.set_read_timeout(std::chrono::seconds(30));
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "probe");
+  auto answer = client.Post("/v1/completions", json({{"prompt", ProbeCases()[0].prompt}}).dump(),
+                            "application/json");
+  ASSERT_TRUE(answer);
+  EXPECT_EQ(json::parse(answer->body)["choices"][0]["text"], ProbeCases()[0].reference_text);
+  kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  reaper.pid = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a clean stop on SIGTERM";
+  fclose(log);
+}
+
+TEST(ServeCommand, ReportsAModelThatCannotBeLoaded) {
+  std::string out;
+  EXPECT_EQ(testing::RunCli("serve -m /nonexistent/model --port 0", &out, true), 1);
+  EXPECT_NE(out.find("polestar: error:"), std::string::npos) << out;
+  EXPECT_NE(out.find("/nonexistent/model"), std::string::npos) << out;
+}
+
+size_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
+
+TEST(Server, NoMemoryGrowthAcrossManyRequests) {
+  ServerOptions o;
+  o.parallel = 2;
+  TestServer s(o, "llada-tiny");
+  auto client = s.Client();
+  client.set_keep_alive(true);
+  const std::string request = json({{"prompt", "1 2 3"},
+                                    {"max_tokens", 8},
+                                    {"block_length", 8},
+                                    {"steps", 1},
+                                    {"stream", false}})
+                                  .dump();
+  const std::string streamed = json({{"prompt", "1 2 3"},
+                                     {"max_tokens", 8},
+                                     {"block_length", 8},
+                                     {"steps", 1},
+                                     {"stream", true},
+                                     {"stream_canvas", true}})
+                                   .dump();
+  auto burst = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto result = client.Post("/v1/completions", i % 2 ? request : streamed, "application/json");
+      ASSERT_TRUE(result && result->status == 200);
+    }
+  };
+  burst(200);  // warm up allocators and thread pools
+  const size_t before = ResidentBytes();
+  burst(1000);
+  const size_t after = ResidentBytes();
+  EXPECT_LT(after, before + (4u << 20))
+      << "resident memory grew from " << before << " to " << after;
+}
+
+}  // namespace
+}  // namespace polestar

@@ -1,0 +1,85 @@
+// polestar serve: the OpenAI-compatible HTTP server, with a live view of the denoising at /.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "base/error.h"
+#include "commands.h"
+#include "decode_flags.h"
+#include "server/codecs.h"
+#include "server/server.h"
+
+namespace polestar::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  ServerOptions server;
+};
+
+}  // namespace
+
+void AddServeCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  auto args = std::make_shared<ServeArgs>();
+  ServerOptions& s = args->server;
+  cmd->add_option("-m,--model", args->model,
+                  "model folder or .gguf file (default: the bundled model)");
+  cmd->add_option("--host", s.host, "address to listen on (loopback by default)")
+      ->capture_default_str();
+  cmd->add_option("--port", s.port, "port (0: any free port)")->capture_default_str();
+  cmd->add_option("--parallel", s.parallel, "generations running at once (steps interleaved)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--queue", s.queue, "generations waiting for a worker before 429")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
+  cmd->add_option("--timeout", s.timeout_seconds,
+                  "seconds a request may take, queue included (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
+  cmd->add_option("-a,--alias", s.model_id, "model name shown by /v1/models (default: the path)");
+  cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)");
+  cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
+                  "longest prompt accepted (0: the context)");
+  cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");
+  AddDecodeFlags(cmd, s.defaults);
+  cmd->callback([args] {
+    // Ctrl-C and SIGTERM reach a thread that stops the server; every other thread (the
+    // server's included) inherits the blocked mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+    const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
+    Server server(args->server);
+    const int port = server.Start();
+    std::fprintf(stderr, "polestar serve: listening on http://%s:%d/ (loading %s)\n",
+                 args->server.host.c_str(), port, model_path.c_str());
+    std::thread signal_waiter([&] {
+      int received = 0;
+      sigwait(&signals, &received);
+      std::fprintf(stderr, "polestar serve: stopping\n");
+      server.Stop();
+    });
+    try {
+      auto model = Model::Load(model_path);
+      auto codec = LoadTextCodec(model_path, model->config());
+      server.SetModel(std::move(model), std::move(codec));
+    } catch (...) {
+      pthread_kill(signal_waiter.native_handle(), SIGTERM);
+      signal_waiter.join();
+      throw;
+    }
+    std::fprintf(stderr, "polestar serve: ready\n");
+    server.Wait();
+    signal_waiter.join();
+  });
+}
+
+}  // namespace polestar::cli
