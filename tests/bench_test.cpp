@@ -199,9 +199,20 @@ TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
 
 TEST(Report, PlotWritesSvgAndPng) {
   const std::string dir = testing::TempDir();
+  // Two labelled points at the same place: the second label moves a line down.
   const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
-                                       HandRow("polestar", "threshold=0.9", 0.75, 3, 20)};
+                                       HandRow("polestar", "threshold=0.9", 0.75, 3, 20),
+                                       HandRow("polestar", "threshold=0.8", 0.75, 3, 20)};
   const std::vector<std::string> files = WritePlot(rows, {"t", "c", "m", Protocol::kNonEos}, dir + "/pareto");
+  std::ifstream dat(dir + "/pareto.dat");
+  std::vector<std::string> polestar_lines;
+  for (std::string line; std::getline(dat, line);) {
+    if (line.find("threshold=0.") != std::string::npos && line[0] != '#') polestar_lines.push_back(line);
+  }
+  ASSERT_GE(polestar_lines.size(), 2u);
+  EXPECT_EQ(polestar_lines[0], "3.0000 20.0000 75.000 \"threshold=0.9\" 75.000 75.000");
+  // y range [73, 82.5] (accuracy 75-80 padded by 2, +0.5): a line is 0.045 of it, 0.4275.
+  EXPECT_EQ(polestar_lines[1], "3.0000 20.0000 75.000 \"threshold=0.8\" 74.572 74.572");
   ASSERT_EQ(files.size(), 4u);
   for (const std::string& f : files) EXPECT_GT(fs::file_size(f), 100u) << f;
   std::ifstream png(dir + "/pareto.png", std::ios::binary);

@@ -1,6 +1,7 @@
 #include "bench/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -226,13 +227,56 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
     by_tps.emplace_back(Tps(r, context.protocol), 100 * r.accuracy());
   }
   const std::vector<bool> front_tpf = ParetoFront(by_tpf), front_tps = ParetoFront(by_tps);
-  std::string data = "# tpf tps accuracy_percent label (" + std::string(ProtocolName(context.protocol)) + ")\n";
+  double min_acc = 100, max_acc = 0;
+  for (const auto& [x, y] : by_tpf) {
+    min_acc = std::min(min_acc, y);
+    max_acc = std::max(max_acc, y);
+  }
+  const double pad = std::max(2.0, (max_acc - min_acc) * 0.15);
+  const double y_low = std::max(0.0, min_acc - pad), y_high = std::min(100.0, max_acc + pad) + 0.5;
+  // Room on the right for the labels of the rightmost points.
+  auto x_limit = [](const std::vector<std::pair<double, double>>& points) {
+    double x = 0;
+    for (const auto& [px, py] : points) x = std::max(x, px);
+    return x > 0 ? 1.3 * x : 1.0;
+  };
+  const double tpf_max = x_limit(by_tpf), tps_max = x_limit(by_tps);
+  // Label heights per panel: a label that would overlap one placed before it moves down a
+  // line, so settings of coinciding points stay readable.
+  auto label_heights = [&](const std::vector<std::pair<double, double>>& points, double x_max) {
+    const double line = 0.045 * (y_high - y_low);
+    std::vector<double> heights(points.size());
+    std::vector<std::pair<double, double>> placed;
+    for (size_t i = 0; i < points.size(); ++i) {
+      double y = points[i].second;
+      if (rows[i].settings != "defaults") {
+        for (bool moved = true; moved;) {
+          moved = false;
+          for (const auto& [px, py] : placed) {
+            if (std::fabs(px - points[i].first) < 0.16 * x_max && std::fabs(py - y) < line) {
+              y = py - 1.001 * line;  // strictly below, whatever the rounding
+              moved = true;
+            }
+          }
+        }
+        placed.emplace_back(points[i].first, y);
+      }
+      heights[i] = y;
+    }
+    return heights;
+  };
+  const std::vector<double> label_tpf = label_heights(by_tpf, tpf_max);
+  const std::vector<double> label_tps = label_heights(by_tps, tps_max);
+  std::string data = "# tpf tps accuracy_percent label label_y_tpf label_y_tps (" +
+                     std::string(ProtocolName(context.protocol)) + ")\n";
   for (const std::string& policy : policies) {
     data += "# " + policy + "\n";
-    for (const ResultRow& r : rows) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const ResultRow& r = rows[i];
       if (r.policy != policy) continue;
-      data += Fixed(Tpf(r, context.protocol), 4) + " " + Fixed(Tps(r, context.protocol), 4) + " " +
-              Fixed(100 * r.accuracy(), 3) + " " + GnuplotString(r.settings == "defaults" ? "" : r.settings) + "\n";
+      data += Fixed(by_tpf[i].first, 4) + " " + Fixed(by_tps[i].first, 4) + " " + Fixed(by_tpf[i].second, 3) + " " +
+              GnuplotString(r.settings == "defaults" ? "" : r.settings) + " " + Fixed(label_tpf[i], 3) + " " +
+              Fixed(label_tps[i], 3) + "\n";
     }
     data += "\n\n";
   }
@@ -264,25 +308,12 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
     if (!out) Fail(data_path, ": cannot write");
   }
 
-  double min_acc = 100, max_acc = 0;
-  for (const auto& [x, y] : by_tpf) {
-    min_acc = std::min(min_acc, y);
-    max_acc = std::max(max_acc, y);
-  }
-  const double pad = std::max(2.0, (max_acc - min_acc) * 0.15);
-  const std::string yrange = "[" + Fixed(std::max(0.0, min_acc - pad), 1) + ":" +
-                             Fixed(std::min(100.0, max_acc + pad) + 0.5, 1) + "]";
+  const std::string yrange = "[" + Fixed(y_low, 1) + ":" + Fixed(y_high, 1) + "]";
   const size_t policy_count = policies.size();
   const std::string front_tpf_index = std::to_string(policy_count);
   const std::string front_tps_index = std::to_string(policy_count + 1);
-  // Room on the right for the labels of the rightmost points.
-  auto x_limit = [](const std::vector<std::pair<double, double>>& points) {
-    double x = 0;
-    for (const auto& [px, py] : points) x = std::max(x, px);
-    return x > 0 ? 1.3 * x : 1.0;
-  };
-  auto panel = [&](const std::string& x_column, const std::string& xlabel, const std::string& front_index,
-                   double x_max, bool with_key) {
+  auto panel = [&](const std::string& x_column, const std::string& label_column, const std::string& xlabel,
+                   const std::string& front_index, double x_max, bool with_key) {
     std::string p;
     p += "set xlabel " + GnuplotString(xlabel) + "\n";
     p += "set ylabel \"accuracy (%)\"\n";
@@ -301,7 +332,7 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
            ":3 with points pointtype 7 pointsize 1.8 linecolor rgb '" +
            PolicyColour(policies[i], i) + "' title " + GnuplotString(policies[i]);
       p += ", \\\n     '' index " + std::to_string(i) + " using " + x_column +
-           ":3:4 with labels offset char 0.8,0.9 left font ',9' textcolor rgb '" +
+           ":" + label_column + ":4 with labels offset char 0.8,0.9 left font ',9' textcolor rgb '" +
            PolicyColour(policies[i], i) + "' notitle";
     }
     return p + "\n";
@@ -313,11 +344,11 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
     s += "set grid linecolor rgb '#cccccc' dashtype 3\n";
     s += "set multiplot layout 1,2 title " + GnuplotString(context.title) +
          " font ',13' margins 0.06, 0.98, 0.22, 0.9 spacing 0.07, 0\n";
-    s += panel("1", std::string("tokens per forward (TPF, ") + ProtocolName(context.protocol) + ")",
-               front_tpf_index, x_limit(by_tpf), true);
-    s += panel("2", std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) +
+    s += panel("1", "5", std::string("tokens per forward (TPF, ") + ProtocolName(context.protocol) + ")",
+               front_tpf_index, tpf_max, true);
+    s += panel("2", "6", std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) +
                         (context.clock == Clock::kCpu ? ", CPU time)" : ")"),
-               front_tps_index, x_limit(by_tps), false);
+               front_tps_index, tps_max, false);
     s += "unset multiplot\n";
     return s;
   };
