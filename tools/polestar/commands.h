@@ -7,5 +7,7 @@ namespace polestar::cli {
 
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
+void AddTasksCommand(CLI::App& app);
+void AddTrainCommand(CLI::App& app);
 
 }  // namespace polestar::cli
