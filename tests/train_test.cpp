@@ -3,11 +3,22 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
+#include "base/error.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "tasks/tasks.h"
+#include "test_support.h"
+#include "train/bpe.h"
 #include "train/layers.h"
 #include "train/tiny_model.h"
+#include "train/trainer.h"
 
 namespace polestar::train {
 namespace {
@@ -74,6 +85,317 @@ TEST(TrainModelTest, WholeModelGradientMatchesFiniteDifferences) {
   std::vector<float> grads(p.size(), 0.0f);
   model.Run(batch, grads.data());
   ExpectGradient(p, grads, [&] { return model.Run(batch, nullptr); }, 1e-2f, 2e-2f, "model");
+}
+
+
+// Loss = sum(r * y) for a fixed random r, so dL/dy = r.
+double Weighted(const std::vector<float>& y, const std::vector<float>& r) {
+  double sum = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
+  return sum;
+}
+
+TEST(TrainLayerTest, LinearBackward) {
+  const int64_t m = 3, k = 5, n = 4;
+  std::vector<float> x = RandomVector(m * k, 1), w = RandomVector(n * k, 2), r = RandomVector(m * n, 3);
+  std::vector<float> y(m * n), dx(m * k), dw(n * k, 0.0f);
+  auto loss = [&] {
+    LinearForward(x.data(), m, k, w.data(), n, y.data());
+    return Weighted(y, r);
+  };
+  LinearBackward(r.data(), x.data(), w.data(), m, k, n, dx.data(), dw.data());
+  ExpectGradient(x, dx, loss, 1e-2f, 1e-3f, "dx");
+  ExpectGradient(w, dw, loss, 1e-2f, 1e-3f, "dw");
+  // Accumulating variants add to what is there.
+  std::vector<float> dx2(dx), dw2(dw);
+  LinearBackward(r.data(), x.data(), w.data(), m, k, n, dx2.data(), dw2.data(), true);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw[i]);
+}
+
+TEST(TrainLayerTest, RmsNormBackward) {
+  const int64_t m = 4, c = 6;
+  std::vector<float> x = RandomVector(m * c, 4), w = RandomVector(c, 5), r = RandomVector(m * c, 6);
+  std::vector<float> y(m * c), inv(m), dx(m * c, 0.0f), dw(c, 0.0f);
+  auto loss = [&] {
+    RmsNormForward(x.data(), m, c, w.data(), 1e-5f, y.data(), inv.data());
+    return Weighted(y, r);
+  };
+  loss();
+  // Forward against the definition.
+  for (int64_t row = 0; row < m; ++row) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < c; ++i) ss += double(x[row * c + i]) * x[row * c + i];
+    const double scale = 1.0 / std::sqrt(ss / c + 1e-5);
+    for (int64_t i = 0; i < c; ++i) EXPECT_NEAR(y[row * c + i], x[row * c + i] * scale * w[i], 1e-5);
+  }
+  RmsNormBackward(r.data(), x.data(), w.data(), inv.data(), m, c, dx.data(), dw.data());
+  ExpectGradient(x, dx, loss, 1e-2f, 2e-3f, "dx");
+  ExpectGradient(w, dw, loss, 1e-2f, 2e-3f, "dw");
+}
+
+TEST(TrainLayerTest, RopeBackwardIsInverseRotation) {
+  const int heads = 2, head_dim = 4;
+  const int64_t m = 3, stride = 10;  // rows wider than heads * D: the rest is untouched
+  const RopeTable table(head_dim, 16, 10000.0f);
+  const std::vector<int> positions = {0, 5, 11};
+  std::vector<float> x = RandomVector(m * stride, 7), r = RandomVector(m * stride, 8);
+  auto loss = [&] {
+    std::vector<float> y = x;
+    Rope(y.data(), m, stride, heads, positions, table, false);
+    return Weighted(y, r);
+  };
+  std::vector<float> dx = r;
+  Rope(dx.data(), m, stride, heads, positions, table, true);
+  ExpectGradient(x, dx, loss, 1e-2f, 1e-3f, "dx");
+  // Agrees with the engine's rotation on contiguous rows.
+  std::vector<float> a = RandomVector(m * heads * head_dim, 9), b = a;
+  Rope(a.data(), m, heads * head_dim, heads, positions, table, false);
+  ApplyRope(b.data(), positions, heads, table, false);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_FLOAT_EQ(a[i], b[i]);
+}
+
+TEST(TrainLayerTest, AttentionBackward) {
+  const int heads = 2, head_dim = 4;
+  const std::vector<int> starts = {0, 3, 8};  // two sequences, attention stays inside each
+  const int64_t m = 8, width = heads * head_dim;
+  std::vector<float> qkv = RandomVector(m * 3 * width, 10), r = RandomVector(m * width, 11);
+  std::vector<float> out(m * width), probs(AttentionProbsSize(starts, heads)), dqkv(m * 3 * width);
+  auto loss = [&] {
+    AttentionForward(qkv.data(), starts, heads, head_dim, out.data(), probs.data());
+    return Weighted(out, r);
+  };
+  loss();
+  // The first sequence's output does not depend on the second sequence's keys.
+  std::vector<float> before(out.begin(), out.begin() + 3 * width);
+  qkv[5 * 3 * width + width] += 1.0f;
+  loss();
+  for (int64_t i = 0; i < 3 * width; ++i) EXPECT_EQ(out[i], before[i]);
+  qkv[5 * 3 * width + width] -= 1.0f;
+  loss();
+  AttentionBackward(r.data(), qkv.data(), probs.data(), starts, heads, head_dim, dqkv.data());
+  ExpectGradient(qkv, dqkv, loss, 1e-2f, 2e-3f, "dqkv");
+}
+
+TEST(TrainLayerTest, SwigluBackward) {
+  const int64_t m = 3, f = 5;
+  std::vector<float> gu = RandomVector(m * 2 * f, 12, 2.0f), r = RandomVector(m * f, 13);
+  std::vector<float> act(m * f), dgu(m * 2 * f);
+  auto loss = [&] {
+    SwigluForward(gu.data(), m, f, act.data());
+    return Weighted(act, r);
+  };
+  loss();
+  EXPECT_NEAR(act[0], gu[0] / (1 + std::exp(-gu[0])) * gu[f], 1e-6);
+  SwigluBackward(r.data(), gu.data(), m, f, dgu.data());
+  ExpectGradient(gu, dgu, loss, 1e-2f, 2e-3f, "dgu");
+}
+
+TEST(TrainLayerTest, CrossEntropyBackward) {
+  const int64_t rows = 3, vocab = 7;
+  std::vector<float> logits = RandomVector(rows * vocab, 14, 3.0f), dlogits(rows * vocab);
+  const std::vector<int> targets = {2, 0, 6};
+  const std::vector<float> weights = {1.0f, 0.5f, 2.0f};
+  auto loss = [&] {
+    std::vector<float> scratch(rows * vocab);
+    return CrossEntropy(logits.data(), rows, vocab, targets, weights, scratch.data());
+  };
+  // Hand value of the first row's term.
+  double lse = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) lse += std::exp(double(logits[i]));
+  const double first = std::log(lse) - logits[2];
+  std::vector<float> one(logits.begin(), logits.begin() + vocab), d(vocab);
+  EXPECT_NEAR(CrossEntropy(one.data(), 1, vocab, {targets.data(), 1}, {weights.data(), 1}, d.data()),
+              first, 1e-5);
+  CrossEntropy(logits.data(), rows, vocab, targets, weights, dlogits.data());
+  ExpectGradient(logits, dlogits, loss, 1e-2f, 2e-3f, "dlogits");
+}
+
+TEST(TrainModelTest, ExportedModelGivesTheSameLogitsInTheEngine) {
+  TinyConfig config = SmallConfig();
+  config.width = 16;
+  config.heads = 2;
+  TinyModel model(config);
+  model.Init(3);
+  const std::string dir = testing::TempDir();
+  model.Export(dir);
+  auto loaded = Model::Load(dir);
+  EXPECT_EQ(loaded->config().mask_id, config.mask_id);
+  EXPECT_EQ(loaded->config().eos_id, config.eos_id);
+  EXPECT_EQ(loaded->ParameterCount(), model.ParameterCount());
+
+  const std::vector<int> tokens = {1, 5, 9, 22, 22, 3, 21, 22, 0};
+  const int length = int(tokens.size());
+  Batch batch;
+  batch.tokens = tokens;
+  batch.starts = {0, length};
+  batch.positions.resize(tokens.size());
+  std::iota(batch.positions.begin(), batch.positions.end(), 0);
+  batch.target_rows = batch.positions;
+  batch.targets.assign(tokens.size(), 0);
+  batch.weights.assign(tokens.size(), 1.0f);
+  std::vector<float> ours;
+  model.Run(batch, nullptr, &ours);
+
+  KvCache cache = MakeCache(*loaded, length, false);
+  Forward forward(*loaded, cache);
+  StepPlan plan;
+  plan.input_rows = batch.positions;
+  plan.logit_rows = batch.positions;
+  const StepResult result = forward.Run(tokens, plan);
+  ASSERT_EQ(result.logits.size(), ours.size());
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_NEAR(result.logits[i], ours[i], 1e-5) << i;
+}
+
+TEST(TrainModelTest, ConfigHasLladaKeys) {
+  const nlohmann::json ours = SmallConfig().LladaJson();
+  const nlohmann::json reference = nlohmann::json::parse(
+      std::ifstream(testing::FixtureDir("llada-probe") + "/config.json"));
+  for (const auto& [key, value] : reference.items()) EXPECT_TRUE(ours.contains(key)) << key;
+  for (const auto& [key, value] : ours.items()) EXPECT_TRUE(reference.contains(key)) << key;
+}
+
+TrainOptions TinyRun(const std::string& dir, int steps) {
+  TrainOptions o;
+  o.out_dir = dir;
+  o.layers = 1;
+  o.width = 16;
+  o.heads = 2;
+  o.ffn = 24;
+  o.bpe_merges = 20;
+  o.tasks = {"add", "copy"};
+  o.gen_length = 64;  // with 20 merges a list of names is nearly one token per byte
+  o.batch = 4;
+  o.steps = steps;
+  o.warmup = 2;
+  o.seed = 5;
+  o.quiet = true;
+  return o;
+}
+
+TEST(TrainerTest, ResumeEqualsUninterrupted) {
+  const std::string dir = testing::TempDir();
+  std::vector<float> straight;
+  {
+    Trainer trainer(TinyRun(dir + "/straight", 5));
+    for (int i = 0; i < 5; ++i) trainer.Step();
+    straight = trainer.model().params();
+  }
+  {
+    Trainer first(TinyRun(dir + "/split", 5));
+    for (int i = 0; i < 3; ++i) first.Step();
+    first.SaveCheckpoint();
+  }
+  TrainOptions resumed = TinyRun(dir + "/split", 5);
+  resumed.resume = true;
+  Trainer second(resumed);
+  EXPECT_EQ(second.step(), 3);
+  for (int i = 0; i < 2; ++i) second.Step();
+  const std::vector<float>& params = second.model().params();
+  ASSERT_EQ(params.size(), straight.size());
+  for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i], straight[i]) << i;
+
+  // Other flags cannot silently resume a checkpoint.
+  TrainOptions other = resumed;
+  other.lr = 1e-4f;
+  EXPECT_THROW(Trainer{other}, Error);
+}
+
+TEST(TrainerTest, LossFallsOnATinyRun) {
+  TrainOptions o = TinyRun(testing::TempDir(), 40);
+  o.lr = 1e-2f;
+  o.batch = 16;
+  Trainer trainer(o);
+  double first = 0.0, last = 0.0;
+  for (int i = 0; i < 40; ++i) {
+    const double loss = trainer.Step();
+    if (i < 5) first += loss;
+    if (i >= 35) last += loss;
+  }
+  EXPECT_LT(last, 0.7 * first);
+}
+
+TEST(TrainerTest, BatchFollowsTheSftObjective) {
+  TrainOptions o = TinyRun(testing::TempDir(), 5);
+  o.batch = 8;
+  const auto tasks = SelectedTasks(o);
+  const BpeTokenizer tok = BuildTokenizer(tasks, o.bpe_merges, o.seed);
+  const TinyConfig config = MakeTinyConfig(o, tok);
+  const Batch a = MakeBatch(tok, config, o, tasks, 3), b = MakeBatch(tok, config, o, tasks, 3);
+  EXPECT_EQ(a.tokens, b.tokens);  // a pure function of (seed, step)
+  EXPECT_EQ(a.targets, b.targets);
+  ASSERT_EQ(a.starts.size(), 9u);
+  for (size_t s = 0; s + 1 < a.starts.size(); ++s) {
+    const int len = a.starts[s + 1] - a.starts[s];
+    const int answer_begin = a.starts[s + 1] - o.gen_length;
+    EXPECT_GT(len, o.gen_length);
+    EXPECT_EQ(a.tokens[size_t(a.starts[s])], tok.TokenId(kBosToken));
+    for (int r = a.starts[s]; r < a.starts[s + 1]; ++r) {
+      EXPECT_EQ(a.positions[size_t(r)], r - a.starts[s]);
+      // The prompt is never masked.
+      if (r < answer_begin) {
+        EXPECT_NE(a.tokens[size_t(r)], config.mask_id);
+      }
+    }
+  }
+  for (size_t i = 0; i < a.target_rows.size(); ++i) {
+    EXPECT_EQ(a.tokens[size_t(a.target_rows[i])], config.mask_id);
+    EXPECT_GE(a.weights[i], 1.0f / (o.gen_length * o.batch));  // 1/t >= 1
+  }
+}
+
+TEST(TokenizerTest, RoundTripAndPieces) {
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 100, 1);
+  for (const std::string& task : TaskNames()) {
+    const TaskItem item = MakeTaskItem(task, Split::kTest, 0, 9);
+    const std::string text = ChatPrompt(item.prompt) + item.answer;
+    EXPECT_EQ(tok.Decode(tok.Encode(text)), text);
+  }
+  // Special tokens are single ids; digits never merge.
+  const std::vector<int> ids = tok.Encode("<|startoftext|>Compute 4821 + 937.<|eot_id|>");
+  EXPECT_EQ(ids.front(), tok.TokenId(kBosToken));
+  EXPECT_EQ(ids.back(), tok.TokenId(kEotToken));
+  std::string digits;
+  for (int id : ids) {
+    const std::string& t = tok.token(id);
+    if (std::any_of(t.begin(), t.end(), ::isdigit)) {
+      EXPECT_EQ(t.size(), 1u) << t;
+      digits += t;
+    }
+  }
+  EXPECT_EQ(digits, "4821937");
+  // GPT-2 pre-tokenisation: a space joins the following word; of a whitespace run before a
+  // word the last character is left to it.
+  const std::vector<int> spaced = tok.Encode("a  b\n\nc");
+  EXPECT_EQ(tok.Decode(spaced), "a  b\n\nc");
+  EXPECT_EQ(tok.Encode(" b"), std::vector<int>({tok.TokenId("\xC4\xA0" "b")}));
+  EXPECT_THROW(tok.Encode("caf\xC3\xA9"), Error);
+}
+
+TEST(TokenizerTest, WritesHuggingFaceFiles) {
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 50, 1);
+  const std::string dir = testing::TempDir();
+  tok.WriteFiles(dir, 256);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/tokenizer.json"));
+  EXPECT_EQ(j["model"]["type"], "BPE");
+  EXPECT_EQ(j["pre_tokenizer"]["type"], "ByteLevel");
+  EXPECT_EQ(j["model"]["vocab"].size(), size_t(tok.vocab_size()));
+  EXPECT_EQ(j["model"]["merges"].size(), size_t(tok.merge_count()));
+  EXPECT_EQ(j["model"]["vocab"]["<|mdm_mask|>"], tok.TokenId(kMaskToken));
+  EXPECT_EQ(j["added_tokens"].size(), 6u);
+  // Every merge's parts and result are in the vocabulary (what HF checks at load).
+  for (const auto& merge : j["model"]["merges"]) {
+    const std::string m = merge;
+    const size_t space = m.find(' ');
+    ASSERT_NE(space, std::string::npos);
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(0, space)));
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(space + 1)));
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(0, space) + m.substr(space + 1)));
+  }
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/tokenizer_config.json"));
+  EXPECT_EQ(config["bos_token"], "<|startoftext|>");
+  EXPECT_EQ(config["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(config["clean_up_tokenization_spaces"], false);
 }
 
 }  // namespace
