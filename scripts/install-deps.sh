@@ -18,6 +18,9 @@ for p in "${packages[@]}"; do
 done
 # npm fetches the reference tokenizer packages for tests; the image may ship Node.js outside apt.
 command -v npm >/dev/null || missing+=(nodejs npm)
+# python3 runs HumanEval/MBPP completions under the benchmark's sandbox (never the build);
+# it may also come from outside apt (pyenv).
+command -v python3 >/dev/null || missing+=(python3)
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo

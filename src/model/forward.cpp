@@ -24,7 +24,7 @@ void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) {
 }
 
 // K/V of the fresh rows x[|rows|, C] at `layer`, written into the cache by position.
-void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x) {
+void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook) {
   const ModelConfig& c = model_.config();
   const LayerWeights& w = model_.layer(layer);
   const int64_t m = int64_t(rows.size());
@@ -36,6 +36,7 @@ void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x) {
   MatMul(normed_.data(), m, w.wk, k_.data(), w.bk.empty() ? nullptr : w.bk.data());
   MatMul(normed_.data(), m, w.wv, v_.data(), w.bv.empty() ? nullptr : w.bv.data());
   ApplyRope(k_.data(), rows, c.kv_heads, model_.rope(), c.rope_interleaved);
+  if (hook != nullptr) hook->BeforeFreshRowsStored(layer, rows, x);
   for (int64_t i = 0; i < m; ++i) {
     std::memcpy(cache_.keys(layer) + rows[i] * kv_width, &k_[i * kv_width], kv_width * 4);
     std::memcpy(cache_.values(layer) + rows[i] * kv_width, &v_[i * kv_width], kv_width * 4);
@@ -67,13 +68,15 @@ StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
   std::vector<int> query;
   for (int layer = 0; layer < c.layers; ++layer) {
     const LayerWeights& w = model_.layer(layer);
-    ComputeKv(layer, fresh, x_.data());
+    ComputeKv(layer, fresh, x_.data(), plan.hook);
     result.kv_rows_written += int64_t(fresh.size());
 
     query = fresh;
+    const HiddenSource* hidden_source = nullptr;
     if (plan.hook != nullptr) {
       LayerRows rows{layer, fresh, &query, &result.logit_rows};
       plan.hook->BeforeQueries(rows);
+      hidden_source = rows.hidden_source;
     }
     const int64_t m = int64_t(query.size());
     result.rows_computed += m;
@@ -86,16 +89,30 @@ StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
     } else {
       std::unordered_map<int, int64_t> fresh_index;
       for (size_t i = 0; i < fresh.size(); ++i) fresh_index[fresh[i]] = int64_t(i);
+      std::vector<int> cached_rows;    // positions read from the hidden-state store
+      std::vector<int64_t> cached_at;  // their index in Q
       for (int64_t i = 0; i < m; ++i) {
         auto it = fresh_index.find(query[i]);
-        const float* src;
         if (it != fresh_index.end()) {
-          src = &x_[it->second * C];
+          std::memcpy(&x_next_[i * C], &x_[it->second * C], C * 4);
+        } else {
+          cached_rows.push_back(query[i]);
+          cached_at.push_back(i);
+        }
+      }
+      if (!cached_rows.empty()) {
+        std::vector<float> loaded(cached_rows.size() * C);  // [rows, C]
+        if (hidden_source != nullptr) {
+          hidden_source->Read(layer, cached_rows, loaded.data());
         } else {
           PS_CHECK(cache_.keeps_hidden());
-          src = cache_.hidden(layer) + int64_t(query[i]) * C;
+          for (size_t r = 0; r < cached_rows.size(); ++r) {
+            std::memcpy(&loaded[r * C], cache_.hidden(layer) + int64_t(cached_rows[r]) * C, C * 4);
+          }
         }
-        std::memcpy(&x_next_[i * C], src, C * 4);
+        for (size_t r = 0; r < cached_rows.size(); ++r) {
+          std::memcpy(&x_next_[cached_at[r] * C], &loaded[r * C], C * 4);
+        }
       }
     }
     std::swap(x_, x_next_);  // x_: [|Q|, C]

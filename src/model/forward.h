@@ -19,16 +19,29 @@
 
 namespace polestar {
 
+// Where the inputs of query rows that are not fresh come from. By default the cache's
+// hidden-state rows; a policy may keep them in another form (Polestar's NVFP4 store).
+class HiddenSource {
+ public:
+  virtual ~HiddenSource() = default;
+  // out[|positions|, C]: the layer-input hidden states of `positions` at `layer`.
+  virtual void Read(int layer, std::span<const int> positions, float* out) const = 0;
+};
+
 struct LayerRows {
   int layer = 0;
   std::span<const int> fresh_rows;  // F_l (their K/V are already rewritten)
   std::vector<int>* query_rows;     // Q_l, preset to F_l; the hook may replace it
   std::vector<int>* logit_rows;     // the step's logit rows; may be extended at the last layer
+  const HiddenSource* hidden_source = nullptr;  // set by the hook to override the cache
 };
 
 class LayerHook {
  public:
   virtual ~LayerHook() = default;
+  // Before the fresh rows' inputs x[|F_l|, C] overwrite the hidden-state cache (which still
+  // holds the old rows), so a policy can see both.
+  virtual void BeforeFreshRowsStored(int layer, std::span<const int> fresh_rows, const float* x) {}
   // After F_l's K/V were written, before Q_l is computed.
   virtual void BeforeQueries(LayerRows& rows) {}
   // After attention at a layer listed in StepPlan::capture_layers:
@@ -60,7 +73,7 @@ class Forward {
   void ProjectQueries(int layer, const float* x, int64_t m, float* q);
 
  private:
-  void ComputeKv(int layer, std::span<const int> rows, const float* x);
+  void ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook);
 
   const Model& model_;
   KvCache& cache_;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "io/json_file.h"
 
 namespace polestar {
 namespace {
@@ -175,6 +176,35 @@ BpeTokenizer BpeTokenizer::Train(const std::vector<std::string>& corpus, int mer
   for (const std::string& special : SpecialTokens()) tok.vocab_.push_back(special);
   tok.specials_ = SpecialTokens();
   tok.Finish();
+  return tok;
+}
+
+BpeTokenizer BpeTokenizer::Load(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  const nlohmann::json j = ReadJsonFile(path);
+  if (!j.contains("model") || j["model"].value("type", "") != "BPE" ||
+      !j["model"]["vocab"].is_object() || !j["model"]["merges"].is_array()) {
+    Fail(path, ": not a byte-level BPE tokenizer.json");
+  }
+  BpeTokenizer tok;
+  const auto& vocab = j["model"]["vocab"];
+  tok.vocab_.resize(vocab.size());
+  for (const auto& [token, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<size_t>() >= vocab.size() ||
+        !tok.vocab_[id.get<size_t>()].empty()) {
+      Fail(path, ": vocabulary ids must be 0..", vocab.size() - 1, " without gaps");
+    }
+    tok.vocab_[id.get<size_t>()] = token;
+  }
+  for (const auto& merge : j["model"]["merges"]) {
+    const std::string text = merge.is_string() ? merge.get<std::string>() : "";
+    const size_t space = text.find(' ');
+    if (space == std::string::npos) Fail(path, ": merge '", text, "' is not 'left right'");
+    tok.merges_.push_back({text.substr(0, space), text.substr(space + 1)});
+  }
+  tok.specials_ = SpecialTokens();
+  tok.Finish();
+  for (const std::string& special : tok.specials_) tok.TokenId(special);
   return tok;
 }
 

@@ -26,6 +26,10 @@ class BpeTokenizer {
   // never merged, so numbers stay one token per digit (arithmetic stays learnable).
   static BpeTokenizer Train(const std::vector<std::string>& corpus, int merges);
 
+  // Reads the tokenizer.json that WriteFiles wrote into `dir` (byte-level BPE with the
+  // special tokens above); throws Error naming the file otherwise.
+  static BpeTokenizer Load(const std::string& dir);
+
   std::vector<int> Encode(std::string_view text) const;
   // Concatenated text of the tokens; special tokens come out as their names.
   std::string Decode(const std::vector<int>& ids) const;

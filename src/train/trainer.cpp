@@ -24,7 +24,7 @@ std::string TrainOptions::Fingerprint() const {
   nlohmann::ordered_json j = {
       {"layers", layers}, {"width", width}, {"heads", heads}, {"ffn", ffn},
       {"bpe_merges", bpe_merges}, {"tasks", tasks}, {"gen_length", gen_length},
-      {"batch", batch}, {"mask_eps", mask_eps}, {"steps", steps}, {"lr", lr},
+      {"batch", batch}, {"mask_eps", mask_eps}, {"stratified_t", true}, {"steps", steps}, {"lr", lr},
       {"min_lr_ratio", min_lr_ratio}, {"weight_decay", weight_decay}, {"beta1", beta1},
       {"beta2", beta2}, {"adam_eps", adam_eps}, {"clip", clip}, {"warmup", warmup},
       {"seed", seed}};
@@ -65,6 +65,7 @@ Batch MakeBatch(const BpeTokenizer& tokenizer, const TinyConfig& config,
                 const TrainOptions& options, const std::vector<std::string>& tasks, int64_t step) {
   Batch batch;
   batch.starts.push_back(0);
+  const uint64_t slice_offset = Rng(MixSeed({options.seed, uint64_t(step), 0x5EED})).Next();
   for (int s = 0; s < options.batch; ++s) {
     Rng rng(MixSeed({options.seed, uint64_t(step), uint64_t(s)}));
     const std::string& task = tasks[size_t(rng.Range(0, int(tasks.size()) - 1))];
@@ -79,7 +80,12 @@ Batch MakeBatch(const BpeTokenizer& tokenizer, const TinyConfig& config,
     if (int(prompt.size() + answer.size()) > config.max_positions) {
       Fail("task ", task, ": sequence exceeds ", config.max_positions, " positions");
     }
-    const float t = options.mask_eps + (1.0f - options.mask_eps) * float(rng.Uniform());
+    // Stratified t: sequence s draws from slice (s + offset) mod B of [0, 1), so each t is
+    // still U(eps, 1) while a batch covers the range evenly, which tames the variance of
+    // the 1/t weights on small batches.
+    const uint64_t slice = (slice_offset + uint64_t(s)) % uint64_t(options.batch);
+    const double u = (double(slice) + rng.Uniform()) / options.batch;
+    const float t = options.mask_eps + (1.0f - options.mask_eps) * float(u);
     const float weight = 1.0f / (t * float(options.gen_length) * float(options.batch));
     for (size_t i = 0; i < prompt.size(); ++i) {
       batch.tokens.push_back(prompt[i]);
@@ -141,6 +147,7 @@ double Trainer::Step() {
   double norm_sq = 0.0;
   for (float g : grads_) norm_sq += double(g) * g;
   const float norm = float(std::sqrt(norm_sq));
+  last_grad_norm_ = norm;
   const float clip_scale = norm > options_.clip ? options_.clip / norm : 1.0f;
   const float lr = LearningRate(options_, step_);
   const double t = double(step_ + 1);
@@ -213,9 +220,10 @@ void Trainer::ExportModel() const {
 void Trainer::Evaluate(int items) {
   ExportModel();
   auto model = Model::Load(ModelDir());
-  DecodeOptions decode;
+  DecodeOptions decode;  // vanilla: one token per step, blocks left to right
   decode.gen_length = options_.gen_length;
   decode.block_length = options_.block_length;
+  decode.steps = options_.gen_length;
   const auto scores = EvaluateTasks(*model, tokenizer_, tasks_, items, options_.seed + 1000, decode);
   const std::string path = (fs::path(options_.out_dir) / "eval.csv").string();
   const bool fresh = !fs::exists(path);
@@ -247,7 +255,7 @@ void Trainer::Run() {
   }
   {
     std::ofstream out(csv_path, std::ios::trunc);
-    if (kept.empty()) kept.push_back("step,loss,lr,tokens_per_s,elapsed_s");
+    if (kept.empty()) kept.push_back("step,loss,lr,grad_norm,tokens_per_s,elapsed_s");
     for (const std::string& line : kept) out << line << "\n";
   }
   std::ofstream csv(csv_path, std::ios::app);
@@ -260,24 +268,29 @@ void Trainer::Run() {
   const auto start = Clock::now();
   const int64_t first_step = step_;
   int64_t tokens = 0;
-  double loss_sum = 0.0;
+  double loss_sum = 0.0, norm_sum = 0.0;
   int loss_count = 0;
   while (step_ < options_.steps) {
     const float lr = LearningRate(options_, step_);
     const double loss = Step();
     tokens += last_batch_tokens_;
     loss_sum += loss;
+    norm_sum += last_grad_norm_;
     ++loss_count;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double tokens_per_s = tokens / std::max(elapsed, 1e-9);
-    csv << step_ << "," << loss << "," << lr << "," << tokens_per_s << "," << elapsed << "\n";
+    csv << step_ << "," << loss << "," << lr << "," << last_grad_norm_ << "," << tokens_per_s << ","
+        << elapsed << "\n";
     if (!options_.quiet && (step_ % options_.log_every == 0 || step_ == options_.steps)) {
       const double per_step = elapsed / double(step_ - first_step);
       const double eta = per_step * double(options_.steps - step_);
-      std::fprintf(stderr, "step %lld/%d  loss %.4f  lr %.2e  %.0f tok/s  elapsed %.1f min  ETA %.1f min\n",
-                   static_cast<long long>(step_), options_.steps, loss_sum / loss_count, lr,
-                   tokens_per_s, elapsed / 60, eta / 60);
+      std::fprintf(stderr,
+                   "step %lld/%d  loss %.4f  |g| %.2f  lr %.2e  %.0f tok/s  elapsed %.1f min  "
+                   "ETA %.1f min\n",
+                   static_cast<long long>(step_), options_.steps, loss_sum / loss_count,
+                   norm_sum / loss_count, lr, tokens_per_s, elapsed / 60, eta / 60);
       loss_sum = 0.0;
+      norm_sum = 0.0;
       loss_count = 0;
     }
     if (step_ % options_.checkpoint_every == 0 || step_ == options_.steps) {

@@ -26,7 +26,7 @@ struct TrainOptions {
   std::vector<std::string> tasks;  // empty: all tasks
   int gen_length = 32;
   int batch = 128;
-  float mask_eps = 1e-3f;
+  float mask_eps = 0.1f;  // t ~ U(eps, 1); bounds the 1/t weight at 1/eps
   // Optimiser: AdamW, linear warmup then cosine decay to min_lr_ratio * lr.
   int steps = 1000;
   float lr = 2e-3f, min_lr_ratio = 0.1f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.99f;
@@ -90,6 +90,7 @@ class Trainer {
   std::vector<float> grads_, adam_m_, adam_v_;
   int64_t step_ = 0;
   int64_t last_batch_tokens_ = 0;
+  float last_grad_norm_ = 0.0f;
 };
 
 }  // namespace polestar::train

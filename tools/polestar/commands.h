@@ -7,7 +7,9 @@ namespace polestar::cli {
 
 void AddInspectCommand(CLI::App& app);
 void AddForwardCommand(CLI::App& app);
+void AddGenerateCommand(CLI::App& app);
 void AddTasksCommand(CLI::App& app);
 void AddTrainCommand(CLI::App& app);
+void AddTasksEvalCommand(CLI::App& app);
 
 }  // namespace polestar::cli

@@ -11,8 +11,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "polestar 0.1.0");
   polestar::cli::AddInspectCommand(app);
   polestar::cli::AddForwardCommand(app);
+  polestar::cli::AddGenerateCommand(app);
   polestar::cli::AddTasksCommand(app);
   polestar::cli::AddTrainCommand(app);
+  polestar::cli::AddTasksEvalCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,71 @@
+// Every decoding knob, with the reference implementations' defaults. One struct feeds the
+// CLI, the server and the benchmark, so a flag means the same thing everywhere.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace polestar {
+
+struct DecodeOptions {
+  std::string policy = "vanilla";  // vanilla | fast-dllm-prefix | fast-dllm-dual | elastic-cache | polestar
+  int gen_length = 128;
+  int block_length = 32;  // 0: one block over the whole canvas
+  int steps = 128;        // total over all blocks (LLaDA generate.py convention)
+  double threshold = -1;  // > 0: Fast-dLLM threshold commit (top-1 + conf >= threshold)
+  double factor = -1;     // > 0: Fast-dLLM factor commit
+  double temperature = 0;
+  uint64_t seed = 0;
+  std::string remasking = "low_confidence";  // LLaDA: low_confidence | random
+  // Dream samplers (the vanilla policy on Dream checkpoints); "" picks maskgit_plus.
+  std::string alg;  // origin | maskgit_plus | topk_margin | entropy | confidence_threshold
+  double eps = 1e-3;
+  double alg_temp = 0;
+  double cfg_scale = 0;
+  double top_p = 1.0;
+  int top_k = 0;
+  // Forces every step to be a full pass (the standing "cached == vanilla" test).
+  bool refresh_all = false;
+
+  // Elastic-Cache.
+  int track_num = 1;
+  double gamma = 0.9;
+  int window = 0;  // 0: 16 for LLaDA, 32 for Dream
+
+  // Polestar (defaults as released in gt-synergy-lab/Polestar).
+  double tau_s = 0.9;
+  double early_floor = 0.7;
+  double alpha = 10.0;
+  double drift_cap = 2.0;
+  int drift_history = 5;
+  int clusters = 8;
+  int topk_clusters = 4;
+  int kmeans_iters = 5;
+  int window_prefix_blocks = 2;
+  int window_suffix_blocks = 1;
+  int full_refresh_period = 4;
+  int tau_upd = 2;
+  bool polestar_cache = true;    // drift-aware sparse refresh
+  bool early_commit = true;      // Polestar-Commit early commit
+  bool suffix_commit = true;     // commit refreshed suffix positions
+  std::string drift_metric = "kl";  // kl | cosine
+  bool nvfp4_hidden = false;     // hidden-state cache as centroid + NVFP4 residual
+  bool overlap = false;          // auxiliary work on a worker thread
+
+  // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
+  // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).
+  DecodeOptions Resolved(const ModelConfig& config) const;
+  // Throws Error describing the first invalid combination, before any work is done.
+  void Validate(const ModelConfig& config, int prompt_length) const;
+  // The number of blocks and steps per block this configuration decodes with.
+  int EffectiveBlockLength() const { return block_length > 0 ? block_length : gen_length; }
+  int BlockCount() const { return gen_length / EffectiveBlockLength(); }
+  int StepsPerBlock() const { return steps / BlockCount(); }
+};
+
+bool IsKnownPolicy(const std::string& name);
+const char* KnownPolicies();
+
+}  // namespace polestar

@@ -1,0 +1,81 @@
+// A decoding policy decides, every step, which rows the model recomputes (a StepPlan, plus
+// a LayerHook for policies that decide layer by layer) and may add commits beyond the shared
+// commit rule. The block loop, the commit rules and the bookkeeping live in generate.cpp.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <vector>
+
+#include "decode/options.h"
+#include "model/forward.h"
+
+namespace polestar {
+
+struct Block {
+  int index = 0;
+  int start = 0;  // absolute canvas positions [start, end)
+  int end = 0;
+};
+
+// What a policy sees of the decoding state. Positions are absolute canvas indices.
+struct DecodeContext {
+  const Model& model;
+  const DecodeOptions& options;
+  std::span<const int> canvas;
+  int prompt_length = 0;
+  int mask_id = 0;
+  Block block;
+  int step_in_block = 0;  // 0 at the block's first forward
+  int committed_last_step = 0;
+  KvCache& cache;
+  Forward& forward;
+};
+
+struct Commit {
+  int position = 0;
+  int token = 0;
+};
+
+// A masked position of the current block with the token and confidence the commit rule saw.
+struct Candidate {
+  int position = 0;
+  int token = 0;
+  double confidence = 0;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  // Whether the cache must keep per-layer input hidden states.
+  virtual bool NeedsHiddenStates() const { return false; }
+  // Fast-dLLM's cached loops (the version the reference fixtures come from) run one more
+  // step after a block-start pass that already filled the block; counting it keeps NFE
+  // comparable with the published numbers.
+  virtual bool RunsStepAfterFilledBlockStart() const { return false; }
+  // Whether a full block of masks should be decoded at all (Polestar skips blocks that its
+  // suffix commits filled; blocks without masks are always skipped by the driver).
+  virtual StepPlan Plan(const DecodeContext& context) = 0;
+  // After the forward and the shared commit rule chose `commits` among `candidates` (the
+  // block's masked positions): a policy may add commits of its own (distinct masked
+  // positions, anywhere in the canvas).
+  virtual void AfterStep(const DecodeContext& context, const StepResult& result,
+                         std::span<const Candidate> candidates, std::vector<Commit>& commits) {}
+  // Per-step statistics for --trace (refreshes, rows per layer, early commits, drift ...).
+  virtual nlohmann::json StepStats() const { return nlohmann::json::object(); }
+};
+
+// Rows [begin, end) as a list.
+std::vector<int> Range(int begin, int end);
+
+// Builds the named policy (options.policy); throws Error for an unknown name.
+std::unique_ptr<Policy> MakePolicy(const DecodeOptions& options, const Model& model);
+
+// Factories, one per policy file.
+std::unique_ptr<Policy> MakeVanillaPolicy();
+std::unique_ptr<Policy> MakeFastDllmPolicy(bool dual);
+std::unique_ptr<Policy> MakeElasticCachePolicy(const DecodeOptions& options, const Model& model);
+std::unique_ptr<Policy> MakePolestarPolicy(const DecodeOptions& options, const Model& model);
+
+}  // namespace polestar

@@ -1,0 +1,434 @@
+// Polestar (SPEC §5; gt-synergy-lab/Polestar @ a125b28 plus the paper's system parts).
+//
+// Block skeleton: dual-cache semi-AR decoding. A block starts with a full pass, except every
+// `full_refresh_period`-th block, which starts with a pass over the window
+// [start - 2B, end + B) only. Decode steps compute the block rows; when the trigger fires
+// (more than one token committed last step, or more than tau_upd since the last refresh)
+// the step also runs a sparse refresh:
+//   Polestar-Cache: at every layer the window's cached layer inputs (prefix and suffix of
+//   the block, clustered at block start with spherical k-means) are summarised by cluster
+//   centroids; each centroid's proxy attention over the un-rotated key cache is compared
+//   (KL) with the last time, and the rows of the most-drifted clusters are recomputed from
+//   their cached inputs. Their outputs (the update packet) become the next layer's inputs:
+//   its hidden-state cache rows, K/V rows and centroid shift. The last layer's packet gets
+//   logits.
+//   Polestar-Commit: the last layer's attention of each block query is compared (KL) with
+//   the previous step; a masked position with 0.7 < conf < tau_s commits early when the
+//   drift jump delta (vs the mean of the last 5 steps) clears alpha (tau_s - conf)^2 and
+//   stays under the cap. Refreshed positions beyond the block commit when conf >= tau_s.
+//
+// Choices where the released code leaves room (see docs/policies.md):
+//   - k-means seeding is deterministic (SPEC §5.2); ties in top-k go to the lower cluster.
+//   - The cache stores rotated keys; proxy attention un-rotates a copy of the layer's keys.
+//   - The NVFP4 store keeps each window row as frozen-at-clustering centroid + NVFP4
+//     residual (one FP32 scale per layer window); packet rows are re-quantised.
+//   - "cosine" drift (the ablation) replaces the per-cluster KL with 1 - cos; the token
+//     drift of Polestar-Commit stays KL (its gate is calibrated for KL).
+//   - With overlap on, block-start clustering, quantisation and baseline proxies run on a
+//     worker thread while the forward moves to the next layers; decode-step proxies are on
+//     the critical path (a layer's selection needs them) and stay synchronous.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <future>
+
+#include "base/error.h"
+#include "decode/policy.h"
+#include "decode/sampling.h"
+#include "drift/drift.h"
+
+namespace polestar {
+namespace {
+
+// One layer's view of the current block's window.
+struct LayerClusters {
+  int count = 0;                      // K
+  std::vector<int> labels;            // [L] cluster of each window row, -1 elsewhere
+  std::vector<float> centroids;       // [K, C] moved by update packets
+  std::vector<float> members;         // [K]
+  std::vector<float> previous_proxy;  // [K, H, L] proxy attention the last time it ran
+  // NVFP4 store of the window's hidden states (when enabled).
+  std::vector<float> base;            // [K, C] centroids at clustering time
+  float tensor_scale = 1;
+  std::vector<Nvfp4Row> residuals;    // [L], rows outside the window empty
+};
+
+enum class Mode { kBlockStart, kDecode, kRefresh };
+
+class PolestarPolicy final : public Policy, public LayerHook, public HiddenSource {
+ public:
+  PolestarPolicy(const DecodeOptions& options, const Model& model)
+      : options_(options), model_(model), rng_(options.seed ^ 0x9e3779b97f4a7c15ull) {
+    layers_.resize(size_t(model.config().layers));
+  }
+  ~PolestarPolicy() override { WaitForWorker(); }
+
+  bool NeedsHiddenStates() const override { return true; }
+
+  StepPlan Plan(const DecodeContext& context) override {
+    WaitForWorker();
+    cache_ = &context.cache;
+    forward_ = &context.forward;
+    canvas_ = context.canvas;
+    stats_ = nlohmann::json::object();
+    const ModelConfig& config = model_.config();
+    const int length = int(context.canvas.size());
+    StepPlan plan;
+    plan.hook = this;
+    if (options_.early_commit || options_.refresh_all) plan.capture_layers = {config.layers - 1};
+
+    if (context.step_in_block == 0) {
+      StartBlock(context);
+      mode_ = Mode::kBlockStart;
+      const int period = options_.full_refresh_period;
+      const bool windowed = context.block.index > 0 && context.block.index % period == period - 1 &&
+                            !options_.refresh_all;
+      plan.input_rows = windowed ? Range(window_begin_, window_end_) : Range(0, length);
+      plan.capture_layers = {config.layers - 1};  // the token-drift baseline of the block
+      stats_["pass"] = windowed ? "window" : "full";
+      return plan;
+    }
+
+    const bool trigger = trigger_.Fire(block_commits_last_step_);
+    if (options_.refresh_all) {
+      mode_ = Mode::kDecode;
+      plan.input_rows = Range(0, length);
+      stats_["pass"] = "full";
+      return plan;
+    }
+    mode_ = trigger && options_.polestar_cache && total_clusters_ > 0 ? Mode::kRefresh : Mode::kDecode;
+    plan.input_rows = block_rows_;
+    stats_["pass"] = mode_ == Mode::kRefresh ? "refresh" : "block";
+    if (mode_ == Mode::kRefresh) stats_["refreshed_rows"] = nlohmann::json::array();
+    return plan;
+  }
+
+  void AfterStep(const DecodeContext& context, const StepResult& result,
+                 std::span<const Candidate> candidates, std::vector<Commit>& commits) override {
+    if (context.step_in_block == 0) {
+      block_commits_last_step_ = int(commits.size());
+      return;
+    }
+    // Polestar-Commit: drift jump of every block position against its recent history.
+    std::vector<double> delta;
+    if (token_drift_valid_) {
+      delta = token_drift_;
+      if (!drift_history_.empty()) {
+        for (size_t i = 0; i < delta.size(); ++i) {
+          double mean = 0;
+          for (const auto& past : drift_history_) mean += past[i];
+          delta[i] -= mean / double(drift_history_.size());
+        }
+      }
+      drift_history_.push_back(token_drift_);
+      if (int(drift_history_.size()) > options_.drift_history) drift_history_.pop_front();
+    }
+    int early = 0;
+    if (options_.early_commit && !delta.empty()) {
+      std::vector<bool> taken(static_cast<size_t>(context.block.end - context.block.start), false);
+      for (const Commit& c : commits) taken[size_t(c.position - context.block.start)] = true;
+      for (const Candidate& candidate : candidates) {
+        const size_t offset = size_t(candidate.position - context.block.start);
+        if (taken[offset]) continue;
+        if (PassesDriftGate(candidate.confidence, delta[offset], options_.early_floor, options_.tau_s,
+                            options_.alpha, options_.drift_cap)) {
+          commits.push_back({candidate.position, candidate.token});
+          ++early;
+        }
+      }
+    }
+    block_commits_last_step_ = int(commits.size());
+
+    int suffix = 0;
+    if (mode_ == Mode::kRefresh && options_.suffix_commit) suffix = SuffixCommits(context, result, commits);
+    stats_["early_commits"] = early;
+    stats_["suffix_commits"] = suffix;
+    if (!delta.empty()) stats_["drift_delta"] = delta;
+  }
+
+  nlohmann::json StepStats() const override { return stats_; }
+
+  // LayerHook -----------------------------------------------------------------------------
+
+  void BeforeFreshRowsStored(int layer, std::span<const int> fresh, const float* x) override {
+    if (mode_ != Mode::kRefresh || layer == 0) return;
+    // Rows of the previous layer's packet arrive here: move their clusters' centroids by
+    // (sum h_new - sum h_old) / members and re-quantise their NVFP4 residuals.
+    LayerClusters& lc = layers_[size_t(layer)];
+    const int64_t C = model_.config().width;
+    std::vector<float> old_row(static_cast<size_t>(C));  // [C]
+    std::vector<double> shift(size_t(lc.count) * C, 0.0);  // [K, C]
+    std::vector<bool> moved(static_cast<size_t>(lc.count), false);
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      const int p = fresh[i];
+      const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
+      if (label < 0 || IsBlockRow(p)) continue;
+      const int position[1] = {p};
+      Read(layer, position, old_row.data());
+      const float* new_row = x + int64_t(i) * C;
+      for (int64_t j = 0; j < C; ++j) shift[size_t(label * C + j)] += double(new_row[j]) - old_row[size_t(j)];
+      moved[size_t(label)] = true;
+      if (options_.nvfp4_hidden) StoreResidual(lc, p, new_row);
+    }
+    for (int c = 0; c < lc.count; ++c) {
+      if (!moved[size_t(c)] || lc.members[size_t(c)] <= 0) continue;
+      for (int64_t j = 0; j < C; ++j) {
+        lc.centroids[size_t(c * C + j)] += float(shift[size_t(c * C + j)] / (lc.members[size_t(c)] + 1e-6));
+      }
+    }
+  }
+
+  void BeforeQueries(LayerRows& rows) override {
+    if (mode_ == Mode::kBlockStart) {
+      if (options_.overlap) {
+        // One job in flight: layer l's clustering runs while the forward computes layer l's
+        // queries, attention and MLP and layer l+1's K/V.
+        WaitForWorker();
+        worker_ = std::async(std::launch::async, [this, layer = rows.layer] { ClusterLayer(layer); });
+      } else {
+        ClusterLayer(rows.layer);
+      }
+      return;
+    }
+    if (mode_ != Mode::kRefresh) return;
+    const ModelConfig& config = model_.config();
+    LayerClusters& lc = layers_[size_t(rows.layer)];
+    if (lc.count == 0) return;
+    std::vector<float> proxy;  // [K, H, L]
+    ComputeProxy(rows.layer, lc, proxy);
+    const int64_t length = int64_t(canvas_.size());
+    std::vector<double> drift(static_cast<size_t>(lc.count), 0.0);  // [K]
+    if (!lc.previous_proxy.empty()) {
+      for (int c = 0; c < lc.count; ++c) {
+        double total = 0;
+        for (int h = 0; h < config.heads; ++h) {
+          const float* now = &proxy[size_t((int64_t(c) * config.heads + h) * length)];
+          const float* before = &lc.previous_proxy[size_t((int64_t(c) * config.heads + h) * length)];
+          total += options_.drift_metric == "kl" ? KlDivergence(now, before, length)
+                                                 : 1.0 - CosineSimilarity(now, before, length);
+        }
+        drift[size_t(c)] = total / config.heads;
+      }
+    }
+    lc.previous_proxy = std::move(proxy);
+    const bool last = rows.layer == config.layers - 1;
+    const size_t top = size_t(std::min(last ? 1 : options_.topk_clusters, lc.count));
+    const std::vector<size_t> chosen = SelectTopK(drift, top);
+    std::vector<bool> refresh(static_cast<size_t>(lc.count), false);
+    for (size_t c : chosen) refresh[c] = true;
+    std::vector<int> selected;
+    for (int p = window_begin_; p < window_end_; ++p) {
+      const int label = lc.labels[size_t(p)];
+      if (label >= 0 && refresh[size_t(label)] && !IsBlockRow(p)) selected.push_back(p);
+    }
+    std::vector<int>& query = *rows.query_rows;
+    query = block_rows_;
+    query.insert(query.end(), selected.begin(), selected.end());
+    if (options_.nvfp4_hidden) rows.hidden_source = this;
+    stats_["refreshed_rows"].push_back(selected.size());
+    if (last) {
+      packet_rows_ = selected;
+      for (int r : selected) {
+        const int predicted = config.shift_logits ? r + 1 : r;
+        if (predicted >= block_end_ && predicted < int(length) && canvas_[size_t(predicted)] == config.mask_id) {
+          rows.logit_rows->push_back(r);
+        }
+      }
+      std::sort(rows.logit_rows->begin(), rows.logit_rows->end());
+    }
+  }
+
+  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+    // The last layer's attention rows of the block queries: token drift vs the last step.
+    const ModelConfig& config = model_.config();
+    const int64_t length = int64_t(canvas_.size());
+    const int64_t row_size = int64_t(config.heads) * length;
+    const int block = block_end_ - block_start_;
+    std::vector<float> current(size_t(block) * row_size);  // [B, H, L]
+    for (size_t i = 0; i < query_rows.size(); ++i) {
+      const int p = query_rows[i];
+      if (p < block_start_ || p >= block_end_) continue;
+      std::memcpy(&current[size_t(p - block_start_) * row_size], probs + int64_t(i) * row_size, row_size * 4);
+    }
+    token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
+    if (token_drift_valid_) {
+      token_drift_.assign(size_t(block), 0.0);
+      for (int b = 0; b < block; ++b) {
+        double total = 0;
+        for (int h = 0; h < config.heads; ++h) {
+          const int64_t offset = int64_t(b) * row_size + int64_t(h) * length;
+          total += KlDivergence(&current[size_t(offset)], &previous_attention_[size_t(offset)], length);
+        }
+        token_drift_[size_t(b)] = total / config.heads;
+      }
+    }
+    previous_attention_ = std::move(current);
+  }
+
+  // HiddenSource: window rows from the NVFP4 store, others from the engine's cache.
+  void Read(int layer, std::span<const int> positions, float* out) const override {
+    const LayerClusters& lc = layers_[size_t(layer)];
+    const int64_t C = model_.config().width;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const int p = positions[i];
+      float* row = out + int64_t(i) * C;
+      const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
+      if (options_.nvfp4_hidden && label >= 0 && !lc.residuals[size_t(p)].values.empty()) {
+        DequantizeNvfp4(lc.residuals[size_t(p)], C, lc.tensor_scale, row);
+        for (int64_t j = 0; j < C; ++j) row[j] += lc.base[size_t(label * C + j)];
+      } else {
+        std::memcpy(row, cache_->hidden(layer) + int64_t(p) * C, C * 4);
+      }
+    }
+  }
+
+ private:
+  bool IsBlockRow(int p) const { return p >= block_rows_.front() && p < block_end_; }
+
+  void StartBlock(const DecodeContext& context) {
+    const int length = int(context.canvas.size());
+    const int block_length = context.block.end - context.block.start;
+    block_start_ = context.block.start;
+    block_end_ = context.block.end;
+    const bool shifted = model_.config().shift_logits && block_start_ > 0;
+    block_rows_ = Range(shifted ? block_start_ - 1 : block_start_, block_end_);
+    window_begin_ = std::max(0, block_start_ - options_.window_prefix_blocks * block_length);
+    window_end_ = std::min(length, block_end_ + options_.window_suffix_blocks * block_length);
+    const int prefix = block_start_ - window_begin_, suffix = window_end_ - block_end_;
+    const int total = prefix + suffix;
+    prefix_clusters_ = 0;
+    if (prefix > 0 && total > 0) {
+      prefix_clusters_ = std::clamp(options_.clusters * prefix / total, 1, options_.clusters - 1);
+    }
+    suffix_clusters_ = suffix > 0 ? options_.clusters - prefix_clusters_ : 0;
+    total_clusters_ = prefix_clusters_ + suffix_clusters_;
+    trigger_.Reset();
+    block_commits_last_step_ = 0;
+    drift_history_.clear();
+    token_drift_valid_ = false;
+    packet_rows_.clear();
+  }
+
+  // Clusters one layer's window at block start and records its baseline proxy attention.
+  void ClusterLayer(int layer) {
+    const int64_t C = model_.config().width;
+    const int64_t length = int64_t(canvas_.size());
+    LayerClusters& lc = layers_[size_t(layer)];
+    lc = LayerClusters{};
+    lc.count = total_clusters_;
+    if (lc.count == 0) return;
+    lc.labels.assign(size_t(length), -1);
+    lc.centroids.assign(size_t(lc.count) * C, 0.0f);
+    lc.members.assign(size_t(lc.count), 0.0f);
+    const float* hidden = cache_->hidden(layer);
+    auto cluster_part = [&](int begin, int end, int k, int first_label) {
+      if (end <= begin || k == 0) return;
+      std::span<const float> points(hidden + int64_t(begin) * C, size_t(end - begin) * C);
+      const Clustering part = SphericalKMeans(points, end - begin, C, k, options_.kmeans_iters);
+      std::copy(part.centroids.begin(), part.centroids.end(), lc.centroids.begin() + int64_t(first_label) * C);
+      for (int i = 0; i < end - begin; ++i) {
+        lc.labels[size_t(begin + i)] = first_label + part.labels[size_t(i)];
+        lc.members[size_t(first_label + part.labels[size_t(i)])] += 1;
+      }
+    };
+    cluster_part(window_begin_, block_start_, prefix_clusters_, 0);
+    cluster_part(block_end_, window_end_, suffix_clusters_, prefix_clusters_);
+    if (options_.nvfp4_hidden) {
+      lc.base = lc.centroids;
+      lc.residuals.assign(size_t(length), Nvfp4Row{});
+      float amax = 0;
+      for (int p = window_begin_; p < window_end_; ++p) {
+        const int label = lc.labels[size_t(p)];
+        if (label < 0) continue;
+        for (int64_t j = 0; j < C; ++j) {
+          amax = std::max(amax, std::fabs(hidden[p * C + j] - lc.base[size_t(label * C + j)]));
+        }
+      }
+      lc.tensor_scale = Nvfp4TensorScale(amax);
+      for (int p = window_begin_; p < window_end_; ++p) {
+        if (lc.labels[size_t(p)] >= 0) StoreResidual(lc, p, hidden + int64_t(p) * C);
+      }
+    }
+    ComputeProxy(layer, lc, lc.previous_proxy);
+  }
+
+  void StoreResidual(LayerClusters& lc, int p, const float* row) {
+    const int64_t C = model_.config().width;
+    const int label = lc.labels[size_t(p)];
+    std::vector<float> residual(static_cast<size_t>(C));  // [C]
+    for (int64_t j = 0; j < C; ++j) residual[size_t(j)] = row[j] - lc.base[size_t(label * C + j)];
+    lc.residuals[size_t(p)] = QuantizeNvfp4(residual.data(), C, lc.tensor_scale);
+  }
+
+  // proxy[K, H, L]: attention of q_c = W_q rmsnorm(centroid) (no RoPE) over un-rotated keys.
+  void ComputeProxy(int layer, const LayerClusters& lc, std::vector<float>& proxy) const {
+    const ModelConfig& config = model_.config();
+    const int64_t length = int64_t(canvas_.size());
+    const int64_t kv_width = int64_t(config.kv_heads) * config.head_dim;
+    std::vector<float> queries(size_t(lc.count) * config.heads * config.head_dim);  // [K, H*D]
+    forward_->ProjectQueries(layer, lc.centroids.data(), lc.count, queries.data());
+    std::vector<float> keys(cache_->keys(layer), cache_->keys(layer) + length * kv_width);  // [L, Hkv*D]
+    const std::vector<int> positions = Range(0, int(length));
+    UndoRope(keys.data(), positions, config.kv_heads, model_.rope(), config.rope_interleaved);
+    proxy.resize(size_t(lc.count) * config.heads * length);
+    AttentionProbabilities(queries.data(), lc.count, keys.data(), length, config.heads,
+                           config.kv_heads, config.head_dim, proxy.data());
+  }
+
+  int SuffixCommits(const DecodeContext& context, const StepResult& result, std::vector<Commit>& commits) {
+    const ModelConfig& config = model_.config();
+    int added = 0;
+    for (int r : packet_rows_) {
+      const int p = config.shift_logits ? r + 1 : r;
+      if (p < block_end_ || p >= int(canvas_.size()) || canvas_[size_t(p)] != config.mask_id) continue;
+      const auto it = std::lower_bound(result.logit_rows.begin(), result.logit_rows.end(), r);
+      if (it == result.logit_rows.end() || *it != r) continue;
+      const size_t index = size_t(it - result.logit_rows.begin());
+      std::span<const float> logits(&result.logits[index * config.vocab], size_t(config.vocab));
+      const TokenChoice choice =
+          config.arch == Arch::kDream
+              ? ChooseDream(logits, options_.temperature, options_.top_p, options_.top_k,
+                            DreamConfidence::kProbability, rng_)
+              : ChooseLlada(logits, options_.temperature, options_.remasking == "random", rng_);
+      if (choice.confidence >= options_.tau_s) {
+        commits.push_back({p, choice.token});
+        ++added;
+      }
+    }
+    return added;
+  }
+
+  void WaitForWorker() {
+    if (worker_.valid()) worker_.get();
+  }
+
+  const DecodeOptions options_;
+  const Model& model_;
+  Rng rng_;
+  KvCache* cache_ = nullptr;
+  Forward* forward_ = nullptr;
+  std::span<const int> canvas_;
+  Mode mode_ = Mode::kBlockStart;
+  int block_start_ = 0, block_end_ = 0, window_begin_ = 0, window_end_ = 0;
+  int prefix_clusters_ = 0, suffix_clusters_ = 0, total_clusters_ = 0;
+  std::vector<int> block_rows_;  // rows computed every decode step
+  std::vector<LayerClusters> layers_;
+  std::vector<float> previous_attention_;  // [B, H, L] last layer, block queries
+  std::vector<double> token_drift_;        // [B]
+  bool token_drift_valid_ = false;
+  std::deque<std::vector<double>> drift_history_;
+  std::vector<int> packet_rows_;  // the last layer's refreshed rows this step
+  RefreshTrigger trigger_{options_.tau_upd};
+  int block_commits_last_step_ = 0;
+  std::future<void> worker_;
+  nlohmann::json stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> MakePolestarPolicy(const DecodeOptions& options, const Model& model) {
+  return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
+}
+
+}  // namespace polestar

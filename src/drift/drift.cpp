@@ -1,0 +1,217 @@
+#include "drift/drift.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "base/error.h"
+#include "base/parallel.h"
+
+namespace polestar {
+
+double KlDivergence(const float* current, const float* previous, int64_t n, float floor) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float c = std::max(current[i], floor);
+    const float p = std::max(previous[i], floor);
+    sum += double(c) * (std::log(double(c)) - std::log(double(p)));
+  }
+  return std::max(sum, 0.0);
+}
+
+double CosineSimilarity(const float* a, const float* b, int64_t n) {
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    dot += double(a[i]) * b[i];
+    na += double(a[i]) * a[i];
+    nb += double(b[i]) * b[i];
+  }
+  if (na == 0 || nb == 0) return 0;
+  return dot / (std::sqrt(na) * std::sqrt(nb));
+}
+
+Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k, int iterations) {
+  PS_CHECK(int64_t(points.size()) == n * d && k > 0 && n > 0);
+  Clustering result;
+  result.centroids.resize(size_t(k * d));
+  result.labels.resize(size_t(n));
+  if (n <= k) {
+    for (int c = 0; c < k; ++c) {
+      std::memcpy(&result.centroids[size_t(c * d)], &points[size_t((c % n) * d)], size_t(d) * 4);
+    }
+    for (int64_t i = 0; i < n; ++i) result.labels[size_t(i)] = int(i);
+    return result;
+  }
+  std::vector<float> normalized(points.begin(), points.end());  // [n, d]
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = &normalized[size_t(i * d)];
+    double norm = 0;
+    for (int64_t j = 0; j < d; ++j) norm += double(row[j]) * row[j];
+    const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
+    for (int64_t j = 0; j < d; ++j) row[j] *= inv;
+  }
+  for (int c = 0; c < k; ++c) {
+    const int64_t seed = c * n / k;
+    std::memcpy(&result.centroids[size_t(c * d)], &points[size_t(seed * d)], size_t(d) * 4);
+  }
+  std::vector<float> unit(static_cast<size_t>(k * d));       // [k, d] normalised centroids
+  std::vector<double> sums(static_cast<size_t>(k * d));      // [k, d]
+  std::vector<int64_t> counts(static_cast<size_t>(k));
+  for (int iteration = 0; iteration < iterations; ++iteration) {
+    for (int c = 0; c < k; ++c) {
+      const float* centroid = &result.centroids[size_t(c * d)];
+      double norm = 0;
+      for (int64_t j = 0; j < d; ++j) norm += double(centroid[j]) * centroid[j];
+      const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
+      for (int64_t j = 0; j < d; ++j) unit[size_t(c * d + j)] = centroid[j] * inv;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      int best = 0;
+      double best_similarity = -std::numeric_limits<double>::infinity();
+      for (int c = 0; c < k; ++c) {
+        double similarity = 0;
+        for (int64_t j = 0; j < d; ++j) similarity += double(normalized[size_t(i * d + j)]) * unit[size_t(c * d + j)];
+        if (similarity > best_similarity) {
+          best_similarity = similarity;
+          best = c;
+        }
+      }
+      result.labels[size_t(i)] = best;
+    }
+    std::fill(sums.begin(), sums.end(), 0.0);
+    std::fill(counts.begin(), counts.end(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int c = result.labels[size_t(i)];
+      counts[size_t(c)]++;
+      for (int64_t j = 0; j < d; ++j) sums[size_t(c * d + j)] += points[size_t(i * d + j)];
+    }
+    for (int c = 0; c < k; ++c) {
+      if (counts[size_t(c)] == 0) continue;  // an empty cluster keeps its centroid
+      for (int64_t j = 0; j < d; ++j) {
+        result.centroids[size_t(c * d + j)] = float(sums[size_t(c * d + j)] / (double(counts[size_t(c)]) + 1e-6));
+      }
+    }
+  }
+  return result;
+}
+
+void AttentionProbabilities(const float* q, int64_t k, const float* keys, int64_t l, int heads,
+                            int kv_heads, int head_dim, float* probs) {
+  const int group = heads / kv_heads;
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  const int64_t q_stride = int64_t(heads) * head_dim;
+  const int64_t kv_stride = int64_t(kv_heads) * head_dim;
+  ParallelFor(k * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t c = item / heads;
+      const int h = int(item % heads);
+      const float* qh = q + c * q_stride + h * head_dim;
+      const float* kh = keys + int64_t(h / group) * head_dim;
+      float* row = probs + item * l;
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < l; ++j) {
+        float dot = 0;
+        for (int t = 0; t < head_dim; ++t) dot += qh[t] * kh[j * kv_stride + t];
+        row[j] = dot * scale;
+        max_score = std::max(max_score, row[j]);
+      }
+      float total = 0;
+      for (int64_t j = 0; j < l; ++j) {
+        row[j] = std::exp(row[j] - max_score);
+        total += row[j];
+      }
+      for (int64_t j = 0; j < l; ++j) row[j] /= total;
+    }
+  });
+}
+
+bool PassesDriftGate(double confidence, double delta, double floor, double tau_s, double alpha,
+                     double cap) {
+  if (!(confidence > floor && confidence < tau_s)) return false;
+  const double gate = alpha * (tau_s - confidence) * (tau_s - confidence);
+  return delta >= gate && delta < cap;
+}
+
+namespace {
+
+constexpr float kE2M1Magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+}  // namespace
+
+float E2M1ToFloat(uint8_t code) {
+  const float magnitude = kE2M1Magnitudes[code & 7];
+  return (code & 8) ? -magnitude : magnitude;
+}
+
+uint8_t FloatToE2M1(float value) {
+  const uint8_t sign = std::signbit(value) ? 8 : 0;
+  const float magnitude = std::min(std::fabs(value), 6.0f);
+  uint8_t best = 0;
+  float best_error = INFINITY;
+  for (uint8_t code = 0; code < 8; ++code) {
+    const float error = std::fabs(kE2M1Magnitudes[code] - magnitude);
+    // Nearest; on a tie the even code wins (round half to even on the E2M1 grid).
+    if (error < best_error || (error == best_error && code % 2 == 0)) {
+      best = code;
+      best_error = error;
+    }
+  }
+  return best == 0 ? 0 : uint8_t(sign | best);
+}
+
+float E4M3ToFloat(uint8_t code) {
+  const int sign = (code & 0x80) ? -1 : 1;
+  const int exponent = (code >> 3) & 0xf;
+  const int mantissa = code & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (exponent == 0) return sign * std::ldexp(float(mantissa) / 8.0f, -6);
+  return sign * std::ldexp(1.0f + float(mantissa) / 8.0f, exponent - 7);
+}
+
+uint8_t FloatToE4M3(float value) {
+  const uint8_t sign = std::signbit(value) ? 0x80 : 0;
+  const float magnitude = std::min(std::fabs(value), 448.0f);
+  uint8_t best = 0;
+  float best_error = INFINITY;
+  for (uint8_t code = 0; code < 0x7f; ++code) {  // every finite non-negative code
+    const float error = std::fabs(E4M3ToFloat(code) - magnitude);
+    if (error < best_error || (error == best_error && code % 2 == 0)) {
+      best = code;
+      best_error = error;
+    }
+  }
+  return best == 0 ? 0 : uint8_t(sign | best);
+}
+
+float Nvfp4TensorScale(float amax) { return amax > 0 ? amax / (6.0f * 448.0f) : 1.0f; }
+
+Nvfp4Row QuantizeNvfp4(const float* x, int64_t n, float tensor_scale) {
+  Nvfp4Row row;
+  const int64_t blocks = (n + 15) / 16;
+  row.scales.resize(size_t(blocks));
+  row.values.assign(size_t((n + 1) / 2), 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * 16, end = std::min(n, begin + 16);
+    float block_max = 0;
+    for (int64_t i = begin; i < end; ++i) block_max = std::max(block_max, std::fabs(x[i]));
+    const uint8_t scale_code = FloatToE4M3(block_max / 6.0f / tensor_scale);
+    row.scales[size_t(b)] = scale_code;
+    const float scale = E4M3ToFloat(scale_code) * tensor_scale;
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t code = scale > 0 ? FloatToE2M1(x[i] / scale) : 0;
+      row.values[size_t(i / 2)] |= uint8_t(code << (4 * (i % 2)));
+    }
+  }
+  return row;
+}
+
+void DequantizeNvfp4(const Nvfp4Row& row, int64_t n, float tensor_scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float scale = E4M3ToFloat(row.scales[size_t(i / 16)]) * tensor_scale;
+    const uint8_t code = (row.values[size_t(i / 2)] >> (4 * (i % 2))) & 0xf;
+    out[i] = E2M1ToFloat(code) * scale;
+  }
+}
+
+}  // namespace polestar

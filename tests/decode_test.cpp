@@ -1,0 +1,208 @@
+// Decoding: every reference run of the fixtures through `polestar generate --json`, the
+// commit rules and schedules against hand-computed cases, and the standing equivalence of
+// cached policies told to refresh everything with vanilla.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "decode/generate.h"
+#include "decode/sampling.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+std::vector<int> ReadIds(const TensorStore& store, const std::string& name) {
+  const TensorRef& t = store.Get(name);
+  std::vector<int> ids(static_cast<size_t>(t.NumElements()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    int64_t v;
+    std::memcpy(&v, t.data + 8 * i, 8);
+    ids[i] = int(v);
+  }
+  return ids;
+}
+
+std::string Join(const std::vector<int>& ids) {
+  std::string s;
+  for (int id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+  return s;
+}
+
+// Command-line flags that reproduce one run of expected.json.
+std::string RunFlags(const std::string& run, const nlohmann::json& p) {
+  std::string policy = "vanilla";
+  if (run.rfind("prefix", 0) == 0) policy = "fast-dllm-prefix";
+  if (run.rfind("dual", 0) == 0) policy = "fast-dllm-dual";
+  std::string flags = " --policy " + policy + " --gen-length " + std::to_string(p["gen_length"].get<int>()) +
+                      " --steps " + std::to_string(p["steps"].get<int>()) + " --block-length " +
+                      std::to_string(p.value("block_length", 0));
+  if (p.contains("threshold") && !p["threshold"].is_null()) {
+    flags += " --threshold " + std::to_string(p["threshold"].get<double>());
+  }
+  if (p.contains("alg")) flags += " --alg " + p["alg"].get<std::string>() + " --eps " + std::to_string(p["eps"].get<double>());
+  return flags;
+}
+
+TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
+  int runs = 0;
+  for (const char* fixture : {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny"}) {
+    const std::string dir = testing::FixtureDir(fixture);
+    const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
+    TensorStore tensors;
+    ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
+    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    for (const auto& [run, params] : expected["runs"].items()) {
+      SCOPED_TRACE(std::string(fixture) + " " + run);
+      std::string out;
+      ASSERT_EQ(testing::RunCli("generate -m " + dir + " --prompt-ids " + Join(prompt) + " --json" +
+                                    RunFlags(run, params),
+                                &out),
+                0);
+      const nlohmann::json got = nlohmann::json::parse(out);
+      EXPECT_EQ(got["tokens"].get<std::vector<int>>(), ReadIds(tensors, run + ".tokens"));
+      if (params.contains("nfe")) EXPECT_EQ(got["nfe"].get<int>(), params["nfe"].get<int>());
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 20);
+}
+
+GenerationResult RunPolicy(const Model& model, const std::vector<int>& prompt, DecodeOptions o) {
+  return Generate(model, prompt, o);
+}
+
+TEST(StandingTest, CachedPoliciesRefreshingEverythingReproduceVanilla) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c"}) {
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+    for (double threshold : {-1.0, 0.9, 0.5}) {
+      DecodeOptions base;
+      base.gen_length = 32;
+      base.block_length = 8;
+      base.steps = 16;
+      base.threshold = threshold;
+      const GenerationResult vanilla = RunPolicy(*model, prompt, base);
+      for (const char* policy : {"fast-dllm-prefix", "fast-dllm-dual"}) {
+        SCOPED_TRACE(std::string(fixture) + " " + policy + " threshold " + std::to_string(threshold));
+        DecodeOptions cached = base;
+        cached.policy = policy;
+        cached.refresh_all = true;
+        const GenerationResult got = RunPolicy(*model, prompt, cached);
+        EXPECT_EQ(got.tokens, vanilla.tokens);
+      }
+    }
+  }
+}
+
+TEST(Schedules, NumTransferTokensSpreadsTheRemainderOverTheFirstSteps) {
+  EXPECT_EQ(NumTransferTokens(8, 4), (std::vector<int>{2, 2, 2, 2}));
+  EXPECT_EQ(NumTransferTokens(10, 4), (std::vector<int>{3, 3, 2, 2}));
+  EXPECT_EQ(NumTransferTokens(3, 5), (std::vector<int>{1, 1, 1, 0, 0}));
+}
+
+TEST(Schedules, DreamTimestepsAndCountsMatchTheReferenceArithmetic) {
+  const std::vector<float> ts = DreamTimesteps(4, 1e-3f);
+  ASSERT_EQ(ts.size(), 5u);
+  EXPECT_FLOAT_EQ(ts[0], 1.0f);
+  EXPECT_FLOAT_EQ(ts[4], 1e-3f);
+  EXPECT_NEAR(ts[2], 0.5005f, 1e-6);
+  // steps = L = 256: the first step commits int(256 * (1 - s/t)) = int(0.999...) = 0 tokens.
+  const std::vector<float> t256 = DreamTimesteps(256, 1e-3f);
+  EXPECT_EQ(DreamTransferCount(256, 0, 256, t256), 0);
+  EXPECT_EQ(DreamTransferCount(7, 255, 256, t256), 7);  // the last step commits the rest
+  // 32 masks over 8 steps: 1 - s/t at step 0 is 1 - 0.875125 = 0.124875 -> int(3.996) = 3.
+  const std::vector<float> t8 = DreamTimesteps(8, 1e-3f);
+  EXPECT_EQ(DreamTransferCount(32, 0, 8, t8), 3);
+}
+
+TEST(CommitRules, ThresholdKeepsTheMostConfidentAndEverythingAboveTheBar) {
+  const std::vector<double> conf = {0.2, 0.95, 0.5, 0.91, 0.3};
+  EXPECT_EQ(SelectThreshold(conf, 0.9), (std::vector<size_t>{1, 3}));
+  const std::vector<double> low = {0.2, 0.4, 0.3};
+  EXPECT_EQ(SelectThreshold(low, 0.9), (std::vector<size_t>{1}));  // top-1 always
+}
+
+TEST(CommitRules, TopKBreaksTiesTowardsTheLeftmostPosition) {
+  const std::vector<double> conf = {0.5, 0.7, 0.7, 0.1};
+  EXPECT_EQ(SelectTopK(conf, 2), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(SelectTopK(conf, 9).size(), 4u);
+}
+
+TEST(CommitRules, FactorAcceptsWhileConfidenceClearsOneMinusFOverNPlusOne) {
+  // factor 1: bars are n=2: 1 - 1/3 = 0.667, n=3: 0.75, n=4: 0.8.
+  const std::vector<double> conf = {0.9, 0.7, 0.72, 0.1, 0.05};
+  // sorted: 0.9 (always), 0.72 >= 0.667, 0.7 < 0.75 -> stop: 2 accepted.
+  EXPECT_EQ(SelectFactor(conf, 1.0), (std::vector<size_t>{0, 2}));
+  // Reference quirk: when only the last candidate fails, it is accepted too.
+  const std::vector<double> three = {0.9, 0.8, 0.1};
+  EXPECT_EQ(SelectFactor(three, 1.0).size(), 3u);
+}
+
+TEST(Choices, LladaConfidenceIsTheFloat64SoftmaxOfTheArgmax) {
+  Rng rng(1);
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f};
+  const TokenChoice c = ChooseLlada(logits, 0, false, rng);
+  EXPECT_EQ(c.token, 1);
+  const double expected = std::exp(3.0) / (std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(c.confidence, expected, 1e-12);
+}
+
+TEST(Choices, DreamMarginAndEntropyConfidences) {
+  Rng rng(1);
+  const std::vector<float> logits = {0.0f, std::log(3.0f), std::log(6.0f)};  // probs 0.1, 0.3, 0.6
+  const TokenChoice margin = ChooseDream(logits, 0, 1.0, 0, DreamConfidence::kMargin, rng);
+  EXPECT_EQ(margin.token, 2);
+  EXPECT_NEAR(margin.confidence, 0.3, 1e-6);
+  const TokenChoice entropy = ChooseDream(logits, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
+  EXPECT_NEAR(entropy.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6), 1e-5);
+}
+
+TEST(Choices, TemperatureSamplingFollowsTheDistribution) {
+  Rng rng(7);
+  const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  int ones = 0;
+  for (int i = 0; i < 4000; ++i) ones += ChooseLlada(logits, 1.0, false, rng).token;
+  EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
+}
+
+TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const std::vector<int> prompt = {1, 2, 3};
+  auto expect_error = [&](DecodeOptions o, const std::string& needle) {
+    try {
+      Generate(*model, prompt, o);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  DecodeOptions o;
+  o.gen_length = 30;
+  o.block_length = 8;
+  expect_error(o, "does not divide");
+  o = {};
+  o.gen_length = 32;
+  o.block_length = 8;
+  o.steps = 6;
+  expect_error(o, "not divisible by the number of blocks");
+  o = {};
+  o.policy = "nope";
+  expect_error(o, "unknown policy");
+  o = {};
+  o.gen_length = 1000;
+  o.block_length = 8;
+  o.steps = 1000;
+  expect_error(o, "exceeds the model's context");
+  o = {};
+  o.alg = "entropy";
+  expect_error(o, "Dream sampler");
+}
+
+}  // namespace
+}  // namespace polestar

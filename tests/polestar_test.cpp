@@ -1,0 +1,230 @@
+// Polestar: its pure parts against hand-computed values, packet propagation against a full
+// recompute, the standing equivalence with vanilla, and aggregate agreement with the
+// authors' code on the trained probe checkpoint.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "decode/generate.h"
+#include "drift/drift.h"
+#include "io/json_file.h"
+#include "model/forward.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+TEST(DriftMetrics, KlAndCosineMatchHandComputedValues) {
+  const float p[2] = {0.5f, 0.5f}, q[2] = {0.25f, 0.75f};
+  EXPECT_NEAR(KlDivergence(p, q, 2), 0.5 * std::log(2.0) + 0.5 * std::log(2.0 / 3.0), 1e-7);
+  EXPECT_NEAR(KlDivergence(p, p, 2), 0.0, 1e-12);
+  const float a[2] = {1, 0}, b[2] = {1, 1}, zero[2] = {0, 0};
+  EXPECT_NEAR(CosineSimilarity(a, b, 2), 1 / std::sqrt(2.0), 1e-7);
+  EXPECT_EQ(CosineSimilarity(a, zero, 2), 0.0);
+}
+
+TEST(KMeans, SeparatesDirectionsWithDeterministicSeeding) {
+  // Two directions; seeds are points floor(i * 4 / 2) = 0 and 2.
+  const std::vector<float> points = {1, 0, 2, 0.1f, 0, 1, 0.1f, 3};
+  const Clustering c = SphericalKMeans(points, 4, 2, 2, 5);
+  EXPECT_EQ(c.labels, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_NEAR(c.centroids[0], 3.0 / (2 + 1e-6), 1e-5);  // mean of un-normalised members
+  EXPECT_NEAR(c.centroids[1], 0.1 / (2 + 1e-6), 1e-5);
+  EXPECT_NEAR(c.centroids[3], 4.0 / (2 + 1e-6), 1e-5);
+}
+
+TEST(KMeans, FewPointsBecomeTheirOwnClustersAndEmptyClustersKeepTheirCentroid) {
+  const std::vector<float> two = {1, 2, 3, 4};
+  const Clustering own = SphericalKMeans(two, 2, 2, 3, 5);
+  EXPECT_EQ(own.labels, (std::vector<int>{0, 1}));
+  EXPECT_EQ(own.centroids, (std::vector<float>{1, 2, 3, 4, 1, 2}));
+  // Three identical directions and k = 2: seed 1 (point 1) wins every tie? No: point 0's
+  // seed comes first, so all points join cluster 0 and cluster 1 keeps its seed.
+  const std::vector<float> same = {1, 1, 2, 2, 3, 3};
+  const Clustering c = SphericalKMeans(same, 3, 2, 2, 5);
+  EXPECT_EQ(c.labels, (std::vector<int>{0, 0, 0}));
+  EXPECT_FLOAT_EQ(c.centroids[2], 2.0f);  // cluster 1 seeded with point floor(1 * 3 / 2) = 1
+}
+
+TEST(Nvfp4, CodesFollowTheFormatDefinitions) {
+  const float magnitudes[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (uint8_t code = 0; code < 8; ++code) {
+    EXPECT_EQ(E2M1ToFloat(code), magnitudes[code]);
+    EXPECT_EQ(E2M1ToFloat(uint8_t(code | 8)), -magnitudes[code]);
+  }
+  EXPECT_EQ(FloatToE2M1(2.5f), 4);   // tie between 2 (code 4) and 3 (code 5): even code
+  EXPECT_EQ(FloatToE2M1(5.0f), 6);   // tie between 4 and 6: code 6 (value 4)
+  EXPECT_EQ(FloatToE2M1(100.0f), 7); // saturates at 6
+  EXPECT_EQ(FloatToE2M1(-1.0f), 8 | 2);
+  EXPECT_EQ(E4M3ToFloat(0x38), 1.0f);            // exponent 7 = bias
+  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);          // largest finite
+  EXPECT_EQ(E4M3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_TRUE(std::isnan(E4M3ToFloat(0x7f)));
+  EXPECT_EQ(FloatToE4M3(1.0f), 0x38);
+  EXPECT_EQ(FloatToE4M3(1000.0f), 0x7e);
+  EXPECT_EQ(FloatToE4M3(1.0625f), 0x38);  // halfway between 1 and 1.125: even mantissa
+  EXPECT_EQ(FloatToE4M3(-2.0f), 0x80 | 0x40);
+}
+
+TEST(Nvfp4, RepresentableRowsRoundTripExactlyAndOthersStayClose) {
+  // amax 6: tensor scale 6 / (6 * 448); the block scale is then exactly 448 (0x7e).
+  std::vector<float> row = {6, 3, -1.5f, 0.5f, 0, -6, 4, 2, 1, -0.5f, 1.5f, -3, 2, 4, -4, 1};
+  const float scale = Nvfp4TensorScale(6.0f);
+  Nvfp4Row q = QuantizeNvfp4(row.data(), int64_t(row.size()), scale);
+  EXPECT_EQ(q.scales[0], 0x7e);
+  std::vector<float> back(row.size());
+  DequantizeNvfp4(q, int64_t(row.size()), scale, back.data());
+  for (size_t i = 0; i < row.size(); ++i) EXPECT_NEAR(back[i], row[i], 1e-6) << i;
+  std::vector<float> smooth(40);
+  for (size_t i = 0; i < smooth.size(); ++i) smooth[i] = std::sin(float(i));
+  const float s2 = Nvfp4TensorScale(1.0f);
+  Nvfp4Row q2 = QuantizeNvfp4(smooth.data(), 40, s2);
+  std::vector<float> back2(40);
+  DequantizeNvfp4(q2, 40, s2, back2.data());
+  for (size_t i = 0; i < 40; ++i) EXPECT_NEAR(back2[i], smooth[i], 0.26);  // half of the widest gap (2 -> 3, scaled 1/6)
+}
+
+TEST(PolestarCommit, DriftGateFollowsAlphaTimesSquaredDistanceToTauS) {
+  // Gate 10 * (0.9 - c)^2: 0.40 at c = 0.7, 0.10 at 0.8, 0.001 at 0.89.
+  EXPECT_FALSE(PassesDriftGate(0.80, 0.099, 0.7, 0.9, 10, 2.0));
+  EXPECT_TRUE(PassesDriftGate(0.80, 0.101, 0.7, 0.9, 10, 2.0));
+  EXPECT_TRUE(PassesDriftGate(0.89, 0.0011, 0.7, 0.9, 10, 2.0));
+  EXPECT_FALSE(PassesDriftGate(0.70, 1.0, 0.7, 0.9, 10, 2.0));   // floor is exclusive
+  EXPECT_FALSE(PassesDriftGate(0.90, 1.0, 0.7, 0.9, 10, 2.0));   // tau_s is exclusive
+  EXPECT_FALSE(PassesDriftGate(0.85, 2.0, 0.7, 0.9, 10, 2.0));   // the cap
+  EXPECT_TRUE(PassesDriftGate(0.71, 0.39, 0.7, 0.9, 10, 2.0) == (0.39 >= 10 * 0.19 * 0.19));
+}
+
+TEST(PolestarCache, TriggerFiresOnBurstsOrAccumulatedCommits) {
+  RefreshTrigger trigger(2);
+  EXPECT_TRUE(trigger.Fire(2));   // more than one last step
+  EXPECT_FALSE(trigger.Fire(1));  // 1 since refresh
+  EXPECT_FALSE(trigger.Fire(1));  // 2
+  EXPECT_TRUE(trigger.Fire(1));   // 3 > 2, resets
+  EXPECT_FALSE(trigger.Fire(0));
+  EXPECT_FALSE(trigger.Fire(1));
+  trigger.Reset();
+  EXPECT_FALSE(trigger.Fire(1));
+}
+
+// A hook that recomputes chosen rows at every layer, the way Polestar's packets do.
+class RefreshRows : public LayerHook {
+ public:
+  RefreshRows(std::vector<int> block, std::vector<int> refreshed)
+      : block_(std::move(block)), refreshed_(std::move(refreshed)) {}
+  void BeforeQueries(LayerRows& rows) override {
+    *rows.query_rows = block_;
+    rows.query_rows->insert(rows.query_rows->end(), refreshed_.begin(), refreshed_.end());
+  }
+
+ private:
+  std::vector<int> block_, refreshed_;
+};
+
+TEST(PolestarCache, PacketPropagationEqualsAFullRecomputeOfThoseRows) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const ModelConfig& c = model->config();
+  std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
+  canvas.resize(24, c.mask_id);
+  KvCache cache = MakeCache(*model, 24, true);
+  Forward forward(*model, cache);
+  StepPlan full;
+  full.input_rows.resize(24);
+  std::iota(full.input_rows.begin(), full.input_rows.end(), 0);
+  forward.Run(canvas, full);
+  // Commit a block, then run a dual-cache step that also refreshes rows 4..6 and 18..19.
+  for (int p = 8; p < 12; ++p) canvas[size_t(p)] = 10 + p;
+  RefreshRows hook({8, 9, 10, 11, 12, 13, 14, 15}, {4, 5, 6, 18, 19});
+  StepPlan step;
+  step.input_rows = {8, 9, 10, 11, 12, 13, 14, 15};
+  step.hook = &hook;
+  const StepResult result = forward.Run(canvas, step);
+  EXPECT_EQ(result.rows_computed, 2 * 13);
+
+  KvCache reference_cache = MakeCache(*model, 24, true);
+  Forward reference(*model, reference_cache);
+  reference.Run(canvas, full);
+  const int64_t kv = int64_t(c.kv_heads) * c.head_dim;
+  for (int p : {4, 5, 6, 18, 19, 8, 11}) {
+    for (int64_t j = 0; j < c.width; ++j) {
+      ASSERT_NEAR(cache.hidden(1)[p * c.width + j], reference_cache.hidden(1)[p * c.width + j], 1e-5) << p;
+    }
+    for (int64_t j = 0; j < kv; ++j) {
+      ASSERT_NEAR(cache.keys(1)[p * kv + j], reference_cache.keys(1)[p * kv + j], 1e-5) << p;
+      ASSERT_NEAR(cache.values(1)[p * kv + j], reference_cache.values(1)[p * kv + j], 1e-5) << p;
+    }
+  }
+}
+
+TEST(StandingTest, PolestarRefreshingEverythingReproducesVanilla) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+    for (double threshold : {0.9, 0.5}) {
+      SCOPED_TRACE(std::string(fixture) + " threshold " + std::to_string(threshold));
+      DecodeOptions vanilla;
+      vanilla.gen_length = 32;
+      vanilla.block_length = 8;
+      vanilla.steps = 32;
+      vanilla.threshold = threshold;
+      DecodeOptions polestar = vanilla;
+      polestar.policy = "polestar";
+      polestar.refresh_all = true;
+      polestar.early_commit = false;
+      polestar.suffix_commit = false;
+      EXPECT_EQ(Generate(*model, prompt, polestar).tokens, Generate(*model, prompt, vanilla).tokens);
+    }
+  }
+}
+
+struct ProbeScore {
+  double accuracy = 0, tpf = 0;
+};
+
+ProbeScore RunProbe(const Model& model, const nlohmann::json& reference, DecodeOptions options) {
+  const int eos = model.config().eos_id;
+  const nlohmann::json vocab = ReadJsonFile(testing::FixtureDir("llada-probe") + "/vocab.json");
+  const auto chars = vocab["chars"].get<std::vector<std::string>>();
+  int correct = 0, forwards = 0, positions = 0;
+  for (const auto& item : reference["prompts"]) {
+    const auto prompt = item["prompt_ids"].get<std::vector<int>>();
+    const GenerationResult r = Generate(model, prompt, options);
+    std::string text;
+    for (int t : r.generated) {
+      if (t == eos) break;
+      text += t < int(chars.size()) ? chars[size_t(t)] : "?";
+    }
+    correct += text == item["answer"].get<std::string>();
+    forwards += r.nfe;
+    positions += int(r.generated.size());
+  }
+  return {double(correct) / double(reference["prompts"].size()), double(positions) / forwards};
+}
+
+TEST(ProbeCheckpoint, PolestarAgreesWithTheAuthorsCodeInAggregate) {
+  auto model = Model::Load(testing::FixtureDir("llada-probe"));
+  const nlohmann::json reference = ReadJsonFile(testing::FixtureDir("llada-probe") + "/reference.json");
+  DecodeOptions options;
+  options.policy = "polestar";
+  options.gen_length = 32;
+  options.block_length = 8;
+  options.steps = 32;
+  options.threshold = 0.9;
+  const ProbeScore full = RunProbe(*model, reference, options);
+  EXPECT_NEAR(full.tpf, 6.32, 0.632);
+  EXPECT_NEAR(full.accuracy, 0.825, 0.02);
+  options.early_commit = false;
+  const ProbeScore cache_only = RunProbe(*model, reference, options);
+  EXPECT_NEAR(cache_only.tpf, 6.21, 0.621);
+  EXPECT_NEAR(cache_only.accuracy, 0.817, 0.02);
+  // The method's point on this model: clearly more tokens per forward than dual cache.
+  options.policy = "fast-dllm-dual";
+  options.steps = 4;
+  const ProbeScore dual = RunProbe(*model, reference, options);
+  EXPECT_NEAR(dual.tpf, 3.66, 0.05);
+  EXPECT_GT(full.tpf, 1.5 * dual.tpf);
+}
+
+}  // namespace
+}  // namespace polestar

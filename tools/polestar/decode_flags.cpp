@@ -1,0 +1,73 @@
+#include "decode_flags.h"
+
+#include <charconv>
+
+#include "base/error.h"
+
+namespace polestar::cli {
+
+void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
+  cmd->add_option("--policy", o.policy, std::string("decoding policy: ") + KnownPolicies())
+      ->capture_default_str();
+  cmd->add_option("--gen-length,-n", o.gen_length, "generated positions (canvas length)")->capture_default_str();
+  cmd->add_option("--block-length,--diffusion-block-length", o.block_length,
+                  "semi-autoregressive block length (0: one block)")->capture_default_str();
+  cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")->capture_default_str();
+  cmd->add_option("--threshold", o.threshold, "confidence threshold commit (Fast-dLLM), e.g. 0.9");
+  cmd->add_option("--factor", o.factor, "factor commit rule (Fast-dLLM)");
+  cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")->capture_default_str();
+  cmd->add_option("--seed,-s", o.seed, "random seed")->capture_default_str();
+  cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")->capture_default_str();
+  cmd->add_option("--alg", o.alg, "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
+  cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")->capture_default_str();
+  cmd->add_option("--alg-temp,--diffusion-alg-temp", o.alg_temp, "Dream: order sampling temperature");
+  cmd->add_option("--cfg-scale,--diffusion-cfg-scale", o.cfg_scale, "classifier-free guidance scale");
+  cmd->add_option("--top-p", o.top_p, "Dream: nucleus sampling")->capture_default_str();
+  cmd->add_option("--top-k", o.top_k, "Dream: top-k sampling (0: off)")->capture_default_str();
+  cmd->add_flag("--refresh-all", o.refresh_all, "cached policies: recompute everything every step");
+  // Elastic-Cache.
+  cmd->add_option("--track-num", o.track_num, "Elastic-Cache: most-attended tokens tracked")->capture_default_str();
+  cmd->add_option("--gamma", o.gamma, "Elastic-Cache: cosine trigger threshold")->capture_default_str();
+  cmd->add_option("--window", o.window, "Elastic-Cache: sliding window (0: 16 LLaDA, 32 Dream)");
+  // Polestar.
+  cmd->add_option("--tau-s", o.tau_s, "Polestar: commit threshold")->capture_default_str();
+  cmd->add_option("--early-floor", o.early_floor, "Polestar: early-commit confidence floor")->capture_default_str();
+  cmd->add_option("--alpha", o.alpha, "Polestar: drift gate coefficient")->capture_default_str();
+  cmd->add_option("--drift-cap", o.drift_cap, "Polestar: drift gate cap")->capture_default_str();
+  cmd->add_option("--drift-history", o.drift_history, "Polestar: drift history steps")->capture_default_str();
+  cmd->add_option("--clusters", o.clusters, "Polestar: clusters per layer")->capture_default_str();
+  cmd->add_option("--topk", o.topk_clusters, "Polestar: clusters refreshed per layer")->capture_default_str();
+  cmd->add_option("--kmeans-iters", o.kmeans_iters, "Polestar: k-means iterations")->capture_default_str();
+  cmd->add_option("--window-prefix-blocks", o.window_prefix_blocks, "Polestar: prefix window blocks")->capture_default_str();
+  cmd->add_option("--window-suffix-blocks", o.window_suffix_blocks, "Polestar: suffix window blocks")->capture_default_str();
+  cmd->add_option("--full-refresh-period", o.full_refresh_period, "Polestar: every n-th block starts windowed")->capture_default_str();
+  cmd->add_option("--tau-upd", o.tau_upd, "Polestar: refresh after more than this many commits")->capture_default_str();
+  cmd->add_option("--polestar-cache", o.polestar_cache, "Polestar: drift-aware sparse refresh (true/false)")->capture_default_str();
+  cmd->add_option("--early-commit", o.early_commit, "Polestar: drift-gated early commit (true/false)")->capture_default_str();
+  cmd->add_option("--suffix-commit", o.suffix_commit, "Polestar: commit refreshed suffix positions (true/false)")->capture_default_str();
+  cmd->add_option("--drift-metric", o.drift_metric, "Polestar: kl | cosine")->capture_default_str();
+  cmd->add_option("--nvfp4", o.nvfp4_hidden, "Polestar: NVFP4 residual hidden-state cache (true/false)")->capture_default_str();
+  cmd->add_option("--overlap", o.overlap, "Polestar: auxiliary work on a worker thread (true/false)")->capture_default_str();
+}
+
+std::vector<int> ParseIdList(const std::string& text, const char* flag) {
+  std::vector<int> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    int value = 0;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
+      Fail(flag, ": '", item, "' is not a token id (expected a comma-separated list like 1,2,3)");
+    }
+    ids.push_back(value);
+    start = end + 1;
+  }
+  return ids;
+}
+
+}  // namespace polestar::cli
