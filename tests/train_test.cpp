@@ -401,5 +401,46 @@ TEST(TokenizerTest, WritesHuggingFaceFiles) {
   EXPECT_EQ(config["clean_up_tokenization_spaces"], false);
 }
 
+TEST(TrainCliTest, TrainsExportsAndEvaluates) {
+  const std::string dir = testing::TempDir();
+  std::string out;
+  ASSERT_EQ(testing::RunCli("train --out " + dir + " --steps 3 --layers 1 --width 16 --heads 2 "
+                            "--ffn 16 --merges 20 --tasks add --batch 2 --gen-length 64 "
+                            "--eval-items 1 --checkpoint-every 2 --log-every 1 -t 1",
+                            &out, true),
+            0)
+      << out;
+  EXPECT_NE(out.find("step 3/3"), std::string::npos) << out;
+  EXPECT_NE(out.find("tok/s"), std::string::npos);
+  EXPECT_NE(out.find("eval step 3: add"), std::string::npos) << out;
+  for (const char* file : {"model/config.json", "model/model.safetensors", "model/tokenizer.json",
+                           "model/tokenizer_config.json", "checkpoint.safetensors", "loss.csv",
+                           "eval.csv"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
+  }
+  std::ifstream csv(dir + "/loss.csv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(csv, line)) ++lines;
+  EXPECT_EQ(lines, 4);  // header + 3 steps
+
+  ASSERT_EQ(testing::RunCli("tasks-eval -m " + dir + "/model --tasks add --items 2 "
+                            "--gen-length 64 --block-length 16 --steps 64 -t 1 --json",
+                            &out),
+            0)
+      << out;
+  const nlohmann::json result = nlohmann::json::parse(out);
+  EXPECT_EQ(result["tasks"][0]["task"], "add");
+  EXPECT_EQ(result["tasks"][0]["total"], 2);
+  EXPECT_EQ(result["nfe"], 64.0);
+
+  // The tokenizer written with the model reads back to the same encoder.
+  const BpeTokenizer loaded = BpeTokenizer::Load(dir + "/model");
+  const BpeTokenizer built = BuildTokenizer({"add"}, 20, 1);
+  const std::string text = ChatPrompt("Compute 12 + 30.");
+  EXPECT_EQ(loaded.Encode(text), built.Encode(text));
+  EXPECT_THROW(BpeTokenizer::Load(dir), Error);  // no tokenizer.json there
+}
+
 }  // namespace
 }  // namespace polestar::train

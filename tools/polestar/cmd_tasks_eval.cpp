@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "commands.h"
 #include "decode_flags.h"
 #include "tasks/tasks.h"
@@ -20,6 +21,7 @@ void AddTasksEvalCommand(CLI::App& app) {
     int items = 50;
     uint64_t item_seed = 1000;
     bool json = false;
+    int threads = 0;
     DecodeOptions decode;
   };
   auto args = std::make_shared<Args>();
@@ -31,8 +33,10 @@ void AddTasksEvalCommand(CLI::App& app) {
   cmd->add_option("--items", args->items, "test items per task")->capture_default_str();
   cmd->add_option("--item-seed", args->item_seed, "seed of the test items")->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON instead of a table");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")->capture_default_str();
   AddDecodeFlags(cmd, args->decode);
   cmd->callback([args] {
+    SetThreadCount(args->threads);
     auto model = Model::Load(args->model);
     const BpeTokenizer tokenizer = BpeTokenizer::Load(args->model);
     const std::vector<std::string> tasks = args->tasks.empty() ? TaskNames() : args->tasks;
