@@ -298,6 +298,23 @@ TEST(TrainerTest, ResumeEqualsUninterrupted) {
   ASSERT_EQ(params.size(), straight.size());
   for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i], straight[i]) << i;
 
+  // A warm start takes the parameters and starts the schedule afresh; it needs the source
+  // run's tokenizer (exported with its model).
+  TrainOptions warm = TinyRun(dir + "/warm", 5);
+  warm.init_from = dir + "/split";
+  warm.seed = 6;
+  EXPECT_THROW(Trainer{warm}, Error);  // nothing exported there yet
+  Trainer(TinyRun(dir + "/split", 5)).ExportModel();
+  Trainer third(warm);
+  EXPECT_EQ(third.step(), 0);
+  std::vector<float> after_three;
+  {
+    TrainOptions again = TinyRun(dir + "/split", 5);
+    again.resume = true;
+    after_three = Trainer(again).model().params();
+  }
+  EXPECT_EQ(third.model().params(), after_three);
+
   // Other flags cannot silently resume a checkpoint.
   TrainOptions other = resumed;
   other.lr = 1e-4f;
@@ -322,7 +339,7 @@ TEST(TrainerTest, BatchFollowsTheSftObjective) {
   TrainOptions o = TinyRun(testing::TempDir(), 5);
   o.batch = 8;
   const auto tasks = SelectedTasks(o);
-  const BpeTokenizer tok = BuildTokenizer(tasks, o.bpe_merges, o.seed);
+  const BpeTokenizer tok = BuildTokenizer(tasks, o.bpe_merges);
   const TinyConfig config = MakeTinyConfig(o, tok);
   const Batch a = MakeBatch(tok, config, o, tasks, 3), b = MakeBatch(tok, config, o, tasks, 3);
   EXPECT_EQ(a.tokens, b.tokens);  // a pure function of (seed, step)
@@ -348,7 +365,7 @@ TEST(TrainerTest, BatchFollowsTheSftObjective) {
 }
 
 TEST(TokenizerTest, RoundTripAndPieces) {
-  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 100, 1);
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 100);
   for (const std::string& task : TaskNames()) {
     const TaskItem item = MakeTaskItem(task, Split::kTest, 0, 9);
     const std::string text = ChatPrompt(item.prompt) + item.answer;
@@ -376,7 +393,7 @@ TEST(TokenizerTest, RoundTripAndPieces) {
 }
 
 TEST(TokenizerTest, WritesHuggingFaceFiles) {
-  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 50, 1);
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 50);
   const std::string dir = testing::TempDir();
   tok.WriteFiles(dir, 256);
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/tokenizer.json"));
@@ -436,7 +453,7 @@ TEST(TrainCliTest, TrainsExportsAndEvaluates) {
 
   // The tokenizer written with the model reads back to the same encoder.
   const BpeTokenizer loaded = BpeTokenizer::Load(dir + "/model");
-  const BpeTokenizer built = BuildTokenizer({"add"}, 20, 1);
+  const BpeTokenizer built = BuildTokenizer({"add"}, 20);
   const std::string text = ChatPrompt("Compute 12 + 30.");
   EXPECT_EQ(loaded.Encode(text), built.Encode(text));
   EXPECT_THROW(BpeTokenizer::Load(dir), Error);  // no tokenizer.json there

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numbers>
 
 #include "base/error.h"
@@ -27,7 +28,7 @@ std::string TrainOptions::Fingerprint() const {
       {"batch", batch}, {"mask_eps", mask_eps}, {"stratified_t", true}, {"steps", steps}, {"lr", lr},
       {"min_lr_ratio", min_lr_ratio}, {"weight_decay", weight_decay}, {"beta1", beta1},
       {"beta2", beta2}, {"adam_eps", adam_eps}, {"clip", clip}, {"warmup", warmup},
-      {"seed", seed}};
+      {"seed", seed}, {"init_from", init_from}};
   return j.dump();
 }
 
@@ -37,11 +38,13 @@ std::vector<std::string> SelectedTasks(const TrainOptions& options) {
   return options.tasks;
 }
 
-BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges, uint64_t seed) {
+BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges) {
+  // The corpus is fixed (not the run's seed): the tokenizer belongs to the task suite, so
+  // runs with different seeds share it and can warm-start from each other.
   std::vector<std::string> corpus;
   for (const std::string& task : tasks) {
     for (uint64_t i = 0; i < 1000; ++i) {
-      const TaskItem item = MakeTaskItem(task, Split::kTrain, i, MixSeed({seed, 0x70C}));
+      const TaskItem item = MakeTaskItem(task, Split::kTrain, i, MixSeed({1, 0x70C}));
       corpus.push_back(ChatPrompt(item.prompt) + item.answer);
     }
   }
@@ -118,7 +121,7 @@ float LearningRate(const TrainOptions& o, int64_t step) {
 Trainer::Trainer(TrainOptions options)
     : options_(std::move(options)),
       tasks_(SelectedTasks(options_)),
-      tokenizer_(BuildTokenizer(tasks_, options_.bpe_merges, options_.seed)),
+      tokenizer_(BuildTokenizer(tasks_, options_.bpe_merges)),
       model_(MakeTinyConfig(options_, tokenizer_)) {
   if (options_.out_dir.empty()) Fail("train: --out is required");
   if (options_.steps <= 0 || options_.batch <= 0) Fail("train: steps and batch must be positive");
@@ -126,6 +129,16 @@ Trainer::Trainer(TrainOptions options)
   openblas_set_num_threads(ThreadCount());
   fs::create_directories(options_.out_dir);
   model_.Init(options_.seed);
+  if (!options_.init_from.empty()) {
+    // Same parameter count is not enough: token ids must mean the same tokens.
+    const fs::path source_tokenizer = fs::path(options_.init_from) / "model" / "tokenizer.json";
+    std::ifstream in(source_tokenizer);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text != tokenizer_.TokenizerJson() + "\n") {
+      Fail(source_tokenizer.string(), ": missing or not the tokenizer of this run's options");
+    }
+    LoadParams((fs::path(options_.init_from) / "checkpoint.safetensors").string());
+  }
   grads_.assign(model_.params().size(), 0.0f);
   adam_m_.assign(model_.params().size(), 0.0f);
   adam_v_.assign(model_.params().size(), 0.0f);
@@ -185,6 +198,18 @@ void Trainer::SaveCheckpoint() const {
                          F32Tensor("adam_m", {n}, adam_m_), F32Tensor("adam_v", {n}, adam_v_),
                          I64Tensor("step", {1}, {step_})});
   fs::rename(tmp, CheckpointPath());  // atomic: an interrupted save leaves the old one
+}
+
+void Trainer::LoadParams(const std::string& path) {
+  TensorStore store;
+  store.set_origin(path);
+  ReadSafetensorsFile(path, store);
+  const TensorRef& t = store.Get("params");
+  if (t.dtype != DType::kF32 || t.bytes != model_.params().size() * 4) {
+    Fail(path, ": its parameters do not fit this model shape (", t.bytes / 4, " vs ",
+         model_.params().size(), " floats)");
+  }
+  std::memcpy(model_.params().data(), t.data, t.bytes);
 }
 
 void Trainer::LoadCheckpoint() {

@@ -42,6 +42,9 @@ struct TrainOptions {
   int threads = 0;
   bool resume = false;
   bool quiet = false;
+  // Warm start: parameters from this run folder's checkpoint (same model shape), with a
+  // fresh optimiser and schedule. Empty: random init.
+  std::string init_from;
 
   // The options that define the run; a resume must match them.
   std::string Fingerprint() const;
@@ -50,8 +53,8 @@ struct TrainOptions {
 // The task list the options select (all tasks when none are named).
 std::vector<std::string> SelectedTasks(const TrainOptions& options);
 
-// Byte-level BPE trained on chat prompts + answers of the training split (deterministic).
-BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges, uint64_t seed);
+// Byte-level BPE trained on chat prompts + answers of a fixed sample of the training split.
+BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges);
 
 TinyConfig MakeTinyConfig(const TrainOptions& options, const BpeTokenizer& tokenizer);
 
@@ -81,6 +84,7 @@ class Trainer {
 
  private:
   void LoadCheckpoint();
+  void LoadParams(const std::string& checkpoint_path);
   void Evaluate(int items);
 
   TrainOptions options_;

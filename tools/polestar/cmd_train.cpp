@@ -32,6 +32,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--log-every", o->log_every, "steps between progress lines")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
+  cmd->add_option("--init-from", o->init_from,
+                  "warm start: parameters of another run folder's checkpoint, fresh optimiser");
   cmd->callback([o] {
     train::Trainer trainer(*o);
     trainer.Run();
