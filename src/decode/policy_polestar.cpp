@@ -31,9 +31,13 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
-#include <future>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "decode/policy.h"
 #include "decode/sampling.h"
 #include "drift/drift.h"
@@ -55,6 +59,59 @@ struct LayerClusters {
 };
 
 enum class Mode { kBlockStart, kDecode, kRefresh };
+
+// One persistent thread that runs one job at a time. Persistent, so the OpenMP team its
+// kernels use is created once, not per job.
+class Worker {
+ public:
+  ~Worker() {
+    {
+      std::unique_lock lock(mutex_);
+      Wait(lock);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits for the previous job, then starts `job`.
+  void Run(std::function<void()> job) {
+    std::unique_lock lock(mutex_);
+    Wait(lock);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    job_ = std::move(job);
+    changed_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock lock(mutex_);
+    Wait(lock);
+  }
+
+ private:
+  void Wait(std::unique_lock<std::mutex>& lock) {
+    changed_.wait(lock, [this] { return !job_; });
+  }
+  void Loop() {
+    // The auxiliary work is small: one thread, so it overlaps the forward instead of
+    // competing with its threads.
+    SetThreadCount(1);
+    std::unique_lock lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [this] { return job_ || stopping_; });
+      if (stopping_ && !job_) return;
+      lock.unlock();
+      job_();
+      lock.lock();
+      job_ = nullptr;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
 
 class PolestarPolicy final : public Policy, public LayerHook, public HiddenSource {
  public:
@@ -184,8 +241,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       if (options_.overlap) {
         // One job in flight: layer l's clustering runs while the forward computes layer l's
         // queries, attention and MLP and layer l+1's K/V.
-        WaitForWorker();
-        worker_ = std::async(std::launch::async, [this, layer = rows.layer] { ClusterLayer(layer); });
+        worker_.Run([this, layer = rows.layer] { ClusterLayer(layer); });
       } else {
         ClusterLayer(rows.layer);
       }
@@ -399,9 +455,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     return added;
   }
 
-  void WaitForWorker() {
-    if (worker_.valid()) worker_.get();
-  }
+  void WaitForWorker() { worker_.Wait(); }
 
   const DecodeOptions options_;
   const Model& model_;
@@ -421,7 +475,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   std::vector<int> packet_rows_;  // the last layer's refreshed rows this step
   RefreshTrigger trigger_{options_.tau_upd};
   int block_commits_last_step_ = 0;
-  std::future<void> worker_;
+  Worker worker_;
   nlohmann::json stats_;
 };
 

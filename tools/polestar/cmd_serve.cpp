@@ -1,6 +1,8 @@
 // polestar serve: the OpenAI-compatible HTTP server, with a live view of the denoising at /.
-#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <cstdio>
 #include <thread>
@@ -48,13 +50,18 @@ void AddServeCommand(CLI::App& app) {
   cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");
   AddDecodeFlags(cmd, s.defaults);
   cmd->callback([args] {
-    // Ctrl-C and SIGTERM reach a thread that stops the server; every other thread (the
-    // server's included) inherits the blocked mask.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    // Ctrl-C and SIGTERM may arrive on any thread (libraries such as OpenBLAS start their
+    // own threads before main), so the handler only writes to a pipe that a waiter reads.
+    static int stop_pipe[2] = {-1, -1};
+    if (pipe(stop_pipe) != 0) Fail("serve: cannot create a pipe");
+    struct sigaction action {};
+    action.sa_handler = [](int) {
+      const char byte = 1;
+      [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
+    };
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, nullptr);
+    sigaction(SIGTERM, &action, nullptr);
 
     const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
     Server server(args->server);
@@ -62,9 +69,10 @@ void AddServeCommand(CLI::App& app) {
     std::fprintf(stderr, "polestar serve: listening on http://%s:%d/ (loading %s)\n",
                  args->server.host.c_str(), port, model_path.c_str());
     std::thread signal_waiter([&] {
-      int received = 0;
-      sigwait(&signals, &received);
-      std::fprintf(stderr, "polestar serve: stopping\n");
+      char byte = 0;
+      while (read(stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      if (byte == 1) std::fprintf(stderr, "polestar serve: stopping\n");
       server.Stop();
     });
     try {
@@ -72,7 +80,8 @@ void AddServeCommand(CLI::App& app) {
       auto codec = LoadTextCodec(model_path, model->config());
       server.SetModel(std::move(model), std::move(codec));
     } catch (...) {
-      pthread_kill(signal_waiter.native_handle(), SIGTERM);
+      const char byte = 2;  // not a signal: the model failed to load
+      [[maybe_unused]] ssize_t n = write(stop_pipe[1], &byte, 1);
       signal_waiter.join();
       throw;
     }

@@ -14,5 +14,8 @@ void AddServeCommand(CLI::App& app);
 void AddMakeRandomModelCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddEvalCommand(CLI::App& app);
+void AddTasksCommand(CLI::App& app);
+void AddTrainCommand(CLI::App& app);
+void AddTasksEvalCommand(CLI::App& app);
 
 }  // namespace polestar::cli

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   polestar::cli::AddMakeRandomModelCommand(app);
   polestar::cli::AddBenchCommand(app);
   polestar::cli::AddEvalCommand(app);
+  polestar::cli::AddTasksCommand(app);
+  polestar::cli::AddTrainCommand(app);
+  polestar::cli::AddTasksEvalCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,99 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "base/error.h"
+#include "tasks/tasks.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+TEST(TasksTest, ItemsAreDeterministicAndSplitsDisjoint) {
+  for (const std::string& task : TaskNames()) {
+    const TaskItem a = MakeTaskItem(task, Split::kTest, 3, 42);
+    const TaskItem b = MakeTaskItem(task, Split::kTest, 3, 42);
+    EXPECT_EQ(a.prompt, b.prompt);
+    EXPECT_EQ(a.answer, b.answer);
+    EXPECT_EQ(a.task, task);
+    EXPECT_TRUE(GradeAnswer(a, a.answer)) << task << ": " << a.prompt;
+    std::set<std::string> test;
+    for (uint64_t i = 0; i < 100; ++i) {
+      const TaskItem item = MakeTaskItem(task, Split::kTest, i, 7);
+      EXPECT_EQ(SplitOf(item.prompt), Split::kTest);
+      test.insert(item.prompt);
+    }
+    EXPECT_GT(test.size(), 90u) << task;  // the generators have room
+    for (uint64_t i = 0; i < 2000; ++i) {
+      const TaskItem item = MakeTaskItem(task, Split::kTrain, i, 1 + i % 3);
+      ASSERT_EQ(test.count(item.prompt), 0u) << task << ": " << item.prompt;
+      EXPECT_TRUE(GradeAnswer(item, item.answer));
+    }
+  }
+  EXPECT_THROW(MakeTaskItem("nope", Split::kTest, 0, 0), Error);
+}
+
+TEST(TasksTest, ExactMatchGraders) {
+  const TaskItem add{"add", "Compute 4821 + 937.", "5758"};
+  EXPECT_TRUE(GradeAnswer(add, "5758"));
+  EXPECT_TRUE(GradeAnswer(add, " 5758\n"));
+  EXPECT_FALSE(GradeAnswer(add, "5748"));
+  EXPECT_FALSE(GradeAnswer(add, "57580"));
+  const TaskItem sorted = MakeTaskItem("sort", Split::kTest, 0, 1);
+  EXPECT_FALSE(GradeAnswer(sorted, sorted.answer + ", Alan Adams"));
+}
+
+TEST(TasksTest, SortIsByLastName) {
+  for (uint64_t i = 0; i < 50; ++i) {
+    const TaskItem item = MakeTaskItem("sort", Split::kTrain, i, 3);
+    std::vector<std::string> lasts;
+    size_t at = 0;
+    const std::string& a = item.answer;
+    while (at < a.size()) {
+      const size_t comma = std::min(a.find(", ", at), a.size());
+      const std::string name = a.substr(at, comma - at);
+      lasts.push_back(name.substr(name.find(' ') + 1));
+      at = comma + 2;
+    }
+    EXPECT_TRUE(std::is_sorted(lasts.begin(), lasts.end())) << item.answer;
+  }
+}
+
+TEST(TasksTest, LatinSquareAcceptsEveryValidCompletion) {
+  const TaskItem item{"latin", "Complete the Latin square:\n1...\n....\n....\n...1", ""};
+  // Two different completions, both valid.
+  EXPECT_TRUE(GradeAnswer(item, "1234\n2143\n3412\n4321"));
+  EXPECT_TRUE(GradeAnswer(item, "1234\n3412\n2143\n4321"));
+  EXPECT_FALSE(GradeAnswer(item, "2134\n1243\n3412\n4321"));  // changes a given
+  EXPECT_FALSE(GradeAnswer(item, "1234\n2143\n3412\n4312"));  // repeated symbol in a column
+  EXPECT_FALSE(GradeAnswer(item, "1234\n2143\n3412"));        // incomplete
+  EXPECT_FALSE(GradeAnswer(item, "1234\n2143\n3412\n432."));  // blank left
+}
+
+TEST(TasksTest, WordProblemsGradeTheFinalNumber) {
+  const TaskItem item = MakeTaskItem("word", Split::kTest, 1, 5);
+  EXPECT_TRUE(GradeAnswer(item, item.answer));
+  const std::string final = item.answer.substr(item.answer.rfind(' ') + 1);
+  EXPECT_TRUE(GradeAnswer(item, "1+1=2 answer " + final));
+  EXPECT_FALSE(GradeAnswer(item, "answer " + final + "0"));
+  EXPECT_FALSE(GradeAnswer(item, final));  // the worked answer format is required
+}
+
+TEST(TasksTest, ChatTemplateIsLladas) {
+  EXPECT_EQ(ChatPrompt(" Hi \n"),
+            "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+TEST(TasksTest, CliPrintsItems) {
+  std::string out;
+  ASSERT_EQ(testing::RunCli("tasks --task add --split test --n 2 --seed 4 --json", &out), 0);
+  const TaskItem item = MakeTaskItem("add", Split::kTest, 1, 4);
+  EXPECT_NE(out.find(item.answer), std::string::npos);
+  EXPECT_NE(out.find("\"split\":\"test\""), std::string::npos);
+  ASSERT_NE(testing::RunCli("tasks --task nope", &out, true), 0);
+  EXPECT_NE(out.find("unknown task"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace polestar

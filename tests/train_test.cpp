@@ -1,0 +1,463 @@
+// Tests of the trainer: every layer's hand-written backward against central finite
+// differences, the whole model's gradient, exact resume, the tokenizer and the export.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "base/error.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "tasks/tasks.h"
+#include "test_support.h"
+#include "train/bpe.h"
+#include "train/layers.h"
+#include "train/tiny_model.h"
+#include "train/trainer.h"
+
+namespace polestar::train {
+namespace {
+
+std::vector<float> RandomVector(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(engine);
+  return v;
+}
+
+// Checks d loss / d values[i] == analytic[i] by central differences in fp32, for every
+// `stride`-th i.
+void ExpectGradient(std::vector<float>& values, const std::vector<float>& analytic,
+                    const std::function<double()>& loss, float step, float tolerance,
+                    const std::string& what, size_t stride = 1) {
+  ASSERT_EQ(values.size(), analytic.size());
+  for (size_t i = 0; i < values.size(); i += stride) {
+    const float saved = values[i];
+    values[i] = saved + step;
+    const double up = loss();
+    values[i] = saved - step;
+    const double down = loss();
+    values[i] = saved;
+    const double numeric = (up - down) / (2.0 * step);
+    ASSERT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::abs(numeric)))
+        << what << " element " << i;
+  }
+}
+
+TinyConfig SmallConfig() {
+  TinyConfig c;
+  c.vocab = 23;
+  c.width = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.ffn = 12;
+  c.max_positions = 32;
+  c.mask_id = 22;
+  c.eos_id = 21;
+  c.pad_id = 21;
+  return c;
+}
+
+Batch SmallBatch() {
+  Batch b;
+  b.tokens = {1, 5, 22, 7, 22, 3, 9, 22, 22, 2, 21, 22};
+  b.starts = {0, 5, 12};
+  b.positions = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6};
+  b.target_rows = {2, 4, 7, 8, 11};
+  b.targets = {4, 6, 10, 21, 21};
+  b.weights = {0.5f, 0.5f, 0.25f, 0.25f, 0.25f};
+  return b;
+}
+
+TEST(TrainModelTest, WholeModelGradientMatchesFiniteDifferences) {
+  TinyModel model(SmallConfig());
+  model.Init(7);
+  // Norm weights away from 1 so their gradients are exercised off the trivial point.
+  std::vector<float>& p = model.params();
+  const std::vector<float> noise = RandomVector(p.size(), 11, 0.3f);
+  for (size_t i = 0; i < p.size(); ++i) p[i] += noise[i];
+  const Batch batch = SmallBatch();
+  std::vector<float> grads(p.size(), 0.0f);
+  model.Run(batch, grads.data());
+  // A third of the elements, spread over every tensor.
+  ExpectGradient(p, grads, [&] { return model.Run(batch, nullptr); }, 1e-2f, 2e-2f, "model", 3);
+}
+
+
+// Loss = sum(r * y) for a fixed random r, so dL/dy = r.
+double Weighted(const std::vector<float>& y, const std::vector<float>& r) {
+  double sum = 0.0;
+  for (size_t i = 0; i < y.size(); ++i) sum += double(y[i]) * r[i];
+  return sum;
+}
+
+TEST(TrainLayerTest, LinearBackward) {
+  const int64_t m = 3, k = 5, n = 4;
+  std::vector<float> x = RandomVector(m * k, 1), w = RandomVector(n * k, 2), r = RandomVector(m * n, 3);
+  std::vector<float> y(m * n), dx(m * k), dw(n * k, 0.0f);
+  auto loss = [&] {
+    LinearForward(x.data(), m, k, w.data(), n, y.data());
+    return Weighted(y, r);
+  };
+  LinearBackward(r.data(), x.data(), w.data(), m, k, n, dx.data(), dw.data());
+  ExpectGradient(x, dx, loss, 1e-2f, 1e-3f, "dx");
+  ExpectGradient(w, dw, loss, 1e-2f, 1e-3f, "dw");
+  // Accumulating variants add to what is there.
+  std::vector<float> dx2(dx), dw2(dw);
+  LinearBackward(r.data(), x.data(), w.data(), m, k, n, dx2.data(), dw2.data(), true);
+  for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
+  for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw[i]);
+}
+
+TEST(TrainLayerTest, RmsNormBackward) {
+  const int64_t m = 4, c = 6;
+  std::vector<float> x = RandomVector(m * c, 4), w = RandomVector(c, 5), r = RandomVector(m * c, 6);
+  std::vector<float> y(m * c), inv(m), dx(m * c, 0.0f), dw(c, 0.0f);
+  auto loss = [&] {
+    RmsNormForward(x.data(), m, c, w.data(), 1e-5f, y.data(), inv.data());
+    return Weighted(y, r);
+  };
+  loss();
+  // Forward against the definition.
+  for (int64_t row = 0; row < m; ++row) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < c; ++i) ss += double(x[row * c + i]) * x[row * c + i];
+    const double scale = 1.0 / std::sqrt(ss / c + 1e-5);
+    for (int64_t i = 0; i < c; ++i) EXPECT_NEAR(y[row * c + i], x[row * c + i] * scale * w[i], 1e-5);
+  }
+  RmsNormBackward(r.data(), x.data(), w.data(), inv.data(), m, c, dx.data(), dw.data());
+  ExpectGradient(x, dx, loss, 1e-2f, 2e-3f, "dx");
+  ExpectGradient(w, dw, loss, 1e-2f, 2e-3f, "dw");
+}
+
+TEST(TrainLayerTest, RopeBackwardIsInverseRotation) {
+  const int heads = 2, head_dim = 4;
+  const int64_t m = 3, stride = 10;  // rows wider than heads * D: the rest is untouched
+  const RopeTable table(head_dim, 16, 10000.0f);
+  const std::vector<int> positions = {0, 5, 11};
+  std::vector<float> x = RandomVector(m * stride, 7), r = RandomVector(m * stride, 8);
+  auto loss = [&] {
+    std::vector<float> y = x;
+    Rope(y.data(), m, stride, heads, positions, table, false);
+    return Weighted(y, r);
+  };
+  std::vector<float> dx = r;
+  Rope(dx.data(), m, stride, heads, positions, table, true);
+  ExpectGradient(x, dx, loss, 1e-2f, 1e-3f, "dx");
+  // Agrees with the engine's rotation on contiguous rows.
+  std::vector<float> a = RandomVector(m * heads * head_dim, 9), b = a;
+  Rope(a.data(), m, heads * head_dim, heads, positions, table, false);
+  ApplyRope(b.data(), positions, heads, table, false);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_FLOAT_EQ(a[i], b[i]);
+}
+
+TEST(TrainLayerTest, AttentionBackward) {
+  const int heads = 2, head_dim = 4;
+  const std::vector<int> starts = {0, 3, 8};  // two sequences, attention stays inside each
+  const int64_t m = 8, width = heads * head_dim;
+  std::vector<float> qkv = RandomVector(m * 3 * width, 10), r = RandomVector(m * width, 11);
+  std::vector<float> out(m * width), probs(AttentionProbsSize(starts, heads)), dqkv(m * 3 * width);
+  auto loss = [&] {
+    AttentionForward(qkv.data(), starts, heads, head_dim, out.data(), probs.data());
+    return Weighted(out, r);
+  };
+  loss();
+  // The first sequence's output does not depend on the second sequence's keys.
+  std::vector<float> before(out.begin(), out.begin() + 3 * width);
+  qkv[5 * 3 * width + width] += 1.0f;
+  loss();
+  for (int64_t i = 0; i < 3 * width; ++i) EXPECT_EQ(out[i], before[i]);
+  qkv[5 * 3 * width + width] -= 1.0f;
+  loss();
+  AttentionBackward(r.data(), qkv.data(), probs.data(), starts, heads, head_dim, dqkv.data());
+  ExpectGradient(qkv, dqkv, loss, 1e-2f, 2e-3f, "dqkv");
+}
+
+TEST(TrainLayerTest, SwigluBackward) {
+  const int64_t m = 3, f = 5;
+  std::vector<float> gu = RandomVector(m * 2 * f, 12, 2.0f), r = RandomVector(m * f, 13);
+  std::vector<float> act(m * f), dgu(m * 2 * f);
+  auto loss = [&] {
+    SwigluForward(gu.data(), m, f, act.data());
+    return Weighted(act, r);
+  };
+  loss();
+  EXPECT_NEAR(act[0], gu[0] / (1 + std::exp(-gu[0])) * gu[f], 1e-6);
+  SwigluBackward(r.data(), gu.data(), m, f, dgu.data());
+  ExpectGradient(gu, dgu, loss, 1e-2f, 2e-3f, "dgu");
+}
+
+TEST(TrainLayerTest, CrossEntropyBackward) {
+  const int64_t rows = 3, vocab = 7;
+  std::vector<float> logits = RandomVector(rows * vocab, 14, 3.0f), dlogits(rows * vocab);
+  const std::vector<int> targets = {2, 0, 6};
+  const std::vector<float> weights = {1.0f, 0.5f, 2.0f};
+  auto loss = [&] {
+    std::vector<float> scratch(rows * vocab);
+    return CrossEntropy(logits.data(), rows, vocab, targets, weights, scratch.data());
+  };
+  // Hand value of the first row's term.
+  double lse = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) lse += std::exp(double(logits[i]));
+  const double first = std::log(lse) - logits[2];
+  std::vector<float> one(logits.begin(), logits.begin() + vocab), d(vocab);
+  EXPECT_NEAR(CrossEntropy(one.data(), 1, vocab, {targets.data(), 1}, {weights.data(), 1}, d.data()),
+              first, 1e-5);
+  CrossEntropy(logits.data(), rows, vocab, targets, weights, dlogits.data());
+  ExpectGradient(logits, dlogits, loss, 1e-2f, 2e-3f, "dlogits");
+}
+
+TEST(TrainModelTest, ExportedModelGivesTheSameLogitsInTheEngine) {
+  TinyConfig config = SmallConfig();
+  config.width = 16;
+  config.heads = 2;
+  TinyModel model(config);
+  model.Init(3);
+  const std::string dir = testing::TempDir();
+  model.Export(dir);
+  auto loaded = Model::Load(dir);
+  EXPECT_EQ(loaded->config().mask_id, config.mask_id);
+  EXPECT_EQ(loaded->config().eos_id, config.eos_id);
+  EXPECT_EQ(loaded->ParameterCount(), model.ParameterCount());
+
+  const std::vector<int> tokens = {1, 5, 9, 22, 22, 3, 21, 22, 0};
+  const int length = int(tokens.size());
+  Batch batch;
+  batch.tokens = tokens;
+  batch.starts = {0, length};
+  batch.positions.resize(tokens.size());
+  std::iota(batch.positions.begin(), batch.positions.end(), 0);
+  batch.target_rows = batch.positions;
+  batch.targets.assign(tokens.size(), 0);
+  batch.weights.assign(tokens.size(), 1.0f);
+  std::vector<float> ours;
+  model.Run(batch, nullptr, &ours);
+
+  KvCache cache = MakeCache(*loaded, length, false);
+  Forward forward(*loaded, cache);
+  StepPlan plan;
+  plan.input_rows = batch.positions;
+  plan.logit_rows = batch.positions;
+  const StepResult result = forward.Run(tokens, plan);
+  ASSERT_EQ(result.logits.size(), ours.size());
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_NEAR(result.logits[i], ours[i], 1e-5) << i;
+}
+
+TEST(TrainModelTest, ConfigHasLladaKeys) {
+  const nlohmann::json ours = SmallConfig().LladaJson();
+  const nlohmann::json reference = nlohmann::json::parse(
+      std::ifstream(testing::FixtureDir("llada-probe") + "/config.json"));
+  for (const auto& [key, value] : reference.items()) EXPECT_TRUE(ours.contains(key)) << key;
+  for (const auto& [key, value] : ours.items()) EXPECT_TRUE(reference.contains(key)) << key;
+}
+
+TrainOptions TinyRun(const std::string& dir, int steps) {
+  TrainOptions o;
+  o.out_dir = dir;
+  o.layers = 1;
+  o.width = 16;
+  o.heads = 2;
+  o.ffn = 24;
+  o.bpe_merges = 20;
+  o.tasks = {"add", "copy"};
+  o.gen_length = 64;  // with 20 merges a list of names is nearly one token per byte
+  o.batch = 4;
+  o.steps = steps;
+  o.warmup = 2;
+  o.seed = 5;
+  o.quiet = true;
+  o.threads = 1;  // tiny matrices: threads would only wait on each other
+  return o;
+}
+
+TEST(TrainerTest, ResumeEqualsUninterrupted) {
+  const std::string dir = testing::TempDir();
+  std::vector<float> straight;
+  {
+    Trainer trainer(TinyRun(dir + "/straight", 5));
+    for (int i = 0; i < 5; ++i) trainer.Step();
+    straight = trainer.model().params();
+  }
+  {
+    Trainer first(TinyRun(dir + "/split", 5));
+    for (int i = 0; i < 3; ++i) first.Step();
+    first.SaveCheckpoint();
+  }
+  TrainOptions resumed = TinyRun(dir + "/split", 5);
+  resumed.resume = true;
+  Trainer second(resumed);
+  EXPECT_EQ(second.step(), 3);
+  for (int i = 0; i < 2; ++i) second.Step();
+  const std::vector<float>& params = second.model().params();
+  ASSERT_EQ(params.size(), straight.size());
+  for (size_t i = 0; i < params.size(); ++i) ASSERT_EQ(params[i], straight[i]) << i;
+
+  // A warm start takes the parameters and starts the schedule afresh; it needs the source
+  // run's tokenizer (exported with its model).
+  TrainOptions warm = TinyRun(dir + "/warm", 5);
+  warm.init_from = dir + "/split";
+  warm.seed = 6;
+  EXPECT_THROW(Trainer{warm}, Error);  // nothing exported there yet
+  Trainer(TinyRun(dir + "/split", 5)).ExportModel();
+  Trainer third(warm);
+  EXPECT_EQ(third.step(), 0);
+  std::vector<float> after_three;
+  {
+    TrainOptions again = TinyRun(dir + "/split", 5);
+    again.resume = true;
+    after_three = Trainer(again).model().params();
+  }
+  EXPECT_EQ(third.model().params(), after_three);
+
+  // Other flags cannot silently resume a checkpoint.
+  TrainOptions other = resumed;
+  other.lr = 1e-4f;
+  EXPECT_THROW(Trainer{other}, Error);
+}
+
+TEST(TrainerTest, LossFallsOnATinyRun) {
+  TrainOptions o = TinyRun(testing::TempDir(), 30);
+  o.lr = 1e-2f;
+  o.batch = 16;
+  Trainer trainer(o);
+  double first = 0.0, last = 0.0;
+  for (int i = 0; i < 30; ++i) {
+    const double loss = trainer.Step();
+    if (i < 5) first += loss;
+    if (i >= 25) last += loss;
+  }
+  EXPECT_LT(last, 0.7 * first);
+}
+
+TEST(TrainerTest, BatchFollowsTheSftObjective) {
+  TrainOptions o = TinyRun(testing::TempDir(), 5);
+  o.batch = 8;
+  const auto tasks = SelectedTasks(o);
+  const BpeTokenizer tok = BuildTokenizer(tasks, o.bpe_merges);
+  const TinyConfig config = MakeTinyConfig(o, tok);
+  const Batch a = MakeBatch(tok, config, o, tasks, 3), b = MakeBatch(tok, config, o, tasks, 3);
+  EXPECT_EQ(a.tokens, b.tokens);  // a pure function of (seed, step)
+  EXPECT_EQ(a.targets, b.targets);
+  ASSERT_EQ(a.starts.size(), 9u);
+  for (size_t s = 0; s + 1 < a.starts.size(); ++s) {
+    const int len = a.starts[s + 1] - a.starts[s];
+    const int answer_begin = a.starts[s + 1] - o.gen_length;
+    EXPECT_GT(len, o.gen_length);
+    EXPECT_EQ(a.tokens[size_t(a.starts[s])], tok.TokenId(kBosToken));
+    for (int r = a.starts[s]; r < a.starts[s + 1]; ++r) {
+      EXPECT_EQ(a.positions[size_t(r)], r - a.starts[s]);
+      // The prompt is never masked.
+      if (r < answer_begin) {
+        EXPECT_NE(a.tokens[size_t(r)], config.mask_id);
+      }
+    }
+  }
+  for (size_t i = 0; i < a.target_rows.size(); ++i) {
+    EXPECT_EQ(a.tokens[size_t(a.target_rows[i])], config.mask_id);
+    EXPECT_GE(a.weights[i], 1.0f / (o.gen_length * o.batch));  // 1/t >= 1
+  }
+}
+
+TEST(TokenizerTest, RoundTripAndPieces) {
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 100);
+  for (const std::string& task : TaskNames()) {
+    const TaskItem item = MakeTaskItem(task, Split::kTest, 0, 9);
+    const std::string text = ChatPrompt(item.prompt) + item.answer;
+    EXPECT_EQ(tok.Decode(tok.Encode(text)), text);
+  }
+  // Special tokens are single ids; digits never merge.
+  const std::vector<int> ids = tok.Encode("<|startoftext|>Compute 4821 + 937.<|eot_id|>");
+  EXPECT_EQ(ids.front(), tok.TokenId(kBosToken));
+  EXPECT_EQ(ids.back(), tok.TokenId(kEotToken));
+  std::string digits;
+  for (int id : ids) {
+    const std::string& t = tok.token(id);
+    if (std::any_of(t.begin(), t.end(), ::isdigit)) {
+      EXPECT_EQ(t.size(), 1u) << t;
+      digits += t;
+    }
+  }
+  EXPECT_EQ(digits, "4821937");
+  // GPT-2 pre-tokenisation: a space joins the following word; of a whitespace run before a
+  // word the last character is left to it.
+  const std::vector<int> spaced = tok.Encode("a  b\n\nc");
+  EXPECT_EQ(tok.Decode(spaced), "a  b\n\nc");
+  EXPECT_EQ(tok.Encode(" b"), std::vector<int>({tok.TokenId("\xC4\xA0" "b")}));
+  EXPECT_THROW(tok.Encode("caf\xC3\xA9"), Error);
+}
+
+TEST(TokenizerTest, WritesHuggingFaceFiles) {
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 50);
+  const std::string dir = testing::TempDir();
+  tok.WriteFiles(dir, 256);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/tokenizer.json"));
+  EXPECT_EQ(j["model"]["type"], "BPE");
+  EXPECT_EQ(j["pre_tokenizer"]["type"], "ByteLevel");
+  EXPECT_EQ(j["model"]["vocab"].size(), size_t(tok.vocab_size()));
+  EXPECT_EQ(j["model"]["merges"].size(), size_t(tok.merge_count()));
+  EXPECT_EQ(j["model"]["vocab"]["<|mdm_mask|>"], tok.TokenId(kMaskToken));
+  EXPECT_EQ(j["added_tokens"].size(), 6u);
+  // Every merge's parts and result are in the vocabulary (what HF checks at load).
+  for (const auto& merge : j["model"]["merges"]) {
+    const std::string m = merge;
+    const size_t space = m.find(' ');
+    ASSERT_NE(space, std::string::npos);
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(0, space)));
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(space + 1)));
+    EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(0, space) + m.substr(space + 1)));
+  }
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/tokenizer_config.json"));
+  EXPECT_EQ(config["bos_token"], "<|startoftext|>");
+  EXPECT_EQ(config["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(config["clean_up_tokenization_spaces"], false);
+}
+
+TEST(TrainCliTest, TrainsExportsAndEvaluates) {
+  const std::string dir = testing::TempDir();
+  std::string out;
+  ASSERT_EQ(testing::RunCli("train --out " + dir + " --steps 3 --layers 1 --width 16 --heads 2 "
+                            "--ffn 16 --merges 20 --tasks add --batch 2 --gen-length 64 "
+                            "--eval-items 1 --checkpoint-every 2 --log-every 1 -t 1",
+                            &out, true),
+            0)
+      << out;
+  EXPECT_NE(out.find("step 3/3"), std::string::npos) << out;
+  EXPECT_NE(out.find("tok/s"), std::string::npos);
+  EXPECT_NE(out.find("eval step 3: add"), std::string::npos) << out;
+  for (const char* file : {"model/config.json", "model/model.safetensors", "model/tokenizer.json",
+                           "model/tokenizer_config.json", "checkpoint.safetensors", "loss.csv",
+                           "eval.csv"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
+  }
+  std::ifstream csv(dir + "/loss.csv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(csv, line)) ++lines;
+  EXPECT_EQ(lines, 4);  // header + 3 steps
+
+  ASSERT_EQ(testing::RunCli("tasks-eval -m " + dir + "/model --tasks add --items 2 "
+                            "--gen-length 64 --block-length 16 --steps 64 -t 1 --json",
+                            &out),
+            0)
+      << out;
+  const nlohmann::json result = nlohmann::json::parse(out);
+  EXPECT_EQ(result["tasks"][0]["task"], "add");
+  EXPECT_EQ(result["tasks"][0]["total"], 2);
+  EXPECT_EQ(result["nfe"], 64.0);
+
+  // The tokenizer written with the model reads back to the same encoder.
+  const BpeTokenizer loaded = BpeTokenizer::Load(dir + "/model");
+  const BpeTokenizer built = BuildTokenizer({"add"}, 20);
+  const std::string text = ChatPrompt("Compute 12 + 30.");
+  EXPECT_EQ(loaded.Encode(text), built.Encode(text));
+  EXPECT_THROW(BpeTokenizer::Load(dir), Error);  // no tokenizer.json there
+}
+
+}  // namespace
+}  // namespace polestar::train
