@@ -17,6 +17,7 @@
 #include "decode/generate.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "tasks/tasks.h"
 #include "test_support.h"
 #include "tokenizer/unicode.h"
 
@@ -384,6 +385,44 @@ TEST(Suite, TextSuitesGoThroughTheTokenizerAndTheSuiteGrader) {
   EXPECT_EQ(record.positions, 16);
   EXPECT_EQ(record.metrics.size(), 2u);
   EXPECT_GT(record.nfe, 0);
+}
+
+TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  auto model = Model::Load(dir);
+  SuiteOptions options;
+  options.name = "tiny";
+  options.model_dir = dir;
+  options.per_task = 2;
+  options.seed = 7;
+  const BenchSuite suite = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(suite.items.size(), 2 * TaskNames().size());
+  EXPECT_EQ(suite.gen_length, 32);
+  EXPECT_EQ(suite.block_length, 8);
+  const TaskItem first = MakeTaskItem("add", Split::kTest, 0, 7);
+  EXPECT_EQ(suite.items[0].id, "add/0");
+  EXPECT_EQ(suite.items[0].reference, first.answer);
+  // <|startoftext|><|start_header_id|>user<|end_header_id|>\n\n{prompt}<|eot_id|>...
+  std::vector<int> expected = {256, 258, 'u', 's', 'e', 'r', 259, '\n', '\n'};
+  expected.insert(expected.end(), first.prompt.begin(), first.prompt.end());
+  expected.push_back(260);
+  EXPECT_EQ(std::vector<int>(suite.items[0].prompt.begin(), suite.items[0].prompt.begin() + int64_t(expected.size())),
+            expected);
+  EXPECT_EQ(suite.items[2].task, TaskNames()[1]);
+  // The answer before the first EOS is graded by the task's grader.
+  std::vector<int> generated(first.answer.begin(), first.answer.end());
+  generated.insert(generated.end(), {257, '1', 257});
+  EXPECT_TRUE(suite.grade(0, generated).grade.correct);
+  generated[0] = generated[0] == '9' ? '8' : '9';
+  EXPECT_FALSE(suite.grade(0, generated).grade.correct);
+  // --limit and --shard apply after --n.
+  options.limit = 5;
+  options.shard_index = 1;
+  options.shard_count = 2;
+  const BenchSuite part = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(part.items.size(), 3u);
+  EXPECT_EQ(part.items[0].id, "sub/0");
+  EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
 // ---- resumability ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "decode/generate.h"
 #include "io/json_file.h"
+#include "tasks/tasks.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/model_tokenizer.h"
 
@@ -62,6 +63,48 @@ BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config
     result.grade.correct = correct;
     result.grade.extracted = result.completion;
     result.grade.metrics = {{"exact_match", correct, result.completion}};
+    return result;
+  };
+  return suite;
+}
+
+BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config) {
+  std::shared_ptr<TextCodec> codec = LoadTextCodec(options.model_dir, PromptFormat::kRaw);
+  const auto* tokenizer = dynamic_cast<const TokenizerCodec*>(codec.get());
+  if (tokenizer == nullptr) {
+    Fail("suite tiny: ", options.model_dir, " has no tokenizer.json (the tiny suite is text in LLaDA's chat template)");
+  }
+  const int per_task = options.per_task > 0 ? options.per_task : 50;
+  std::vector<TaskItem> tasks;
+  std::vector<BenchItem> items;
+  for (const std::string& task : TaskNames()) {
+    for (int i = 0; i < per_task; ++i) {
+      TaskItem t = MakeTaskItem(task, Split::kTest, uint64_t(i), options.seed);
+      // The chat template as the trainer wrote it, special tokens spelled out and split off
+      // by the tokenizer.
+      items.push_back({Cat(task, "/", i), task, tokenizer->tokenizer().Encode(ChatPrompt(t.prompt)), t.answer});
+      tasks.push_back(std::move(t));
+    }
+  }
+  BenchSuite suite;
+  suite.name = "tiny";
+  suite.full_size = items.size();
+  eval::LoadOptions load;
+  load.limit = options.limit;
+  load.shard_index = options.shard_index;
+  load.shard_count = options.shard_count;
+  suite.items = eval::LimitAndShard(std::move(items), load);
+  auto selected = std::make_shared<std::vector<TaskItem>>(eval::LimitAndShard(std::move(tasks), load));
+  suite.metric_names = {"correct"};
+  suite.gen_length = 32;
+  suite.block_length = 8;
+  suite.grade = [codec, config, selected](size_t index, std::span<const int> generated) {
+    ItemGrade result;
+    result.completion = codec->Decode(UntilEnd(config, generated));
+    const bool correct = GradeAnswer((*selected)[index], result.completion);
+    result.grade.correct = correct;
+    result.grade.extracted = result.completion;
+    result.grade.metrics = {{"correct", correct, result.completion}};
     return result;
   };
   return suite;
@@ -179,7 +222,7 @@ std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFor
 }
 
 std::vector<std::string> BenchSuiteNames() {
-  std::vector<std::string> names = {"probe"};
+  std::vector<std::string> names = {"tiny", "probe"};
   for (const std::string& name : eval::SuiteNames()) names.push_back(name);
   return names;
 }
@@ -189,7 +232,7 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
   if (options.name == "probe") {
     suite = LoadProbeSuite(options, config);
   } else if (options.name == "tiny") {
-    Fail("suite tiny needs the task suite (src/tasks), which this build does not have yet");
+    suite = LoadTinySuite(options, config);
   } else {
     const std::vector<std::string> text = eval::SuiteNames();
     if (std::find(text.begin(), text.end(), options.name) == text.end()) {
@@ -201,6 +244,8 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
   }
   suite.selection = {{"suite", suite.name},
                      {"limit", options.limit},
+                     {"per_task", suite.name == "tiny" ? (options.per_task > 0 ? options.per_task : 50) : 0},
+                     {"seed", suite.name == "tiny" ? options.seed : 0},
                      {"shard", Cat(options.shard_index, "/", options.shard_count)},
                      {"prompt_format", PromptFormatName(options.prompt_format)}};
   return suite;

@@ -61,7 +61,7 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
   std::string suites;
   for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
-  cmd->add_option("--suite", args->suite, "suite: tiny, " + suites)->capture_default_str();
+  cmd->add_option("--suite", args->suite, "suite: " + suites)->capture_default_str();
   cmd->add_option("--policies", args->policies, "comma-separated policies")->capture_default_str();
   cmd->add_option("--grid", args->grids, "grid spec \"key=v1,v2;key2=...\" (repeatable; see below)");
   cmd->add_option("-o,--output", args->out, "output folder (default: bench/out/SUITE)");

@@ -34,7 +34,7 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
   std::string suites;
   for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
-  cmd->add_option("--suite", args->suite, "suite: tiny, " + suites)->capture_default_str();
+  cmd->add_option("--suite", args->suite, "suite: " + suites)->capture_default_str();
   cmd->add_option("--n", args->per_task, "tiny: test items per task (default 50)");
   cmd->add_option("--limit", args->limit, "only the first N items (after --n)");
   cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
