@@ -14,7 +14,7 @@ nlohmann::json ReadJsonFile(const std::string& path) {
   buffer << in.rdbuf();
   try {
     return nlohmann::json::parse(buffer.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     Fail(path, ": malformed JSON: ", e.what());
   }
 }

@@ -42,7 +42,7 @@ void ReadSafetensorsFile(const std::string& path, TensorStore& store) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(file.data() + 8, file.data() + 8 + header_bytes);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     Fail(path, ": malformed JSON header: ", e.what());
   }
   if (!header.is_object()) Fail(path, ": header is not a JSON object");
