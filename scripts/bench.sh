@@ -22,13 +22,13 @@ mkdir -p bench/out bench/results
 
 sections=()
 tpf_from=""
-if [ -d models/polestar-tiny ]; then
+if [ -f models/polestar-tiny/config.json ]; then
   "$POLESTAR" bench --suite tiny --policies "$POLICIES" -t "$THREADS" --clock "$CLOCK" -o bench/out/tiny
   cp bench/out/tiny/pareto.png bench/results/tiny-pareto.png
   sections+=("## Tiny model: the task suite (models/polestar-tiny)"$'\n\n'"$(cat bench/out/tiny/results.md)"$'\n\n'"![accuracy against TPF and TPS, tiny suite](results/tiny-pareto.png)")
   tpf_from=bench/out/tiny/results.jsonl
 else
-  sections+=("## Tiny model: the task suite"$'\n\n'"models/polestar-tiny is not in this checkout yet; the command is: \`$POLESTAR bench --suite tiny --policies $POLICIES -o bench/out/tiny\`")
+  sections+=("## Tiny model: the task suite"$'\n\n'"models/polestar-tiny has no weights in this checkout yet; the command is: \`$POLESTAR bench --suite tiny --policies $POLICIES -o bench/out/tiny\`")
 fi
 
 "$POLESTAR" bench -m "$SHARED/fixtures/llada-probe" --suite probe -t "$THREADS" --clock "$CLOCK" \
