@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 
 #include "base/error.h"
@@ -41,6 +42,21 @@ TEST(TasksTest, ExactMatchGraders) {
   EXPECT_FALSE(GradeAnswer(add, "57580"));
   const TaskItem sorted = MakeTaskItem("sort", Split::kTest, 0, 1);
   EXPECT_FALSE(GradeAnswer(sorted, sorted.answer + ", Alan Adams"));
+}
+
+TEST(TasksTest, ArithmeticOperandsHaveEqualLength) {
+  for (const char* task : {"add", "sub"}) {
+    for (uint64_t i = 0; i < 200; ++i) {
+      const TaskItem item = MakeTaskItem(task, Split::kTrain, i, 2);
+      int a = 0, b = 0;
+      char op = 0;
+      ASSERT_EQ(std::sscanf(item.prompt.c_str(), "Compute %d %c %d.", &a, &op, &b), 3) << item.prompt;
+      EXPECT_EQ(std::to_string(a).size(), std::to_string(b).size()) << item.prompt;
+      EXPECT_GE(a, 100);
+      EXPECT_EQ(item.answer, std::to_string(op == '+' ? a + b : a - b));
+      EXPECT_GE(op == '+' ? a + b : a - b, 0);
+    }
+  }
 }
 
 TEST(TasksTest, SortIsByLastName) {

@@ -335,6 +335,26 @@ TEST(TrainerTest, LossFallsOnATinyRun) {
   EXPECT_LT(last, 0.7 * first);
 }
 
+TEST(TrainerTest, RepeatedTasksWeighTheMixture) {
+  TrainOptions o = TinyRun(testing::TempDir(), 5);
+  o.tasks = {"add", "add", "add", "copy"};
+  o.batch = 400;
+  const auto tasks = SelectedTasks(o);
+  EXPECT_EQ(DistinctTasks(tasks), std::vector<std::string>({"add", "copy"}));
+  const BpeTokenizer tok = BuildTokenizer(tasks, o.bpe_merges);
+  const Batch batch = MakeBatch(tok, MakeTinyConfig(o, tok), o, tasks, 0);
+  int adds = 0;
+  for (size_t s = 0; s + 1 < batch.starts.size(); ++s) {
+    const int len = batch.starts[s + 1] - batch.starts[s] - o.gen_length;
+    const std::vector<int> prompt(batch.tokens.begin() + batch.starts[s],
+                                  batch.tokens.begin() + batch.starts[s] + len);
+    if (tok.Decode(prompt).find("Compute") != std::string::npos) ++adds;
+  }
+  EXPECT_NEAR(adds / 400.0, 0.75, 0.07);
+  // The tokenizer does not depend on the mixture.
+  EXPECT_EQ(tok.TokenizerJson(), BuildTokenizer({"copy", "add"}, o.bpe_merges).TokenizerJson());
+}
+
 TEST(TrainerTest, BatchFollowsTheSftObjective) {
   TrainOptions o = TinyRun(testing::TempDir(), 5);
   o.batch = 8;

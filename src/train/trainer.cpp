@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -38,11 +39,19 @@ std::vector<std::string> SelectedTasks(const TrainOptions& options) {
   return options.tasks;
 }
 
+std::vector<std::string> DistinctTasks(const std::vector<std::string>& tasks) {
+  std::vector<std::string> distinct;
+  for (const std::string& task : tasks) {
+    if (std::find(distinct.begin(), distinct.end(), task) == distinct.end()) distinct.push_back(task);
+  }
+  return distinct;
+}
+
 BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges) {
   // The corpus is fixed (not the run's seed): the tokenizer belongs to the task suite, so
   // runs with different seeds share it and can warm-start from each other.
   std::vector<std::string> corpus;
-  for (const std::string& task : tasks) {
+  for (const std::string& task : DistinctTasks(tasks)) {
     for (uint64_t i = 0; i < 1000; ++i) {
       const TaskItem item = MakeTaskItem(task, Split::kTrain, i, MixSeed({1, 0x70C}));
       corpus.push_back(ChatPrompt(item.prompt) + item.answer);
@@ -253,7 +262,8 @@ void Trainer::Evaluate(int items) {
   // over threads it mostly waits on them (badly so on a busy machine), so decode on one.
   const int threads = ThreadCount();
   SetThreadCount(1);
-  const auto scores = EvaluateTasks(*model, tokenizer_, tasks_, items, options_.seed + 1000, decode);
+  const auto scores =
+      EvaluateTasks(*model, tokenizer_, DistinctTasks(tasks_), items, options_.seed + 1000, decode);
   SetThreadCount(threads);
   const std::string path = (fs::path(options_.out_dir) / "eval.csv").string();
   const bool fresh = !fs::exists(path);
@@ -292,7 +302,7 @@ void Trainer::Run() {
   if (!options_.quiet) {
     std::fprintf(stderr, "polestar train: %lld parameters, vocab %d, %zu tasks, step %lld of %d\n",
                  static_cast<long long>(model_.ParameterCount()), model_.config().vocab,
-                 tasks_.size(), static_cast<long long>(step_), options_.steps);
+                 DistinctTasks(tasks_).size(), static_cast<long long>(step_), options_.steps);
   }
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();

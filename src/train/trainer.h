@@ -23,7 +23,9 @@ struct TrainOptions {
   int layers = 4, width = 128, heads = 4, ffn = 384;
   int bpe_merges = 300;
   // Data.
-  std::vector<std::string> tasks;  // empty: all tasks
+  // Tasks to draw from, uniformly per sequence; a task named k times is drawn k times as
+  // often. Empty: all tasks once.
+  std::vector<std::string> tasks;
   int gen_length = 32;
   int batch = 128;
   float mask_eps = 0.1f;  // t ~ U(eps, 1); bounds the 1/t weight at 1/eps
@@ -50,8 +52,10 @@ struct TrainOptions {
   std::string Fingerprint() const;
 };
 
-// The task list the options select (all tasks when none are named).
+// The task list the options select (all tasks when none are named), with repeats.
 std::vector<std::string> SelectedTasks(const TrainOptions& options);
+// `tasks` without repeats, in first-seen order.
+std::vector<std::string> DistinctTasks(const std::vector<std::string>& tasks);
 
 // Byte-level BPE trained on chat prompts + answers of a fixed sample of the training split.
 BpeTokenizer BuildTokenizer(const std::vector<std::string>& tasks, int merges);

@@ -14,7 +14,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--heads", o->heads, "attention heads")->capture_default_str();
   cmd->add_option("--ffn", o->ffn, "SwiGLU inner width")->capture_default_str();
   cmd->add_option("--merges", o->bpe_merges, "BPE merges of the tokenizer")->capture_default_str();
-  cmd->add_option("--tasks", o->tasks, "tasks to train on (default: all)");
+  cmd->add_option("--tasks", o->tasks, "tasks to train on (default: all); a task named k times is drawn k times as often");
   cmd->add_option("--gen-length", o->gen_length, "answer canvas (answer + EOS padding)")->capture_default_str();
   cmd->add_option("--mask-eps", o->mask_eps, "t ~ U(eps, 1)")->capture_default_str();
   cmd->add_option("--batch", o->batch, "sequences per step")->capture_default_str();
