@@ -21,14 +21,15 @@ POLICIES=vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar
 mkdir -p bench/out bench/results
 
 sections=()
+plots=()  # copied into bench/results at the end, so every run above records a clean commit
 tpf_from=""
-if [ -d models/polestar-tiny ]; then
+if [ -f models/polestar-tiny/config.json ]; then
   "$POLESTAR" bench --suite tiny --policies "$POLICIES" -t "$THREADS" --clock "$CLOCK" -o bench/out/tiny
-  cp bench/out/tiny/pareto.png bench/results/tiny-pareto.png
+  plots+=("bench/out/tiny/pareto.png bench/results/tiny-pareto.png")
   sections+=("## Tiny model: the task suite (models/polestar-tiny)"$'\n\n'"$(cat bench/out/tiny/results.md)"$'\n\n'"![accuracy against TPF and TPS, tiny suite](results/tiny-pareto.png)")
   tpf_from=bench/out/tiny/results.jsonl
 else
-  sections+=("## Tiny model: the task suite"$'\n\n'"models/polestar-tiny is not in this checkout yet; the command is: \`$POLESTAR bench --suite tiny --policies $POLICIES -o bench/out/tiny\`")
+  sections+=("## Tiny model: the task suite"$'\n\n'"models/polestar-tiny has no weights in this checkout yet; the command is: \`$POLESTAR bench --suite tiny --policies $POLICIES -o bench/out/tiny\`")
 fi
 
 "$POLESTAR" bench -m "$SHARED/fixtures/llada-probe" --suite probe -t "$THREADS" --clock "$CLOCK" \
@@ -36,7 +37,7 @@ fi
   --grid "policy=$POLICIES" \
   --grid "policy=fast-dllm-dual;threshold=0.5,0.7" \
   --grid "policy=polestar;early-commit=false"
-cp bench/out/probe/pareto.png bench/results/probe-pareto.png
+plots+=("bench/out/probe/pareto.png bench/results/probe-pareto.png")
 probe_note="The reference implementations (PyTorch: LLaDA/Fast-dLLM generate functions, the authors' Polestar code) on the same 120 prompts (fixtures/README.md): vanilla 84.2%, fast-dllm-dual threshold 0.9 80.8%, threshold 0.7 81.7%, Polestar 82.5% (TPF all positions 6.32), Polestar without early commit 81.7%."
 sections+=("## Trained probe (fixtures/llada-probe): addition, reversal, sorting"$'\n\n'"$(cat bench/out/probe/results.md)"$'\n\n'"$probe_note"$'\n\n'"![accuracy against TPF and TPS, probe suite](results/probe-pareto.png)")
 [ -n "$tpf_from" ] || tpf_from=bench/out/probe/results.jsonl
@@ -48,6 +49,8 @@ fi
 if [ -f bench/out/scale/scale.md ]; then
   sections+=("## Scale: step costs on a random ~1B LLaDA-shaped checkpoint"$'\n\n'"$(cat bench/out/scale/scale.md)")
 fi
+
+for p in "${plots[@]}"; do cp $p; done
 
 # The section between the markers is this script's; the rest of RESULTS.md (other benchmarks)
 # is kept as it is.
