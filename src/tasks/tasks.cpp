@@ -44,16 +44,21 @@ std::vector<Name> DrawLine(Rng& rng, int extra) {
   return names;
 }
 
-// Both operands have the same number of digits (3 or 4), so place values line up at a fixed
-// distance from the operator: a tiny model learns that alignment far sooner than one that
-// depends on each operand's length.
+// Both operands have n = 3 or 4 digits and the reference answer is zero-padded to a fixed
+// width (n + 1 digits for a sum, n for a difference), so every answer digit sits at a fixed
+// distance from the operand digits it depends on: a tiny model learns that alignment far
+// sooner than one that moves with the operands' and the result's lengths. The grader
+// compares values, so an unpadded answer is right too.
 TaskItem Arithmetic(Rng& rng, bool subtract) {
-  const bool four = rng.Range(0, 1) == 1;
-  auto draw = [&] { return four ? rng.Range(1000, 9999) : rng.Range(100, 999); };
+  const int digits = rng.Range(3, 4);
+  auto draw = [&] { return digits == 4 ? rng.Range(1000, 9999) : rng.Range(100, 999); };
   int a = draw(), b = draw();
   if (subtract && a < b) std::swap(a, b);
   const char* op = subtract ? " - " : " + ";
-  return {"", Cat("Compute ", a, op, b, "."), std::to_string(subtract ? a - b : a + b)};
+  std::string answer = std::to_string(subtract ? a - b : a + b);
+  const size_t width = size_t(subtract ? digits : digits + 1);
+  answer.insert(0, width - answer.size(), '0');
+  return {"", Cat("Compute ", a, op, b, "."), answer};
 }
 
 TaskItem ListTask(Rng& rng, std::string_view task) {
@@ -249,8 +254,8 @@ void CheckTaskName(std::string_view task) {
 
 std::string DescribeTask(std::string_view task) {
   CheckTaskName(task);
-  if (task == "add") return "addition of two 3-digit or two 4-digit numbers; exact match";
-  if (task == "sub") return "subtraction of two 3-digit or two 4-digit numbers (a >= b); exact match";
+  if (task == "add") return "sum of two 3- or two 4-digit numbers, answer zero-padded; value match";
+  if (task == "sub") return "difference of two 3- or two 4-digit numbers, zero-padded; value match";
   if (task == "latin") return "complete a 4x4 Latin square with 5-9 blanks; any valid completion";
   if (task == "word") return "2-3 step word problem, steps written out; final number";
   return Cat("list of 3-5 names: ", task, "; exact match");
@@ -307,6 +312,19 @@ bool GradeAnswer(const TaskItem& item, std::string_view output) {
   if (item.task == "word") {
     const std::string_view got = FinalAnswer(output);
     return !got.empty() && got == FinalAnswer(item.answer);
+  }
+  if (item.task == "add" || item.task == "sub") {
+    // Equal values: digits only, leading zeros allowed.
+    auto value = [](std::string_view text) -> std::string_view {
+      if (text.empty() || text.size() > 9) return {};
+      for (char c : text) {
+        if (c < '0' || c > '9') return {};
+      }
+      while (text.size() > 1 && text.front() == '0') text.remove_prefix(1);
+      return text;
+    };
+    const std::string_view got = value(output);
+    return !got.empty() && got == value(Trim(item.answer));
   }
   return output == Trim(item.answer);
 }
