@@ -7,7 +7,7 @@
 # was stopped at; their losses come first in the curve. ITEMS (default 50) and ITEM_SEED
 # (default 777) choose the held-out items.
 # Writes models/polestar-tiny/{config.json,model.safetensors,tokenizer*.json,loss.png} and
-# RUN_DIR/card/*.json (the accuracy tables, pasted into the model card).
+# RUN_DIR/card/*.json, and prints the accuracy table of the model card. Needs gnuplot, jq.
 set -eu
 items=${ITEMS:-50}
 item_seed=${ITEM_SEED:-777}
@@ -67,4 +67,20 @@ eval_run() {  # name, then decode flags
 eval_run vanilla --steps 32
 eval_run threshold-0.5 --steps 32 --threshold 0.5
 eval_run fixed-4 --steps 8
-du -b "$out"/* | sort -n
+du -b "$out"/* | sort -n >&2
+
+# The accuracy table of the model card (markdown), from the three runs above.
+table() {  # jq filter for one cell, given .tasks[] entry t
+  for name in vanilla threshold-0.5 fixed-4; do
+    jq -r "$1" "$run/card/$name.json"
+  done | paste -sd'|'
+}
+echo
+echo "| task | vanilla, 1 token/step | threshold 0.5 | 4 tokens/step |"
+echo "|---|---|---|---|"
+for task in $(jq -r '.tasks[].task' "$run/card/vanilla.json"); do
+  cells=$(table ".tasks[] | select(.task == \"$task\") | \"\(.accuracy * 100 | round) % (nfe \(.nfe * 10 | round / 10))\"")
+  echo "| $task | $(echo "$cells" | sed 's/|/ | /g') |"
+done
+cells=$(table '"**\(.accuracy * 100 | round) %** (nfe \(.nfe * 10 | round / 10))"')
+echo "| overall | $(echo "$cells" | sed 's/|/ | /g') |"

@@ -35,26 +35,38 @@ TEST(TasksTest, ItemsAreDeterministicAndSplitsDisjoint) {
 }
 
 TEST(TasksTest, ExactMatchGraders) {
-  const TaskItem add{"add", "Compute 4821 + 937.", "5758"};
-  EXPECT_TRUE(GradeAnswer(add, "5758"));
-  EXPECT_TRUE(GradeAnswer(add, " 5758\n"));
-  EXPECT_FALSE(GradeAnswer(add, "5748"));
-  EXPECT_FALSE(GradeAnswer(add, "57580"));
+  const TaskItem add{"add", "Compute 4821 + 1937.", "06758"};
+  EXPECT_TRUE(GradeAnswer(add, "06758"));
+  EXPECT_TRUE(GradeAnswer(add, " 6758\n"));  // arithmetic compares values
+  EXPECT_FALSE(GradeAnswer(add, "06748"));
+  EXPECT_FALSE(GradeAnswer(add, "67580"));
+  EXPECT_FALSE(GradeAnswer(add, "6758 x"));
+  EXPECT_FALSE(GradeAnswer(add, ""));
+  const TaskItem sub{"sub", "Compute 311 - 215.", "096"};
+  EXPECT_TRUE(GradeAnswer(sub, "096"));
+  EXPECT_TRUE(GradeAnswer(sub, "96"));
+  EXPECT_FALSE(GradeAnswer(sub, "0960"));
+  const TaskItem zero{"sub", "Compute 311 - 311.", "000"};
+  EXPECT_TRUE(GradeAnswer(zero, "0"));
+  EXPECT_FALSE(GradeAnswer(zero, "1"));
   const TaskItem sorted = MakeTaskItem("sort", Split::kTest, 0, 1);
   EXPECT_FALSE(GradeAnswer(sorted, sorted.answer + ", Alan Adams"));
 }
 
-TEST(TasksTest, ArithmeticOperandsHaveEqualLength) {
+TEST(TasksTest, ArithmeticIsAlignedAndPadded) {
   for (const char* task : {"add", "sub"}) {
     for (uint64_t i = 0; i < 200; ++i) {
       const TaskItem item = MakeTaskItem(task, Split::kTrain, i, 2);
       int a = 0, b = 0;
       char op = 0;
       ASSERT_EQ(std::sscanf(item.prompt.c_str(), "Compute %d %c %d.", &a, &op, &b), 3) << item.prompt;
-      EXPECT_EQ(std::to_string(a).size(), std::to_string(b).size()) << item.prompt;
-      EXPECT_GE(a, 100);
-      EXPECT_EQ(item.answer, std::to_string(op == '+' ? a + b : a - b));
-      EXPECT_GE(op == '+' ? a + b : a - b, 0);
+      const size_t digits = 3;
+      EXPECT_EQ(std::to_string(a).size(), digits) << item.prompt;
+      EXPECT_EQ(std::to_string(b).size(), digits) << item.prompt;
+      const int value = op == '+' ? a + b : a - b;
+      EXPECT_GE(value, 0);
+      EXPECT_EQ(item.answer.size(), op == '+' ? digits + 1 : digits) << item.answer;
+      EXPECT_EQ(std::stoi(item.answer), value);
     }
   }
 }

@@ -130,7 +130,11 @@ float LearningRate(const TrainOptions& o, int64_t step) {
 Trainer::Trainer(TrainOptions options)
     : options_(std::move(options)),
       tasks_(SelectedTasks(options_)),
-      tokenizer_(BuildTokenizer(tasks_, options_.bpe_merges)),
+      // A warm start keeps the source's tokenizer, so token ids mean the same tokens even
+      // when the task texts (and so the merges a fresh run would learn) have changed.
+      tokenizer_(options_.init_from.empty()
+                     ? BuildTokenizer(tasks_, options_.bpe_merges)
+                     : BpeTokenizer::Load((fs::path(options_.init_from) / "model").string())),
       model_(MakeTinyConfig(options_, tokenizer_)) {
   if (options_.out_dir.empty()) Fail("train: --out is required");
   if (options_.steps <= 0 || options_.batch <= 0) Fail("train: steps and batch must be positive");
@@ -139,13 +143,6 @@ Trainer::Trainer(TrainOptions options)
   fs::create_directories(options_.out_dir);
   model_.Init(options_.seed);
   if (!options_.init_from.empty()) {
-    // Same parameter count is not enough: token ids must mean the same tokens.
-    const fs::path source_tokenizer = fs::path(options_.init_from) / "model" / "tokenizer.json";
-    std::ifstream in(source_tokenizer);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (text != tokenizer_.TokenizerJson() + "\n") {
-      Fail(source_tokenizer.string(), ": missing or not the tokenizer of this run's options");
-    }
     LoadParams((fs::path(options_.init_from) / "checkpoint.safetensors").string());
   }
   grads_.assign(model_.params().size(), 0.0f);

@@ -33,7 +33,7 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   cmd->add_option("--init-from", o->init_from,
-                  "warm start: parameters of another run folder's checkpoint, fresh optimiser");
+                  "warm start: parameters and tokenizer of another run folder, fresh optimiser");
   cmd->callback([o] {
     train::Trainer trainer(*o);
     trainer.Run();
