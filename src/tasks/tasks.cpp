@@ -255,10 +255,10 @@ void CheckTaskName(std::string_view task) {
 
 std::string DescribeTask(std::string_view task) {
   CheckTaskName(task);
-  if (task == "add") return "sum of two 3- or two 4-digit numbers, answer zero-padded; value match";
-  if (task == "sub") return "difference of two 3- or two 4-digit numbers, zero-padded; value match";
+  if (task == "add") return "sum of two 3-digit numbers, answer zero-padded to 4 digits; value match";
+  if (task == "sub") return "difference of two 3-digit numbers (a >= b), zero-padded to 3 digits; value match";
   if (task == "latin") return "complete a 4x4 Latin square with 5-9 blanks; any valid completion";
-  if (task == "word") return "2-3 step word problem, steps written out; final number";
+  if (task == "word") return "2-3 step word problem, single-digit quantities, steps written out; final number";
   return Cat("list of 3-5 names: ", task, "; exact match");
 }
 

@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "base/error.h"
 #include "tasks/tasks.h"
+#include "tokenizer/model_tokenizer.h"
 #include "train/bpe.h"
 
 namespace polestar::cli {
@@ -27,7 +29,8 @@ void AddTasksCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->add_flag("--chat", args->chat, "print the prompt in the chat template");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "with --json: add prompt_ids / answer_ids encoded by this model folder's tokenizer");
+                  "with --json: add prompt_ids / answer_ids encoded by this model folder's tokenizer "
+                  "(the trainer's encoder and the engine's tokenizer must agree)");
   cmd->callback([args] {
     if (args->task.empty()) {
       for (const std::string& task : TaskNames()) {
@@ -38,7 +41,19 @@ void AddTasksCommand(CLI::App& app) {
     CheckTaskName(args->task);
     const Split split = args->split == "train" ? Split::kTrain : Split::kTest;
     std::optional<BpeTokenizer> tokenizer;
-    if (!args->tokenizer.empty()) tokenizer = BpeTokenizer::Load(args->tokenizer);
+    std::unique_ptr<Tokenizer> engine_tokenizer;
+    if (!args->tokenizer.empty()) {
+      tokenizer = BpeTokenizer::Load(args->tokenizer);
+      engine_tokenizer = LoadModelTokenizer(args->tokenizer);
+    }
+    // The ids the model was trained on, checked against what generate / eval feed it.
+    auto encode = [&](const std::string& text) {
+      std::vector<int> ids = tokenizer->Encode(text);
+      if (engine_tokenizer->Encode(text) != ids) {
+        Fail("tasks: the trainer's encoder and the engine's tokenizer disagree on ", text);
+      }
+      return ids;
+    };
     for (int i = 0; i < args->n; ++i) {
       const uint64_t index = args->start + uint64_t(i);
       const TaskItem item = MakeTaskItem(args->task, split, index, args->seed);
@@ -48,8 +63,8 @@ void AddTasksCommand(CLI::App& app) {
                                     {"index", index},    {"seed", args->seed},
                                     {"prompt", prompt},  {"answer", item.answer}};
         if (tokenizer) {
-          j["prompt_ids"] = tokenizer->Encode(prompt);
-          j["answer_ids"] = tokenizer->Encode(item.answer);
+          j["prompt_ids"] = encode(prompt);
+          j["answer_ids"] = encode(item.answer);
         }
         std::printf("%s\n", j.dump().c_str());
       } else {
