@@ -25,8 +25,19 @@ plots=()  # copied into bench/results at the end, so every run above records a c
 tpf_from=""
 if [ -f models/polestar-tiny/config.json ]; then
   "$POLESTAR" bench --suite tiny --policies "$POLICIES" -t "$THREADS" --clock "$CLOCK" -o bench/out/tiny
+  # Fast-dLLM dual and Polestar at lower thresholds (to compare at matched TPF), and Polestar's
+  # ablation: cache only, commit only, skeleton only, cosine drift, NVFP4 hidden-state store.
+  "$POLESTAR" bench --suite tiny -t "$THREADS" --clock "$CLOCK" -o bench/out/tiny-ablation \
+    --grid "policy=fast-dllm-dual;threshold=0.5,0.7" \
+    --grid "policy=polestar;tau-s=0.7,0.5" \
+    --grid "policy=polestar;early-commit=false" \
+    --grid "policy=polestar;polestar-cache=false" \
+    --grid "policy=polestar;polestar-cache=false;early-commit=false" \
+    --grid "policy=polestar;drift-metric=cosine" \
+    --grid "policy=polestar;nvfp4=true"
   plots+=("bench/out/tiny/pareto.png bench/results/tiny-pareto.png")
   sections+=("## Tiny model: the task suite (models/polestar-tiny)"$'\n\n'"$(cat bench/out/tiny/results.md)"$'\n\n'"![accuracy against TPF and TPS, tiny suite](results/tiny-pareto.png)")
+  sections+=("### Tiny model: lower thresholds and Polestar's ablation"$'\n\n'"$(cat bench/out/tiny-ablation/results.md)")
   tpf_from=bench/out/tiny/results.jsonl
 else
   sections+=("## Tiny model: the task suite"$'\n\n'"models/polestar-tiny has no weights in this checkout yet; the command is: \`$POLESTAR bench --suite tiny --policies $POLICIES -o bench/out/tiny\`")

@@ -11,11 +11,13 @@ cmake --build build -j"$(nproc)"
 polestar=build/tools/polestar/polestar
 
 if [[ -f models/polestar-tiny/config.json ]]; then
-  prompt="Reverse the list: Ada Lovelace, Alan Turing, Grace Hopper"
-  for policy in fast-dllm-dual polestar; do
-    echo "== $policy"
-    "$polestar" generate -p "$prompt" --policy "$policy" --threshold 0.9 \
-      --gen-length 32 --block-length 8 --steps 32 --visual
+  # Two prompts of the task suite the model was trained on (`polestar tasks` lists them).
+  for prompt in "Reverse the list: Emma King, Alan Jones, Olga Hughes" "Compute 362 + 376."; do
+    for policy in fast-dllm-dual polestar; do
+      echo "== $policy: $prompt"
+      "$polestar" generate -p "$prompt" --policy "$policy" --threshold 0.9 \
+        --gen-length 32 --block-length 8 --steps 32 --visual
+    done
   done
   exit 0
 fi
