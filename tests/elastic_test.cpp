@@ -1,9 +1,9 @@
-// Elastic-Cache: the cosine helper against hand-computed values; refreshing everything
-// reproduces vanilla; a trigger that never fires leaves only the sliding window's rows; a
+// Elastic-Cache: refreshing everything reproduces vanilla; a trigger that never fires leaves only the sliding window's rows; a
 // firing at layer 0 recomputes layer 1 for every row from the documented inputs; and the
 // accuracy / NFE comparison with Fast-dLLM dual cache on the trained probe.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,7 +11,6 @@
 #include <set>
 
 #include "base/parallel.h"
-#include "decode/elastic_cache.h"
 #include "decode/generate.h"
 #include "decode/policy.h"
 #include "io/json_file.h"
@@ -26,22 +25,6 @@ class SingleThread : public ::testing::Environment {
   void SetUp() override { SetThreadCount(1); }
 };
 const auto* const kSingleThread = ::testing::AddGlobalTestEnvironment(new SingleThread);
-
-TEST(Cosine, MatchesHandComputedValues) {
-  const std::vector<double> x = {1, 0}, y = {0, 1}, minus_x = {-1, 0};
-  EXPECT_DOUBLE_EQ(CosineSimilarity(x, y), 0.0);
-  EXPECT_DOUBLE_EQ(CosineSimilarity(x, minus_x), -1.0);
-  const std::vector<double> a = {1, 2, 2}, b = {2, 1, 2};  // 8 / (3 * 3)
-  EXPECT_NEAR(CosineSimilarity(a, b), 8.0 / 9.0, 1e-15);
-  const std::vector<double> c = {1, 1, 0, 0}, d = {1, 0, 1, 0};  // 1 / (sqrt2 * sqrt2)
-  EXPECT_NEAR(CosineSimilarity(c, d), 0.5, 1e-15);
-  const std::vector<double> e = {3, 4}, f = {6, 8};  // parallel: scale does not matter
-  EXPECT_NEAR(CosineSimilarity(e, f), 1.0, 1e-15);
-  const std::vector<double> zero = {0, 0};
-  EXPECT_DOUBLE_EQ(CosineSimilarity(zero, zero), 1.0);
-  EXPECT_DOUBLE_EQ(CosineSimilarity(zero, e), 0.0);
-  EXPECT_DOUBLE_EQ(CosineSimilarity(std::vector<double>{}, std::vector<double>{}), 1.0);
-}
 
 DecodeOptions ElasticOptions() {
   DecodeOptions o;
@@ -82,7 +65,7 @@ TEST(Window, WithoutRefreshesOnlyTheWindowIsComputed) {
   for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
     const ModelConfig& config = model->config();
-    const int length = int(kPrompt.size()) + 32;
+    const int prompt_length = int(kPrompt.size()), length = prompt_length + 32;
     for (int window_option : {0, 8}) {
       SCOPED_TRACE(std::string(fixture) + " --window " + std::to_string(window_option));
       DecodeOptions o = ElasticOptions();
@@ -95,35 +78,46 @@ TEST(Window, WithoutRefreshesOnlyTheWindowIsComputed) {
       const int window = window_option > 0 ? window_option : config.arch == Arch::kDream ? 32 : 16;
       ASSERT_EQ(int(r.trace.size()), r.nfe);
       int64_t rows = 0;
+      std::set<int> masked;  // before the step
+      for (int p = prompt_length; p < length; ++p) masked.insert(p);
       std::vector<int> committed_before;
       for (size_t t = 0; t < r.trace.size(); ++t) {
         const nlohmann::json& stats = r.trace[t]["policy"];
-        const int begin = stats["window"][0], end = stats["window"][1];
-        EXPECT_EQ(end, std::min(begin + window, length));
+        // The window: the first `window` masked positions, decoded ones skipped.
+        std::vector<int> first_masked(masked.begin(), masked.end());
+        first_masked.resize(std::min(first_masked.size(), size_t(window)));
+        EXPECT_EQ(stats["window"].get<std::vector<int>>(), first_masked) << "step " << t;
         std::set<int> expected;
         if (t == 0) {
           for (int p = 0; p < length; ++p) expected.insert(p);
           EXPECT_EQ(stats["refresh"], "full");
+          EXPECT_TRUE(stats["tracked"].empty());
         } else {
-          for (int p = begin; p < end; ++p) expected.insert(p);
+          for (int p : first_masked) expected.insert(config.shift_logits ? p - 1 : p);
           expected.insert(committed_before.begin(), committed_before.end());
-          if (config.shift_logits) expected.insert(begin - 1);
+          const std::vector<int> tracked = stats["tracked"];
+          EXPECT_FALSE(tracked.empty());
+          EXPECT_LE(tracked.size(), size_t(config.layers));  // --track-num 1 per layer
+          for (int p : tracked) {
+            EXPECT_EQ(masked.count(p), 0u) << "a tracked token holds a token";
+            expected.insert(p);
+          }
           EXPECT_EQ(stats["refresh"], "none");
           EXPECT_EQ(stats["fired_layer"], -1);
         }
         EXPECT_EQ(stats["input_rows"].get<int>(), int(expected.size())) << "step " << t;
         for (int layer_rows : stats["rows_per_layer"]) EXPECT_EQ(layer_rows, int(expected.size()));
         for (int p : r.trace[t]["committed"]) {
-          EXPECT_GE(p, begin);
-          EXPECT_LT(p, end);
+          EXPECT_TRUE(std::find(first_masked.begin(), first_masked.end(), p) != first_masked.end());
+          masked.erase(p);
         }
         rows += int64_t(expected.size()) * config.layers;
         committed_before = r.trace[t]["committed"].get<std::vector<int>>();
       }
       EXPECT_EQ(r.rows_computed, rows);
-      // The prefill, then at most the window and one commit (and Dream's extra row) per step.
-      EXPECT_LE(r.rows_computed, int64_t(config.layers) *
-                                     (length + (r.nfe - 1) * (window + 1 + config.shift_logits)));
+      // The prefill, then at most the window, one commit and the tracked tokens per step.
+      EXPECT_LE(r.rows_computed,
+                int64_t(config.layers) * (length + (r.nfe - 1) * (window + 1 + config.layers)));
     }
   }
 }
@@ -207,14 +201,21 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   forward.Run(c0, policy->Plan(prefill));
   DecodeContext next{*model, o, c1, prompt_length, config.mask_id, block, 1, 3, cache, forward};
   StepPlan plan = policy->Plan(next);
-  EXPECT_EQ(plan.input_rows, Range(8, 11 + 16));  // the commits, then the window [11, 27)
   LogitsForEveryRowIfWidened all_logits(plan.hook, config.layers - 1, length);
   plan.hook = &all_logits;
   const StepResult got = forward.Run(c1, plan);
   const nlohmann::json stats = policy->StepStats();
+  // The step's input: the tracked prompt tokens, the commits, then the window [11, 27).
+  const std::vector<int> tracked = stats["tracked"];
+  ASSERT_FALSE(tracked.empty());
+  std::vector<int> input = tracked;
+  for (int p = 8; p < 27; ++p) input.push_back(p);
+  for (int p : tracked) EXPECT_LT(p, prompt_length);
+  EXPECT_EQ(plan.input_rows, input);
+  const int input_rows = int(input.size());
   EXPECT_EQ(stats["fired_layer"], 0);
-  EXPECT_EQ(stats["rows_per_layer"], nlohmann::json({19, length}));
-  EXPECT_EQ(got.rows_computed, 19 + length);
+  EXPECT_EQ(stats["rows_per_layer"], nlohmann::json({input_rows, length}));
+  EXPECT_EQ(got.rows_computed, input_rows + length);
 
   // Layer 0 depends only on the tokens, so it is exact everywhere; layer 1 holds fresh rows
   // for the step's inputs and the prefill's rows elsewhere.
@@ -222,7 +223,7 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   KvCache composed = after;
   const int64_t kv = composed.kv_width(), width = composed.hidden_width();
   for (int p = 0; p < length; ++p) {
-    if (p >= 8 && p < 27) continue;
+    if (std::find(input.begin(), input.end(), p) != input.end()) continue;
     std::memcpy(composed.keys(1) + p * kv, before.keys(1) + p * kv, kv * 4);
     std::memcpy(composed.values(1) + p * kv, before.values(1) + p * kv, kv * 4);
     std::memcpy(composed.hidden(1) + p * width, before.hidden(1) + p * width, width * 4);
@@ -253,6 +254,47 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
     difference = std::max(difference, std::fabs(before.hidden(1)[i] - after.hidden(1)[i]));
   }
   EXPECT_GT(difference, 1e-3f);
+}
+
+// The drift test compares each tracked token's attention now with its attention before the
+// step: its query from the cached layer input, over the keys before any were rewritten. A
+// step over an unchanged canvas rewrites every row with the same values, so the two agree
+// to rounding at every layer; after three commits they do not.
+TEST(Trigger, AttentionBeforeTheStepIsTheCachedOne) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
+    SCOPED_TRACE(fixture);
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const ModelConfig& config = model->config();
+    DecodeOptions o = ElasticOptions();
+    o.block_length = 0;
+    o.gamma = 0;  // never fires: every layer is tested
+    const int prompt_length = int(kPrompt.size());
+    const int length = prompt_length + o.gen_length;
+    std::vector<int> c0(kPrompt);
+    c0.resize(size_t(length), config.mask_id);
+    std::vector<int> c1 = c0;
+    c1[8] = 17, c1[9] = 124, c1[10] = 17;
+    for (const std::vector<int>* next_canvas : {&c0, &c1}) {
+      std::unique_ptr<Policy> policy = MakePolicy(o, *model);
+      KvCache cache = MakeCache(*model, length, policy->NeedsHiddenStates());
+      Forward forward(*model, cache);
+      const Block block{0, prompt_length, length};
+      DecodeContext prefill{*model, o, c0, prompt_length, config.mask_id, block, 0, 0, cache, forward};
+      forward.Run(c0, policy->Plan(prefill));
+      DecodeContext next{*model, o, *next_canvas, prompt_length, config.mask_id, block, 1, 0, cache, forward};
+      forward.Run(*next_canvas, policy->Plan(next));
+      const nlohmann::json stats = policy->StepStats();
+      ASSERT_FALSE(stats["tracked"].empty());
+      for (int layer = 0; layer < config.layers; ++layer) {
+        const double sigma = stats["similarity"][size_t(layer)];
+        if (next_canvas == &c0) {
+          EXPECT_NEAR(sigma, 1.0, 1e-6) << "layer " << layer;
+        } else if (layer == 0) {
+          EXPECT_LT(sigma, 1.0 - 1e-6);
+        }
+      }
+    }
+  }
 }
 
 struct ProbeScore {

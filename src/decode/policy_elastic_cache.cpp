@@ -1,74 +1,54 @@
 // Elastic-Cache (Nguyen-Tri, Ranjan, Shen: "Attention Is All You Need for KV Cache in
-// Diffusion LLMs", arXiv 2510.14973): a sliding window of query rows, an attention-aware
-// drift test on the most-attended token(s) of every layer, and, when the test fires at layer
-// l, a recompute of every position from layer l+1 to the last layer.
+// Diffusion LLMs", arXiv 2510.14973): a sliding window of MASK rows, an attention-aware drift
+// test on the most-attended tokens of every layer, and, when the test fires at layer l, a
+// recompute of every position from layer l+1 to the last layer.
 //
-// The authors' code is not reachable here; where the paper leaves a choice, this file makes
-// it as follows (docs/policies.md repeats the list):
+// Behaviour follows the authors' released code (VILA-Lab/Elastic-Cache, llada/generate.py and
+// the attention of its modeling_llada.py); docs/policies.md lists each point and where we
+// differ (blocks and the EOS stop, which belong to the shared driver here).
 //
-// 1. Window. Positions [s, s + window) clipped to the canvas, where s is the first masked
-//    position (earlier blocks are complete, so s >= block.start). --window 0 means 16 for
-//    LLaDA and 32 for Dream. The window slides with s, decoded positions inside it included,
-//    so it replaces Fast-dLLM's fixed block as the set of recomputed rows.
-// 2. Query rows of a step (F_0): the window, every position whose token changed since the
-//    previous step (commits the window has already slid past: their K/V still belong to the
-//    MASK token), and for Dream the row s-1 that predicts s.
-// 3. Commit candidates: the driver's block masks inside the window (Policy::CommitCandidates).
-//    With block_length <= window the block decides what may commit and the rest of the
-//    window keeps the next MASK rows fresh; with one block over the canvas (block_length 0)
-//    the window alone decides, the paper's setting.
-// 4. Caching. The first step is a full pass (the prefill). There is no periodic full pass and
-//    none at block starts. Rows outside the window, far MASK rows included, keep the K/V and
-//    hidden states of the last pass that computed them ("block-cached").
-// 5. Most-attended tokens T^l (--track-num): after each step's attention at layer l, the
-//    positions with the largest attention mass summed over the layer's query rows and heads,
-//    among positions that hold a token (prompt or decoded; MASK rows are a length bias, not
-//    context). Chosen afresh every step; ties go to the lower position.
-// 6. Drift test at layer l of step t: for every query row that is MASK now and was a query
-//    row of layer l at step t-1 (so the query side is unchanged: a MASK embedding), and every
-//    token of T^l chosen at t-1, the attention probability averaged over heads; sigma is the
-//    cosine between this vector at t-1 and at t. The test fires when sigma < gamma (strict).
-//    No common rows means no evidence: sigma = 1. The lowest firing layer counts; layers above
-//    it skip the test but still record attention for the next step.
-// 7. Refresh. A firing at layer l makes every position a query row of layers l+1 .. last.
-//    Rows outside the step's input get their layer-(l+1) input from the hidden-state cache, so
-//    layers >= l+2 receive fresh K/V and hidden states for every position, and layer l+1's
-//    queries all see the step's new K/V. It happens inside the same forward (one NFE).
-// 8. --refresh-all turns every step into a full pass (the standing "cached == vanilla" test);
+// 1. Window: the first --window masked positions (0: 16 LLaDA, 32 Dream), decoded positions
+//    skipped. Commit candidates are the block's masks inside it.
+// 2. Query rows of a step (F_0) after the first: the tracked tokens (the union over layers of
+//    the last step's most-attended tokens), the positions committed since the last step (their
+//    K/V still belong to MASK), and the rows that predict the window's masks (the masks
+//    themselves; for Dream the row before each). The first step is a full pass; there is no
+//    other scheduled full pass, and rows outside F_0, far MASK rows included, stay cached.
+// 3. Most-attended tokens, every layer of every step: the attention of the window's
+//    predicting rows summed over rows and heads; masked positions are not eligible; the top
+//    --track-num, ties to the lower position.
+// 4. Drift test at layer l (until one fires): for every tracked token u, its attention row now
+//    (it is a query row) against its attention row before this step, i.e. the query of its
+//    cached layer-l input over the keys as they stood before this step wrote any. For every
+//    (u, key) pair the cosine is taken across heads; sigma is the mean over all pairs. It
+//    fires when sigma < --gamma.
+// 5. Refresh: a firing at layer l makes every position a query row of layers l+1 .. last; rows
+//    outside the step's input read their layer-(l+1) input from the hidden-state cache. It is
+//    part of the same forward (one NFE).
+// 6. --refresh-all turns every step into a full pass (the standing "cached == vanilla" test);
 //    the window still chooses the commit candidates.
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
 #include "base/error.h"
-#include "decode/elastic_cache.h"
 #include "decode/policy.h"
+#include "drift/drift.h"
+#include "model/forward.h"
+#include "ops/ops.h"
 
 namespace polestar {
-
-double CosineSimilarity(std::span<const double> a, std::span<const double> b) {
-  PS_CHECK(a.size() == b.size());
-  double dot = 0, norm_a = 0, norm_b = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    dot += a[i] * b[i];
-    norm_a += a[i] * a[i];
-    norm_b += b[i] * b[i];
-  }
-  if (norm_a == 0 && norm_b == 0) return 1;
-  if (norm_a == 0 || norm_b == 0) return 0;
-  return std::clamp(dot / std::sqrt(norm_a * norm_b), -1.0, 1.0);
-}
-
 namespace {
 
 class ElasticCachePolicy : public Policy, private LayerHook {
  public:
   ElasticCachePolicy(const DecodeOptions& options, const Model& model)
-      : gamma_(options.gamma),
+      : model_(model),
+        gamma_(options.gamma),
         track_num_(options.track_num),
         refresh_all_(options.refresh_all),
-        window_(options.window > 0 ? options.window
-                                   : (model.config().arch == Arch::kDream ? 32 : 16)),
+        window_size_(options.window > 0 ? options.window
+                                        : (model.config().arch == Arch::kDream ? 32 : 16)),
         shifted_(model.config().shift_logits),
         heads_(model.config().heads),
         tracks_(size_t(model.config().layers)) {}
@@ -79,30 +59,39 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     canvas_.assign(context.canvas.begin(), context.canvas.end());
     mask_id_ = context.mask_id;
     const int length = int(canvas_.size());
-    int s = context.block.start;
-    while (s < length && canvas_[size_t(s)] != mask_id_) ++s;
-    PS_CHECK(s < context.block.end);  // the driver plans only blocks with masks
-    window_begin_ = s;
-    window_end_ = std::min(s + window_, length);
+    window_.clear();
+    for (int p = context.block.start; p < length && int(window_.size()) < window_size_; ++p) {
+      if (canvas_[size_t(p)] == mask_id_) window_.push_back(p);
+    }
+    PS_CHECK(!window_.empty());  // the driver plans only blocks with masks
+    predicting_rows_.clear();
+    for (int p : window_) {
+      if (!shifted_) predicting_rows_.push_back(p);
+      else if (p > 0) predicting_rows_.push_back(p - 1);
+    }
 
     const bool first = previous_canvas_.empty();
     full_ = first || refresh_all_;
     fired_layer_ = -1;
     similarity_.assign(tracks_.size(), std::nan(""));
     rows_per_layer_.assign(tracks_.size(), 0);
+    tracked_.clear();
+    for (const std::vector<int>& tokens : tracks_) tracked_.insert(tracked_.end(), tokens.begin(), tokens.end());
+    std::sort(tracked_.begin(), tracked_.end());
+    tracked_.erase(std::unique(tracked_.begin(), tracked_.end()), tracked_.end());
 
     StepPlan plan;
     if (full_) {
       plan.input_rows = Range(0, length);
     } else {
       std::vector<char> chosen(size_t(length), 0);  // [L]
-      for (int p = window_begin_; p < window_end_; ++p) chosen[size_t(p)] = 1;
-      for (int p = 0; p < length; ++p)
-        chosen[size_t(p)] |= canvas_[size_t(p)] != previous_canvas_[size_t(p)];
-      if (shifted_ && s > 0) chosen[size_t(s - 1)] = 1;
+      for (int p : tracked_) chosen[size_t(p)] = 1;
+      for (int p : predicting_rows_) chosen[size_t(p)] = 1;
+      for (int p = 0; p < length; ++p) chosen[size_t(p)] |= canvas_[size_t(p)] != previous_canvas_[size_t(p)];
       for (int p = 0; p < length; ++p) {
         if (chosen[size_t(p)]) plan.input_rows.push_back(p);
       }
+      if (!tracked_.empty()) RecordAttentionBefore(context);
     }
     input_rows_ = int(plan.input_rows.size());
     previous_canvas_ = canvas_;
@@ -112,74 +101,82 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   }
 
   std::vector<int> CommitCandidates(const DecodeContext&, std::vector<int> masked) override {
-    std::erase_if(masked, [&](int p) { return p < window_begin_ || p >= window_end_; });
+    std::erase_if(masked, [&](int p) { return !std::binary_search(window_.begin(), window_.end(), p); });
     return masked;
   }
 
   nlohmann::json StepStats() const override {
     nlohmann::json similarity = nlohmann::json::array();
-    for (double s : similarity_)
-      similarity.push_back(std::isnan(s) ? nlohmann::json(nullptr) : nlohmann::json(s));
-    return {{"refresh", full_               ? "full"
-                        : fired_layer_ >= 0 ? "from_layer"
-                                            : "none"},
+    for (double s : similarity_) similarity.push_back(std::isnan(s) ? nlohmann::json(nullptr) : nlohmann::json(s));
+    return {{"refresh", full_ ? "full" : fired_layer_ >= 0 ? "from_layer" : "none"},
             {"fired_layer", fired_layer_},
-            {"window", {window_begin_, window_end_}},
+            {"window", window_},
+            {"tracked", tracked_},
             {"input_rows", input_rows_},
             {"rows_per_layer", rows_per_layer_},
             {"similarity", similarity}};
   }
 
  private:
-  // What layer l remembers from the previous step: the tracked tokens and, per query row, the
-  // head-averaged attention the row paid to each of them.
-  struct LayerTrack {
-    std::vector<int> tokens;
-    std::unordered_map<int, std::vector<double>> attention;  // row -> [|tokens|]
-  };
+  // before_[l][|tracked|, H, L]: each tracked token's attention at layer l as the cache stands
+  // before this step: the query of its cached layer input (the input its last query came
+  // from) over the keys no row of this step has rewritten yet.
+  void RecordAttentionBefore(const DecodeContext& context) {
+    const ModelConfig& config = model_.config();
+    const int64_t length = int64_t(canvas_.size()), count = int64_t(tracked_.size());
+    const int64_t width = config.width;
+    std::vector<float> inputs(size_t(count * width));                          // [|tracked|, C]
+    std::vector<float> queries(size_t(count * config.heads * config.head_dim));  // [|tracked|, H*D]
+    before_.resize(tracks_.size());
+    for (int layer = 0; layer < int(tracks_.size()); ++layer) {
+      const float* hidden = context.cache.hidden(layer);
+      for (int64_t i = 0; i < count; ++i) {
+        std::copy_n(hidden + int64_t(tracked_[size_t(i)]) * width, width, inputs.data() + i * width);
+      }
+      context.forward.ProjectQueries(layer, inputs.data(), count, queries.data());
+      ApplyRope(queries.data(), tracked_, config.heads, model_.rope(), config.rope_interleaved);
+      before_[size_t(layer)].resize(size_t(count * config.heads * length));
+      AttentionProbabilities(queries.data(), count, context.cache.keys(layer), length, config.heads,
+                             config.kv_heads, config.head_dim, before_[size_t(layer)].data());
+    }
+  }
 
   void BeforeQueries(LayerRows& rows) override {
-    if (!full_ && fired_layer_ >= 0 && rows.layer > fired_layer_) {
-      *rows.query_rows = Range(0, int(canvas_.size()));
-    }
+    if (!full_ && fired_layer_ >= 0 && rows.layer > fired_layer_) *rows.query_rows = Range(0, int(canvas_.size()));
     rows_per_layer_[size_t(rows.layer)] = int64_t(rows.query_rows->size());
   }
 
   // probs: [|Q|, H, L].
   void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
     const int64_t length = int64_t(canvas_.size());
-    auto head_mean = [&](size_t row_index, int position) {
-      double sum = 0;
-      for (int h = 0; h < heads_; ++h)
-        sum += probs[(int64_t(row_index) * heads_ + h) * length + position];
-      return sum / heads_;
-    };
-    LayerTrack& track = tracks_[size_t(layer)];
+    std::unordered_map<int, int64_t> row_of;  // position -> index in query_rows
+    for (size_t i = 0; i < query_rows.size(); ++i) row_of[query_rows[i]] = int64_t(i);
 
-    if (!full_ && fired_layer_ < 0 && !track.tokens.empty()) {
-      std::vector<double> before, now;
-      for (size_t i = 0; i < query_rows.size(); ++i) {
-        const int row = query_rows[i];
-        if (canvas_[size_t(row)] != mask_id_) continue;
-        const auto it = track.attention.find(row);
-        if (it == track.attention.end()) continue;
-        for (size_t k = 0; k < track.tokens.size(); ++k) {
-          before.push_back(it->second[k]);
-          now.push_back(head_mean(i, track.tokens[k]));
+    if (!full_ && fired_layer_ < 0 && !tracked_.empty()) {
+      const float* before = before_[size_t(layer)].data();
+      std::vector<float> head_now(static_cast<size_t>(heads_)), head_before(static_cast<size_t>(heads_));  // [H]
+      double sum = 0;
+      for (size_t k = 0; k < tracked_.size(); ++k) {
+        const float* now = probs + row_of.at(tracked_[k]) * heads_ * length;  // [H, L]
+        const float* then = before + int64_t(k) * heads_ * length;            // [H, L]
+        for (int64_t j = 0; j < length; ++j) {
+          for (int h = 0; h < heads_; ++h) {
+            head_now[size_t(h)] = now[h * length + j];
+            head_before[size_t(h)] = then[h * length + j];
+          }
+          sum += CosineSimilarity(head_before.data(), head_now.data(), heads_);
         }
       }
-      const double sigma = before.empty() ? 1.0 : CosineSimilarity(before, now);
+      const double sigma = sum / double(int64_t(tracked_.size()) * length);
       similarity_[size_t(layer)] = sigma;
       if (sigma < gamma_) fired_layer_ = layer;
     }
 
-    // Re-choose the most-attended tokens from this step's attention mass.
+    // The next step's tracked tokens of this layer: where the window's masks look most.
     std::vector<double> mass(size_t(length), 0);  // [L]
-    for (size_t i = 0; i < query_rows.size(); ++i) {
-      for (int h = 0; h < heads_; ++h) {
-        const float* row = probs + (int64_t(i) * heads_ + h) * length;
-        for (int64_t j = 0; j < length; ++j) mass[size_t(j)] += row[j];
-      }
+    for (int p : predicting_rows_) {
+      const float* row = probs + row_of.at(p) * heads_ * length;  // [H, L]
+      for (int64_t j = 0; j < int64_t(heads_) * length; ++j) mass[size_t(j % length)] += row[j];
     }
     std::vector<int> eligible;
     for (int j = 0; j < int(length); ++j) {
@@ -189,27 +186,26 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     std::partial_sort(eligible.begin(), eligible.begin() + keep, eligible.end(), [&](int a, int b) {
       return mass[size_t(a)] != mass[size_t(b)] ? mass[size_t(a)] > mass[size_t(b)] : a < b;
     });
-    track.tokens.assign(eligible.begin(), eligible.begin() + keep);
-    track.attention.clear();
-    for (size_t i = 0; i < query_rows.size(); ++i) {
-      std::vector<double>& paid = track.attention[query_rows[i]];
-      for (int token : track.tokens) paid.push_back(head_mean(i, token));
-    }
+    tracks_[size_t(layer)].assign(eligible.begin(), eligible.begin() + keep);
   }
 
+  const Model& model_;
   const double gamma_;
   const int track_num_;
   const bool refresh_all_;
-  const int window_;
+  const int window_size_;
   const bool shifted_;
   const int heads_;
-  std::vector<LayerTrack> tracks_;    // [layers]
-  std::vector<int> previous_canvas_;  // [L] the canvas at the previous step's plan
+  std::vector<std::vector<int>> tracks_;  // [layers][<= track_num] most-attended tokens
+  std::vector<int> previous_canvas_;      // [L] the canvas at the previous step's plan
 
   // This step.
-  std::vector<int> canvas_;  // [L]
+  std::vector<int> canvas_;           // [L]
   int mask_id_ = 0;
-  int window_begin_ = 0, window_end_ = 0;
+  std::vector<int> window_;           // the first window_size_ masked positions, ascending
+  std::vector<int> predicting_rows_;  // [|window|] the rows whose logits predict them
+  std::vector<int> tracked_;          // union of tracks_ at the plan, ascending
+  std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
   bool full_ = false;
   int fired_layer_ = -1;
   int input_rows_ = 0;
