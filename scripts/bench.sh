@@ -29,7 +29,7 @@ if [ -f models/polestar-tiny/config.json ]; then
   # ablation: cache only, commit only, skeleton only, cosine drift, NVFP4 hidden-state store.
   "$POLESTAR" bench --suite tiny -t "$THREADS" --clock "$CLOCK" -o bench/out/tiny-ablation \
     --grid "policy=fast-dllm-dual;threshold=0.3,0.5,0.7" \
-    --grid "policy=polestar;tau-s=0.7,0.5" \
+    --grid "policy=polestar;threshold=0.7,0.5" \
     --grid "policy=polestar;early-commit=false" \
     --grid "policy=polestar;polestar-cache=false" \
     --grid "policy=polestar;polestar-cache=false;early-commit=false" \
