@@ -12,7 +12,8 @@ packages=(
   libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, lookahead, possessive)
   libicu-dev             # tokenizer Unicode normalization (NFC for Qwen/Dream)
   libgtest-dev libgmock-dev libbenchmark-dev
-  gnuplot-nox            # benchmark plots
+  gnuplot-nox            # benchmark plots, the polestar-tiny loss curve
+  jq                     # scripts/polestar_tiny_card.sh: the model card's accuracy table
 )
 missing=()
 for p in "${packages[@]}"; do

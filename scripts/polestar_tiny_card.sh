@@ -1,7 +1,8 @@
 #!/bin/sh
 # Assembles models/polestar-tiny from a finished `polestar train` run and measures what its
 # model card reports: the loss curve (gnuplot PNG) and held-out accuracy per task under
-# vanilla decoding (one token per step), the threshold rule at 0.5, and 4 tokens per step.
+# vanilla decoding (one token per step), the threshold rule at 0.5 and 0.3, and 4 and 8 tokens
+# per step.
 #   scripts/polestar_tiny_card.sh [EARLIER_RUN:STEPS ...] RUN_DIR
 # EARLIER_RUN:STEPS are the warm-start stages before RUN_DIR, in order, with the step each
 # was stopped at; their losses come first in the curve. ITEMS (default 50) and ITEM_SEED
@@ -61,26 +62,41 @@ eval_run() {  # name, then decode flags
   name=$1
   shift
   "$polestar" tasks-eval -m "$out" --items "$items" --item-seed "$item_seed" -t 1 --json \
-    --gen-length 32 --block-length 8 "$@" > "$run/card/$name.json"
+    --gen-length 32 "$@" > "$run/card/$name.json"
   echo "$name: $(cat "$run/card/$name.json")"
 }
-eval_run vanilla --steps 32
-eval_run threshold-0.5 --steps 32 --threshold 0.5
-eval_run fixed-4 --steps 8
+eval_run vanilla --block-length 8 --steps 32
+eval_run threshold-0.5 --block-length 8 --steps 32 --threshold 0.5
+eval_run fixed-4 --block-length 8 --steps 8
+eval_run threshold-0.3 --block-length 8 --steps 32 --threshold 0.3
+eval_run fixed-8 --block-length 8 --steps 4
+# One block over the whole canvas: nothing stops a confident model from filling it at once.
+eval_run one-block-vanilla --block-length 32 --steps 32
+eval_run one-block-threshold-0.5 --block-length 32 --steps 32 --threshold 0.5
+eval_run one-block-fixed-8 --block-length 32 --steps 4
 du -b "$out"/* | sort -n >&2
 
-# The accuracy table of the model card (markdown), from the three runs above.
-table() {  # jq filter for one cell, given .tasks[] entry t
-  for name in vanilla threshold-0.5 fixed-4; do
-    jq -r "$1" "$run/card/$name.json"
-  done | paste -sd'|'
+# The accuracy tables of the model card (markdown): one row per task, one column per run.
+print_table() {  # header cells, then run names
+  header=$1
+  shift
+  echo
+  echo "| task | $header |"
+  echo "|---$(printf '|---%.0s' "$@")|"
+  for task in $(jq -r '.tasks[].task' "$run/card/$1.json"); do
+    row="| $task"
+    for name in "$@"; do
+      row="$row | $(jq -r ".tasks[] | select(.task == \"$task\") | \"\(.accuracy * 100 | round) % (nfe \(.nfe * 10 | round / 10))\"" "$run/card/$name.json")"
+    done
+    echo "$row |"
+  done
+  row="| overall"
+  for name in "$@"; do
+    row="$row | $(jq -r '"**\(.accuracy * 100 | round) %** (nfe \(.nfe * 10 | round / 10))"' "$run/card/$name.json")"
+  done
+  echo "$row |"
 }
-echo
-echo "| task | vanilla, 1 token/step | threshold 0.5 | 4 tokens/step |"
-echo "|---|---|---|---|"
-for task in $(jq -r '.tasks[].task' "$run/card/vanilla.json"); do
-  cells=$(table ".tasks[] | select(.task == \"$task\") | \"\(.accuracy * 100 | round) % (nfe \(.nfe * 10 | round / 10))\"")
-  echo "| $task | $(echo "$cells" | sed 's/|/ | /g') |"
-done
-cells=$(table '"**\(.accuracy * 100 | round) %** (nfe \(.nfe * 10 | round / 10))"')
-echo "| overall | $(echo "$cells" | sed 's/|/ | /g') |"
+print_table "vanilla, 1 token/step | threshold 0.5 | 4 tokens/step | threshold 0.3 | 8 tokens/step" \
+  vanilla threshold-0.5 fixed-4 threshold-0.3 fixed-8
+print_table "one block: vanilla, 1 token/step | threshold 0.5 | 8 tokens/step" \
+  one-block-vanilla one-block-threshold-0.5 one-block-fixed-8
