@@ -173,6 +173,45 @@ void ExpectRowsNear(const float* got, const float* want, int64_t width, int row,
   }
 }
 
+// Drives an Elastic-Cache policy by hand over two steps: a prefill on the blank canvas c0,
+// then a step on c0 again or on c1 (c0 with three commits at 8, 9 and 10).
+struct TwoSteps {
+  TwoSteps(const Model& model, const DecodeOptions& options)
+      : model(model),
+        options(options),
+        c0(BlankCanvas(model, options)),
+        c1(WithCommits(c0)),
+        policy(MakePolicy(options, model)),
+        cache(MakeCache(model, int64_t(c0.size()), policy->NeedsHiddenStates())),
+        forward(model, cache) {
+    forward.Run(c0, policy->Plan(Context(c0, 0, 0)));
+  }
+  StepPlan PlanNext(const std::vector<int>& next, int committed_last_step) {
+    return policy->Plan(Context(next, 1, committed_last_step));
+  }
+  DecodeContext Context(const std::vector<int>& canvas, int step, int committed) {
+    const int prompt_length = int(kPrompt.size());
+    return {model, options, canvas, prompt_length, model.config().mask_id,
+            Block{0, prompt_length, int(canvas.size())}, step, committed, cache, forward};
+  }
+  static std::vector<int> BlankCanvas(const Model& model, const DecodeOptions& options) {
+    std::vector<int> canvas(kPrompt);
+    canvas.resize(kPrompt.size() + size_t(options.gen_length), model.config().mask_id);
+    return canvas;
+  }
+  static std::vector<int> WithCommits(std::vector<int> canvas) {
+    canvas[8] = 17, canvas[9] = 124, canvas[10] = 17;
+    return canvas;
+  }
+
+  const Model& model;
+  const DecodeOptions options;
+  const std::vector<int> c0, c1;  // [prompt + gen]
+  std::unique_ptr<Policy> policy;
+  KvCache cache;
+  Forward forward;
+};
+
 // llada-tiny has 2 layers. After a prefill on c0, three tokens are committed (c1) and the
 // next step fires at layer 0 (gamma 1 fires at any change). Layer 1 must then run for every
 // row: the window rows on their fresh layer-1 inputs, the others on the inputs cached by the
@@ -188,23 +227,15 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   o.gamma = 1.0;
   const int prompt_length = int(kPrompt.size());
   const int length = prompt_length + o.gen_length;
-  std::vector<int> c0(kPrompt);
-  c0.resize(size_t(length), config.mask_id);
-  std::vector<int> c1 = c0;
-  c1[8] = 17, c1[9] = 124, c1[10] = 17;
-
-  std::unique_ptr<Policy> policy = MakePolicy(o, *model);
-  KvCache cache = MakeCache(*model, length, policy->NeedsHiddenStates());
-  Forward forward(*model, cache);
-  const Block block{0, prompt_length, length};
-  DecodeContext prefill{*model, o, c0, prompt_length, config.mask_id, block, 0, 0, cache, forward};
-  forward.Run(c0, policy->Plan(prefill));
-  DecodeContext next{*model, o, c1, prompt_length, config.mask_id, block, 1, 3, cache, forward};
-  StepPlan plan = policy->Plan(next);
+  TwoSteps run(*model, o);
+  const std::vector<int>& c0 = run.c0;
+  const std::vector<int>& c1 = run.c1;
+  KvCache& cache = run.cache;
+  StepPlan plan = run.PlanNext(c1, 3);
   LogitsForEveryRowIfWidened all_logits(plan.hook, config.layers - 1, length);
   plan.hook = &all_logits;
-  const StepResult got = forward.Run(c1, plan);
-  const nlohmann::json stats = policy->StepStats();
+  const StepResult got = run.forward.Run(c1, plan);
+  const nlohmann::json stats = run.policy->StepStats();
   // The step's input: the tracked prompt tokens, the commits, then the window [11, 27).
   const std::vector<int> tracked = stats["tracked"];
   ASSERT_FALSE(tracked.empty());
@@ -268,26 +299,15 @@ TEST(Trigger, AttentionBeforeTheStepIsTheCachedOne) {
     DecodeOptions o = ElasticOptions();
     o.block_length = 0;
     o.gamma = 0;  // never fires: every layer is tested
-    const int prompt_length = int(kPrompt.size());
-    const int length = prompt_length + o.gen_length;
-    std::vector<int> c0(kPrompt);
-    c0.resize(size_t(length), config.mask_id);
-    std::vector<int> c1 = c0;
-    c1[8] = 17, c1[9] = 124, c1[10] = 17;
-    for (const std::vector<int>* next_canvas : {&c0, &c1}) {
-      std::unique_ptr<Policy> policy = MakePolicy(o, *model);
-      KvCache cache = MakeCache(*model, length, policy->NeedsHiddenStates());
-      Forward forward(*model, cache);
-      const Block block{0, prompt_length, length};
-      DecodeContext prefill{*model, o, c0, prompt_length, config.mask_id, block, 0, 0, cache, forward};
-      forward.Run(c0, policy->Plan(prefill));
-      DecodeContext next{*model, o, *next_canvas, prompt_length, config.mask_id, block, 1, 0, cache, forward};
-      forward.Run(*next_canvas, policy->Plan(next));
-      const nlohmann::json stats = policy->StepStats();
+    for (const bool committed : {false, true}) {
+      TwoSteps run(*model, o);
+      const std::vector<int>& next = committed ? run.c1 : run.c0;
+      run.forward.Run(next, run.PlanNext(next, 0));
+      const nlohmann::json stats = run.policy->StepStats();
       ASSERT_FALSE(stats["tracked"].empty());
       for (int layer = 0; layer < config.layers; ++layer) {
         const double sigma = stats["similarity"][size_t(layer)];
-        if (next_canvas == &c0) {
+        if (!committed) {
           EXPECT_NEAR(sigma, 1.0, 1e-6) << "layer " << layer;
         } else if (layer == 0) {
           EXPECT_LT(sigma, 1.0 - 1e-6);
