@@ -194,7 +194,7 @@ std::unique_ptr<TextStream> TokenizerCodec::NewTextStream() const {
 std::string TokenizerCodec::TokenLabel(int token) const {
   // The model's vocabulary may have rows past the tokenizer's (padding to a round size).
   if (token < 0 || size_t(token) >= known_.size() || !known_[size_t(token)]) {
-    return "<" + std::to_string(token) + ">";
+    return Cat("<", token, ">");
   }
   if (tokenizer_->IsSpecial(token)) return tokenizer_->IdToToken(token);
   return unicode::ToValidUtf8(tokenizer_->TokenBytes(token));

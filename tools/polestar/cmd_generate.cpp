@@ -117,7 +117,7 @@ void AddGenerateCommand(CLI::App& app) {
     const GenerationResult r = Generate(*model, prompt_ids, args->options, on_step, args->trace);
     const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
     std::string text;
-    if (tokenizer != nullptr) text = tokenizer->Decode(visible, {.skip_special_tokens = true});
+    if (tokenizer != nullptr) text = tokenizer->Decode(visible, {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
     if (args->json) {
       nlohmann::json out = {
           {"tokens", r.tokens},
