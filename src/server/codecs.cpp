@@ -163,7 +163,7 @@ std::string CharVocabCodec::TokenLabel(int token) const {
   if (token == eos_) return "<eos>";
   if (token == pad_) return "<pad>";
   if (token == mask_) return "<mask>";
-  return "<" + std::to_string(token) + ">";
+  return Cat("<", token, ">");
 }
 
 TokenizerCodec::TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer)
