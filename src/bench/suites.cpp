@@ -22,6 +22,26 @@ std::span<const int> UntilEnd(const ModelConfig& config, std::span<const int> ge
   return generated.first(n);
 }
 
+// The slice of a suite's items the options ask for (--limit, --shard).
+eval::LoadOptions SliceOf(const SuiteOptions& options) {
+  eval::LoadOptions load;
+  load.limit = options.limit;
+  load.shard_index = options.shard_index;
+  load.shard_count = options.shard_count;
+  load.sandbox = options.sandbox;
+  return load;
+}
+
+// The grade of a suite with one right-or-wrong metric.
+ItemGrade SingleMetricGrade(std::string completion, bool correct, const char* metric) {
+  ItemGrade result;
+  result.completion = std::move(completion);
+  result.grade.correct = correct;
+  result.grade.extracted = result.completion;
+  result.grade.metrics = {{metric, correct, result.completion}};
+  return result;
+}
+
 BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config) {
   const std::string path = (fs::path(options.model_dir) / "reference.json").string();
   if (!fs::exists(path)) {
@@ -48,22 +68,14 @@ BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config
   BenchSuite suite;
   suite.name = "probe";
   suite.full_size = items.size();
-  eval::LoadOptions load;
-  load.limit = options.limit;
-  load.shard_index = options.shard_index;
-  load.shard_count = options.shard_count;
-  suite.items = eval::LimitAndShard(std::move(items), load);
+  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
   suite.metric_names = {"exact_match"};
   suite.gen_length = reference.value("gen_length", 32);
   suite.block_length = reference.value("block_length", 8);
   suite.grade = [codec, config, items = suite.items](size_t index, std::span<const int> generated) {
-    ItemGrade result;
-    result.completion = codec->Decode(UntilEnd(config, generated));
-    const bool correct = result.completion == items[index].reference;
-    result.grade.correct = correct;
-    result.grade.extracted = result.completion;
-    result.grade.metrics = {{"exact_match", correct, result.completion}};
-    return result;
+    std::string completion = codec->Decode(UntilEnd(config, generated));
+    const bool correct = completion == items[index].reference;
+    return SingleMetricGrade(std::move(completion), correct, "exact_match");
   };
   return suite;
 }
@@ -89,34 +101,22 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
   BenchSuite suite;
   suite.name = "tiny";
   suite.full_size = items.size();
-  eval::LoadOptions load;
-  load.limit = options.limit;
-  load.shard_index = options.shard_index;
-  load.shard_count = options.shard_count;
-  suite.items = eval::LimitAndShard(std::move(items), load);
-  auto selected = std::make_shared<std::vector<TaskItem>>(eval::LimitAndShard(std::move(tasks), load));
+  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
+  auto selected = std::make_shared<std::vector<TaskItem>>(eval::LimitAndShard(std::move(tasks), SliceOf(options)));
   suite.metric_names = {"correct"};
   suite.gen_length = 32;
   suite.block_length = 8;
   suite.grade = [codec, config, selected](size_t index, std::span<const int> generated) {
-    ItemGrade result;
-    result.completion = codec->Decode(UntilEnd(config, generated));
-    const bool correct = GradeAnswer((*selected)[index], result.completion);
-    result.grade.correct = correct;
-    result.grade.extracted = result.completion;
-    result.grade.metrics = {{"correct", correct, result.completion}};
-    return result;
+    std::string completion = codec->Decode(UntilEnd(config, generated));
+    const bool correct = GradeAnswer((*selected)[index], completion);
+    return SingleMetricGrade(std::move(completion), correct, "correct");
   };
   return suite;
 }
 
 BenchSuite LoadTextSuite(const SuiteOptions& options, const ModelConfig& config) {
   std::shared_ptr<TextCodec> codec = LoadTextCodec(options.model_dir, options.prompt_format);
-  eval::LoadOptions load;
-  load.limit = options.limit;
-  load.shard_index = options.shard_index;
-  load.shard_count = options.shard_count;
-  load.sandbox = options.sandbox;
+  const eval::LoadOptions load = SliceOf(options);
   auto text_suite = std::make_shared<eval::Suite>(eval::LoadSuite(
       options.name, options.data_dir.empty() ? eval::DefaultDataDir() : options.data_dir, load));
   BenchSuite suite;

@@ -29,7 +29,6 @@
 //    the window still chooses the commit candidates.
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 
 #include "base/error.h"
 #include "decode/policy.h"
@@ -149,15 +148,19 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   // probs: [|Q|, H, L].
   void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
     const int64_t length = int64_t(canvas_.size());
-    std::unordered_map<int, int64_t> row_of;  // position -> index in query_rows
-    for (size_t i = 0; i < query_rows.size(); ++i) row_of[query_rows[i]] = int64_t(i);
+    row_of_.assign(size_t(length), -1);  // position -> index in query_rows
+    for (size_t i = 0; i < query_rows.size(); ++i) row_of_[size_t(query_rows[i])] = int64_t(i);
+    auto row = [&](int position) {
+      PS_CHECK(row_of_[size_t(position)] >= 0);  // tracked and predicting rows are query rows
+      return probs + row_of_[size_t(position)] * heads_ * length;  // [H, L]
+    };
 
     if (!full_ && fired_layer_ < 0 && !tracked_.empty()) {
       const float* before = before_[size_t(layer)].data();
       std::vector<float> head_now(static_cast<size_t>(heads_)), head_before(static_cast<size_t>(heads_));  // [H]
       double sum = 0;
       for (size_t k = 0; k < tracked_.size(); ++k) {
-        const float* now = probs + row_of.at(tracked_[k]) * heads_ * length;  // [H, L]
+        const float* now = row(tracked_[k]);
         const float* then = before + int64_t(k) * heads_ * length;            // [H, L]
         for (int64_t j = 0; j < length; ++j) {
           for (int h = 0; h < heads_; ++h) {
@@ -175,8 +178,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     // The next step's tracked tokens of this layer: where the window's masks look most.
     std::vector<double> mass(size_t(length), 0);  // [L]
     for (int p : predicting_rows_) {
-      const float* row = probs + row_of.at(p) * heads_ * length;  // [H, L]
-      for (int64_t j = 0; j < int64_t(heads_) * length; ++j) mass[size_t(j % length)] += row[j];
+      const float* paid = row(p);
+      for (int64_t j = 0; j < int64_t(heads_) * length; ++j) mass[size_t(j % length)] += paid[j];
     }
     std::vector<int> eligible;
     for (int j = 0; j < int(length); ++j) {
@@ -206,6 +209,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   std::vector<int> predicting_rows_;  // [|window|] the rows whose logits predict them
   std::vector<int> tracked_;          // union of tracks_ at the plan, ascending
   std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
+  std::vector<int64_t> row_of_;             // [L] index of a position in the layer's query rows
   bool full_ = false;
   int fired_layer_ = -1;
   int input_rows_ = 0;

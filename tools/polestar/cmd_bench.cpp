@@ -9,18 +9,19 @@
 #include "bench/scale.h"
 #include "commands.h"
 #include "decode_flags.h"
+#include "suite_flags.h"
 
 namespace polestar::cli {
 namespace {
 
 struct BenchArgs {
-  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto", out;
+  SuiteFlags suite;
+  std::string out;
   std::string policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
   std::vector<std::string> grids;
   std::string protocol = "until-eos", clock = "wall";
   DecodeOptions options;
-  int per_task = 0, threads = 0;
-  std::size_t limit = 0;
+  int threads = 0;
   bool quiet = false, no_plot = false, dry_run = false;
   // --scale
   bool scale = false;
@@ -58,18 +59,10 @@ policy reached on a suite (--tpf-from results.jsonl). Writes scale.json and scal
 void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Accuracy-throughput benchmark over a grid of policies and settings");
   auto args = std::make_shared<BenchArgs>();
-  cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
-  std::string suites;
-  for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
-  cmd->add_option("--suite", args->suite, "suite: " + suites)->capture_default_str();
+  AddSuiteFlags(cmd, args->suite);
   cmd->add_option("--policies", args->policies, "comma-separated policies")->capture_default_str();
   cmd->add_option("--grid", args->grids, "grid spec \"key=v1,v2;key2=...\" (repeatable; see below)");
   cmd->add_option("-o,--output", args->out, "output folder (default: bench/out/SUITE)");
-  cmd->add_option("--n", args->per_task, "tiny: test items per task (default 50)");
-  cmd->add_option("--limit", args->limit, "only the first N items");
-  cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
-  cmd->add_option("--data", args->data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
-  cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
   cmd->add_option("--protocol", args->protocol, "token count of the plot: until-eos | non-eos")
       ->capture_default_str();
   cmd->add_option("--clock", args->clock,
@@ -123,19 +116,9 @@ void AddBenchCommand(CLI::App& app) {
     for (bench::GridPoint& p : points) {
       for (auto& [key, value] : p.settings) key = CanonicalDecodeFlag(key);
     }
-    const std::string model_dir = args->model.empty() ? DefaultModelPath() : args->model;
+    const bench::SuiteOptions suite_options = ResolveSuiteFlags(args->suite, args->options.seed);
+    const std::string& model_dir = suite_options.model_dir;
     auto model = Model::Load(model_dir);
-    bench::SuiteOptions suite_options;
-    suite_options.name = args->suite;
-    suite_options.model_dir = model_dir;
-    suite_options.data_dir = args->data_dir;
-    suite_options.limit = args->limit;
-    if (!args->shard.empty()) {
-      eval::ParseShard(args->shard, &suite_options.shard_index, &suite_options.shard_count);
-    }
-    suite_options.per_task = args->per_task;
-    suite_options.seed = args->options.seed;
-    suite_options.prompt_format = bench::PromptFormatFromName(args->prompt_format);
     const bench::BenchSuite suite = bench::LoadBenchSuite(suite_options, model->config());
 
     bench::BenchRequest request;

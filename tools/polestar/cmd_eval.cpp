@@ -7,15 +7,16 @@
 #include "bench/bench.h"
 #include "commands.h"
 #include "decode_flags.h"
+#include "suite_flags.h"
 
 namespace polestar::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto", clock = "wall";
+  SuiteFlags suite;
+  std::string clock = "wall";
   DecodeOptions options;
-  int per_task = 0, threads = 0;
-  std::size_t limit = 0;
+  int threads = 0;
   bool json = false, quiet = false, items = false;
 };
 
@@ -31,15 +32,7 @@ void AddEvalCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval", "Run a suite's test split through one policy: accuracy, NFE, TPF, TPS per task");
   auto args = std::make_shared<EvalArgs>();
-  cmd->add_option("-m,--model", args->model, "model folder (default: models/polestar-tiny)");
-  std::string suites;
-  for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
-  cmd->add_option("--suite", args->suite, "suite: " + suites)->capture_default_str();
-  cmd->add_option("--n", args->per_task, "tiny: test items per task (default 50)");
-  cmd->add_option("--limit", args->limit, "only the first N items (after --n)");
-  cmd->add_option("--shard", args->shard, "i/n: the i-th of n contiguous slices (0-based)");
-  cmd->add_option("--data", args->data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
-  cmd->add_option("--prompt-format", args->prompt_format, "auto | chat | raw")->capture_default_str();
+  AddSuiteFlags(cmd, args->suite);
   cmd->add_option("--clock", args->clock, "time TPS on the wall clock or the process's CPU time")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
@@ -53,17 +46,9 @@ void AddEvalCommand(CLI::App& app) {
       "fast-dllm-prefix/dual and elastic-cache use --threshold 0.9.");
   cmd->callback([args, cmd] {
     SetThreadCount(args->threads);
-    const std::string model_dir = args->model.empty() ? DefaultModelPath() : args->model;
+    const bench::SuiteOptions so = ResolveSuiteFlags(args->suite, args->options.seed);
+    const std::string& model_dir = so.model_dir;
     auto model = Model::Load(model_dir);
-    bench::SuiteOptions so;
-    so.name = args->suite;
-    so.model_dir = model_dir;
-    so.data_dir = args->data_dir;
-    so.limit = args->limit;
-    if (!args->shard.empty()) eval::ParseShard(args->shard, &so.shard_index, &so.shard_count);
-    so.per_task = args->per_task;
-    so.seed = args->options.seed;
-    so.prompt_format = bench::PromptFormatFromName(args->prompt_format);
     const bench::BenchSuite suite = bench::LoadBenchSuite(so, model->config());
     if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --n)");
     const bench::GridPoint point{args->options.policy, {}};

@@ -1,0 +1,32 @@
+#include "suite_flags.h"
+
+#include "decode_flags.h"
+
+namespace polestar::cli {
+
+void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
+  cmd->add_option("-m,--model", flags.model, "model folder (default: models/polestar-tiny)");
+  std::string suites;
+  for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
+  cmd->add_option("--suite", flags.suite, "suite: " + suites)->capture_default_str();
+  cmd->add_option("--n", flags.per_task, "tiny: test items per task (default 50)");
+  cmd->add_option("--limit", flags.limit, "only the first N items (after --n)");
+  cmd->add_option("--shard", flags.shard, "i/n: the i-th of n contiguous slices (0-based)");
+  cmd->add_option("--data", flags.data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
+  cmd->add_option("--prompt-format", flags.prompt_format, "auto | chat | raw")->capture_default_str();
+}
+
+bench::SuiteOptions ResolveSuiteFlags(const SuiteFlags& flags, uint64_t seed) {
+  bench::SuiteOptions options;
+  options.name = flags.suite;
+  options.model_dir = flags.model.empty() ? DefaultModelPath() : flags.model;
+  options.data_dir = flags.data_dir;
+  options.limit = flags.limit;
+  if (!flags.shard.empty()) eval::ParseShard(flags.shard, &options.shard_index, &options.shard_count);
+  options.per_task = flags.per_task;
+  options.seed = seed;
+  options.prompt_format = bench::PromptFormatFromName(flags.prompt_format);
+  return options;
+}
+
+}  // namespace polestar::cli
