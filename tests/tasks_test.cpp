@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
+#include <sstream>
 
 #include "base/error.h"
 #include "tasks/tasks.h"
@@ -105,6 +107,38 @@ TEST(TasksTest, WordProblemsGradeTheFinalNumber) {
   EXPECT_TRUE(GradeAnswer(item, "1+1=2 answer " + final));
   EXPECT_FALSE(GradeAnswer(item, "answer " + final + "0"));
   EXPECT_FALSE(GradeAnswer(item, final));  // the worked answer format is required
+}
+
+// Every written step is true arithmetic, each step starts from the previous results, the
+// final number is the last result, and the two starting quantities are single digits.
+TEST(TasksTest, WordProblemStepsAreCorrectAndStartFromSingleDigits) {
+  for (uint64_t i = 0; i < 200; ++i) {
+    const TaskItem item = MakeTaskItem("word", Split::kTrain, i, 3);
+    SCOPED_TRACE(item.prompt + " => " + item.answer);
+    const size_t cut = item.answer.find(" answer ");
+    ASSERT_NE(cut, std::string::npos);
+    std::vector<int> results;
+    std::stringstream steps(item.answer.substr(0, cut));
+    std::string step;
+    while (std::getline(steps, step, ',')) {
+      int x = 0, y = 0, z = 0;
+      char op = 0;
+      ASSERT_EQ(std::sscanf(step.c_str(), "%d%c%d=%d", &x, &op, &y, &z), 4) << step;
+      EXPECT_EQ(z, op == '+' ? x + y : op == '-' ? x - y : x * y) << step;
+      EXPECT_TRUE(op == '+' || op == '-' || op == '*') << step;
+      EXPECT_GE(z, 0) << step;
+      if (results.empty()) {
+        EXPECT_LE(x, 9);
+        EXPECT_LE(y, 9);
+      } else {
+        EXPECT_NE(std::find(results.begin(), results.end(), x), results.end()) << step;
+      }
+      results.push_back(z);
+    }
+    ASSERT_GE(results.size(), 2u);
+    ASSERT_LE(results.size(), 3u);
+    EXPECT_EQ(std::stoi(item.answer.substr(cut + 8)), results.back());
+  }
 }
 
 TEST(TasksTest, ChatTemplateIsLladas) {

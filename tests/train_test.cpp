@@ -315,6 +315,15 @@ TEST(TrainerTest, ResumeEqualsUninterrupted) {
   }
   EXPECT_EQ(third.model().params(), after_three);
 
+  // It keeps the source's tokenizer even when this run's own tasks would learn other merges
+  // (task texts may change between stages).
+  TrainOptions other_tasks = warm;
+  other_tasks.out_dir = dir + "/other";
+  other_tasks.tasks = {"copy"};
+  const std::string source_tokenizer = BuildTokenizer({"add", "copy"}, 20).TokenizerJson();
+  ASSERT_NE(BuildTokenizer({"copy"}, 20).TokenizerJson(), source_tokenizer);
+  EXPECT_EQ(Trainer(other_tasks).tokenizer().TokenizerJson(), source_tokenizer);
+
   // Other flags cannot silently resume a checkpoint.
   TrainOptions other = resumed;
   other.lr = 1e-4f;

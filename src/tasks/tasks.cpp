@@ -135,8 +135,9 @@ TaskItem LatinSquare(Rng& rng) {
   return {"", "Complete the Latin square:\n" + GridText(puzzle), GridText(square)};
 }
 
-// Quantities are single digits: each written-out step is then a small arithmetic fact a
-// tiny model can hold, and the difficulty lies in chaining two or three of them.
+// The quantities one starts from and buys or finds are single digits (the amount given away
+// is below the running total): each written-out step is then a small arithmetic fact a tiny
+// model can hold, and the difficulty lies in chaining two or three of them.
 TaskItem WordProblem(Rng& rng) {
   const std::string who = kFirstNames[size_t(rng.Range(0, int(kFirstNames.size()) - 1))];
   const std::string item = kItems[size_t(rng.Range(0, int(kItems.size()) - 1))];
@@ -258,7 +259,7 @@ std::string DescribeTask(std::string_view task) {
   if (task == "add") return "sum of two 3-digit numbers, answer zero-padded to 4 digits; value match";
   if (task == "sub") return "difference of two 3-digit numbers (a >= b), zero-padded to 3 digits; value match";
   if (task == "latin") return "complete a 4x4 Latin square with 5-9 blanks; any valid completion";
-  if (task == "word") return "2-3 step word problem, single-digit quantities, steps written out; final number";
+  if (task == "word") return "2-3 step word problem from single-digit quantities, steps written out; final number";
   return Cat("list of 3-5 names: ", task, "; exact match");
 }
 
