@@ -415,7 +415,7 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_TRUE(suite.grade(0, generated).grade.correct);
   generated[0] = generated[0] == '9' ? '8' : '9';
   EXPECT_FALSE(suite.grade(0, generated).grade.correct);
-  // --limit and --shard apply after --n.
+  // --limit and --shard apply after --per-task.
   options.limit = 5;
   options.shard_index = 1;
   options.shard_count = 2;

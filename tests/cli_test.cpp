@@ -97,7 +97,7 @@ TEST(CliForward, LogitsMatchTheReference) {
 TEST(CliBundledModel, IsTheDefaultAndSolvesItsHeldOutTasks) {
   auto eval = [](const std::string& policy) {
     std::string out;
-    EXPECT_EQ(testing::RunCli("eval --suite tiny --n 10 --seed 4242 -t 1 --json -q --policy " + policy, &out), 0)
+    EXPECT_EQ(testing::RunCli("eval --suite tiny --per-task 10 --seed 4242 -t 1 --json -q --policy " + policy, &out), 0)
         << out;
     return nlohmann::json::parse(out)["summary"];
   };

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
+#include <optional>
+#include <tuple>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "decode/generate.h"
+#include "model/forward.h"
 #include "decode/sampling.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -85,7 +89,7 @@ TEST(StandingTest, CachedPoliciesRefreshingEverythingReproduceVanilla) {
   for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
     const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
-    for (double threshold : {-1.0, 0.9, 0.5}) {
+    for (std::optional<double> threshold : {std::optional<double>(), {0.9}, {0.5}}) {
       DecodeOptions base;
       base.gen_length = 32;
       base.block_length = 8;
@@ -93,7 +97,8 @@ TEST(StandingTest, CachedPoliciesRefreshingEverythingReproduceVanilla) {
       base.threshold = threshold;
       const GenerationResult vanilla = RunPolicy(*model, prompt, base);
       for (const char* policy : {"fast-dllm-prefix", "fast-dllm-dual"}) {
-        SCOPED_TRACE(std::string(fixture) + " " + policy + " threshold " + std::to_string(threshold));
+        SCOPED_TRACE(std::string(fixture) + " " + policy + " threshold " +
+                     (threshold ? std::to_string(*threshold) : "unset"));
         DecodeOptions cached = base;
         cached.policy = policy;
         cached.refresh_all = true;
@@ -151,7 +156,7 @@ TEST(CommitRules, FactorAcceptsWhileConfidenceClearsOneMinusFOverNPlusOne) {
 TEST(Choices, LladaConfidenceIsTheFloat64SoftmaxOfTheArgmax) {
   Rng rng(1);
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f};
-  const TokenChoice c = ChooseLlada(logits, 0, false, rng);
+  const TokenChoice c = ChooseLlada(logits, /*excluded=*/-1, 0, false, rng);
   EXPECT_EQ(c.token, 1);
   const double expected = std::exp(3.0) / (std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
   EXPECT_NEAR(c.confidence, expected, 1e-12);
@@ -160,10 +165,10 @@ TEST(Choices, LladaConfidenceIsTheFloat64SoftmaxOfTheArgmax) {
 TEST(Choices, DreamMarginAndEntropyConfidences) {
   Rng rng(1);
   const std::vector<float> logits = {0.0f, std::log(3.0f), std::log(6.0f)};  // probs 0.1, 0.3, 0.6
-  const TokenChoice margin = ChooseDream(logits, 0, 1.0, 0, DreamConfidence::kMargin, rng);
+  const TokenChoice margin = ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kMargin, rng);
   EXPECT_EQ(margin.token, 2);
   EXPECT_NEAR(margin.confidence, 0.3, 1e-6);
-  const TokenChoice entropy = ChooseDream(logits, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
+  const TokenChoice entropy = ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
   EXPECT_NEAR(entropy.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6), 1e-5);
 }
 
@@ -171,7 +176,7 @@ TEST(Choices, TemperatureSamplingFollowsTheDistribution) {
   Rng rng(7);
   const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
   int ones = 0;
-  for (int i = 0; i < 4000; ++i) ones += ChooseLlada(logits, 1.0, false, rng).token;
+  for (int i = 0; i < 4000; ++i) ones += ChooseLlada(logits, /*excluded=*/-1, 1.0, false, rng).token;
   EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
 }
 
@@ -204,8 +209,106 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
   o.steps = 1000;
   expect_error(o, "exceeds the model's context");
   o = {};
+  o.gen_length = 32;
+  o.block_length = 8;
+  o.steps = 64;
+  expect_error(o, "--steps must lie in [1, 32] (got 64)");
+  // Every number out of its range or not finite is an error naming the option, never a
+  // rule quietly switched off.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [field, value, message] :
+       std::vector<std::tuple<double DecodeOptions::*, double, std::string>>{
+           {&DecodeOptions::temperature, nan, "--temperature must lie in [0, inf) (got nan)"},
+           {&DecodeOptions::temperature, -1, "--temperature must lie in [0, inf) (got -1)"},
+           {&DecodeOptions::cfg_scale, nan, "--cfg-scale must lie in [0, inf)"},
+           {&DecodeOptions::alpha, nan, "--alpha must lie in [0, inf)"},
+           {&DecodeOptions::tau_s, 2, "--tau-s must lie in (0, 1] (got 2)"},
+           {&DecodeOptions::tau_s, nan, "--tau-s must lie in (0, 1]"},
+           {&DecodeOptions::top_p, nan, "--top-p must lie in (0, 1]"},
+           {&DecodeOptions::eps, 1, "--eps must lie in (0, 1)"},
+           {&DecodeOptions::gamma, 0, "--gamma must lie in (0, 1]"},
+           {&DecodeOptions::drift_cap, std::numeric_limits<double>::infinity(),
+            "--drift-cap must lie in [0, inf) (got inf)"}}) {
+    o = {};
+    o.*field = value;
+    expect_error(o, message);
+  }
+  for (double threshold : {-1.0, 0.0, 1.5, nan}) {
+    o = {};
+    o.threshold = threshold;
+    expect_error(o, "--threshold must lie in (0, 1]");
+    o = {};
+    o.factor = threshold == 1.5 ? -0.5 : threshold;
+    expect_error(o, "--factor must lie in (0, inf)");
+  }
+  o = {};
+  o.policy = "polestar";
+  o.tau_s = 1.5;  // the default threshold of polestar: its own name in the error
+  expect_error(o, "--tau-s must lie in (0, 1] (got 1.5)");
+  o = {};
   o.alg = "entropy";
   expect_error(o, "Dream sampler");
+}
+
+// A tied-embedding checkpoint whose mask embedding dominates the residual stream: the mask
+// token is the most likely prediction at every position (as with real tied checkpoints,
+// or a GGUF file without output.weight). It must never be committed, and every policy must
+// still finish its canvas in bounded steps.
+TEST(Termination, TheMaskTokenIsNeverCommittedEvenWhenTheModelPrefersIt) {
+  const std::string dir = testing::WriteEditedFixture(
+      "llada-tiny", testing::TempDir(),
+      [](nlohmann::json& config, testing::EditableCheckpoint& tensors) {
+        config["weight_tying"] = true;
+        tensors.erase("model.transformer.ff_out.weight");
+        const int mask = config["mask_token_id"], width = config["d_model"];
+        for (int i = 0; i < width; ++i)
+          tensors["model.transformer.wte.weight"].values[size_t(mask * width + i)] *= 200.0f;
+      });
+  auto model = Model::Load(dir);
+  const int mask = model->config().mask_id;
+  const std::vector<int> prompt = {1, 5, 9};
+  DecodeOptions vanilla;
+  vanilla.gen_length = 16;
+  vanilla.block_length = 8;
+  vanilla.steps = 16;
+  // The premise: at a masked position the model's first choice is the mask itself.
+  {
+    KvCache cache = MakeCache(*model, 19, false);
+    Forward forward(*model, cache);
+    std::vector<int> canvas = {1, 5, 9};
+    canvas.resize(19, mask);
+    StepPlan plan;
+    for (int p = 0; p < 19; ++p) plan.input_rows.push_back(p);
+    plan.logit_rows = {10};
+    const StepResult r = forward.Run(canvas, plan);
+    EXPECT_EQ(std::max_element(r.logits.begin(), r.logits.end()) - r.logits.begin(), mask);
+  }
+  for (const char* policy :
+       {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "elastic-cache", "polestar"}) {
+    for (std::optional<double> threshold : {std::optional<double>(), {0.9}}) {
+      SCOPED_TRACE(std::string(policy) + (threshold ? " threshold" : " fixed"));
+      DecodeOptions o = vanilla;
+      o.policy = policy;
+      o.threshold = threshold;
+      const GenerationResult r = Generate(*model, prompt, o);
+      EXPECT_EQ(std::count(r.generated.begin(), r.generated.end(), mask), 0);
+      EXPECT_LE(r.nfe, 16);
+    }
+  }
+}
+
+TEST(Termination, NonFiniteLogitsAreAnErrorNotTokens) {
+  const std::string dir = testing::WriteEditedFixture(
+      "llada-tiny", testing::TempDir(), [](nlohmann::json&, testing::EditableCheckpoint& tensors) {
+        tensors["model.transformer.blocks.1.ff_out.weight"].values[7] =
+            std::numeric_limits<float>::quiet_NaN();
+      });
+  std::string out;
+  EXPECT_EQ(testing::RunCli("generate -m " + dir + " --prompt-ids 1,2,3 --gen-length 8 "
+                            "--block-length 8 --steps 8",
+                            &out, /*merge_stderr=*/true),
+            1);
+  EXPECT_NE(out.find("non-finite logit"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // accuracy / NFE comparison with Fast-dLLM dual cache on the trained probe.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -41,8 +43,9 @@ const std::vector<int> kPrompt = {1, 5, 9, 14, 22, 31, 40, 3};
 TEST(StandingTest, ElasticCacheRefreshingEverythingReproducesVanilla) {
   for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
-    for (double threshold : {0.9, 0.5, -1.0}) {
-      SCOPED_TRACE(std::string(fixture) + " threshold " + std::to_string(threshold));
+    for (std::optional<double> threshold : {std::optional<double>(0.9), {0.5}, {}}) {
+      SCOPED_TRACE(std::string(fixture) + " threshold " +
+                   (threshold ? std::to_string(*threshold) : "unset"));
       DecodeOptions vanilla = ElasticOptions();
       vanilla.policy = "vanilla";
       vanilla.threshold = threshold;
@@ -71,7 +74,7 @@ TEST(Window, WithoutRefreshesOnlyTheWindowIsComputed) {
       DecodeOptions o = ElasticOptions();
       o.block_length = 0;  // the window alone chooses what may commit
       o.steps = 32;        // one commit per step
-      o.threshold = -1;
+      o.threshold.reset();
       o.gamma = 1e-9;
       o.window = window_option;
       const GenerationResult r = Generate(*model, kPrompt, o, nullptr, /*keep_trace=*/true);

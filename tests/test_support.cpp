@@ -5,7 +5,12 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+
+#include "io/json_file.h"
+#include "io/safetensors.h"
 
 namespace polestar::testing {
 
@@ -39,6 +44,29 @@ int RunCli(const std::string& args, std::string* out, bool merge_stderr) {
   const int status = pclose(pipe);
   if (out != nullptr) *out = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string WriteEditedFixture(const std::string& fixture, const std::string& dir,
+                               const std::function<void(nlohmann::json& config,
+                                                        EditableCheckpoint& tensors)>& edit) {
+  const std::string source = FixtureDir(fixture);
+  nlohmann::json config = ReadJsonFile(source + "/config.json");
+  EditableCheckpoint tensors;
+  const TensorStore store = ReadSafetensorsDir(source);
+  for (const auto& [name, t] : store.tensors()) {
+    EXPECT_EQ(t.dtype, DType::kF32) << name;
+    EditableTensor& e = tensors[name];
+    e.shape = t.shape;
+    e.values.resize(size_t(t.NumElements()));
+    std::memcpy(e.values.data(), t.data, e.values.size() * sizeof(float));
+  }
+  edit(config, tensors);
+  std::vector<TensorToWrite> out;
+  for (const auto& [name, e] : tensors) out.push_back(F32Tensor(name, e.shape, e.values));
+  std::filesystem::create_directories(dir);
+  WriteSafetensors(dir + "/model.safetensors", out);
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  return dir;
 }
 
 }  // namespace polestar::testing

@@ -75,7 +75,7 @@ RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOpt
 }
 
 BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRequest& request) {
-  if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --n)");
+  if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
   ResultStore store(request.out_dir);
   if (store.skipped_lines() > 0) {
     std::fprintf(stderr, "%s: skipped %d unreadable line(s) (an interrupted write?)\n",
@@ -97,7 +97,7 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   for (const GridPoint& point : request.points) {
     Planned p{point, ResolvePoint(request.base, request.explicit_keys, point, suite, request.setter), "", {}};
     // Validate every point before any work, so a typo in the last one fails at once.
-    p.options.Resolved(model.config()).Validate(model.config(), int(suite.items[0].prompt.size()));
+    p.options.Validate(model.config(), int(suite.items[0].prompt.size()));
     p.key = RunKey(model_id, selection, OptionsToJson(p.options.Resolved(model.config())));
     if (store.Row(p.key) != nullptr) {
       ++outcome.runs_skipped;

@@ -186,12 +186,15 @@ RunSummary Summarize(const std::vector<ItemRecord>& records,
 }
 
 nlohmann::json OptionsToJson(const DecodeOptions& o) {
+  auto optional = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
   return {{"policy", o.policy},
           {"gen_length", o.gen_length},
           {"block_length", o.block_length},
           {"steps", o.steps},
-          {"threshold", o.threshold},
-          {"factor", o.factor},
+          {"threshold", optional(o.threshold)},
+          {"factor", optional(o.factor)},
           {"temperature", o.temperature},
           {"seed", o.seed},
           {"remasking", o.remasking},

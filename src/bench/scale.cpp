@@ -246,7 +246,7 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
     run.policy = policy;
     DecodeOptions o = options.base;
     o.policy = policy;
-    o.threshold = -1;
+    o.threshold.reset();
     o.factor = options.tokens_per_step + 1;
     o.steps = o.gen_length;
     o.temperature = 0;

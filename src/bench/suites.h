@@ -6,7 +6,7 @@
 //   probe      the 120 test prompts of a model folder's reference.json (the llada-probe
 //              fixture: 3-digit addition, reversal, sorting), graded by exact match of the
 //              text before the first EOS. Its prompt ids come with the file.
-//   tiny       the project's task suite (src/tasks) on its test split, --n items per task,
+//   tiny       the project's task suite (src/tasks) on its test split, --per-task items per task,
 //              prompts in LLaDA's chat template; needs src/tasks and src/tokenizer.
 //   gsm8k, math500, humaneval, mbpp
 //              src/eval's suites from data/; the prompt goes through the model's chat
@@ -94,7 +94,7 @@ struct ItemGrade {
 
 struct BenchSuite {
   std::string name;
-  std::vector<BenchItem> items;           // after --limit / --shard (and --n for tiny)
+  std::vector<BenchItem> items;           // after --limit / --shard (and --per-task for tiny)
   std::size_t full_size = 0;              // items in the whole test split
   std::vector<std::string> metric_names;  // primary first
   // Suggested canvas: used unless --gen-length / --block-length are given.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "base/error.h"
 #include "decode/policy.h"
@@ -24,7 +25,7 @@ CommitRule ChooseRule(const DecodeOptions& options, const ModelConfig& config) {
     if (options.alg == "confidence_threshold") r.rule = Rule::kDreamThreshold;
     if (options.alg == "maskgit_plus" || options.alg == "topk_margin" || options.alg == "entropy") {
       r.rule = Rule::kDreamSchedule;
-      if (options.threshold > 0 || options.factor > 0) {
+      if (options.threshold || options.factor) {
         Fail("--threshold/--factor do not apply to --alg ", options.alg,
              " (use --alg confidence_threshold, or no --alg)");
       }
@@ -33,9 +34,9 @@ CommitRule ChooseRule(const DecodeOptions& options, const ModelConfig& config) {
     if (options.alg == "entropy") r.dream_confidence = DreamConfidence::kNegEntropy;
     return r;
   }
-  if (options.threshold > 0) {
+  if (options.threshold) {
     r.rule = Rule::kThreshold;
-  } else if (options.factor > 0) {
+  } else if (options.factor) {
     r.rule = Rule::kFactor;
   } else if (config.arch == Arch::kDream) {
     r.rule = Rule::kDreamSchedule;  // Dream without --alg: maskgit_plus confidence
@@ -60,8 +61,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
                           const DecodeOptions& requested, const StepCallback& on_step,
                           bool keep_trace) {
   const ModelConfig& config = model.config();
+  requested.Validate(config, int(prompt.size()));
   const DecodeOptions options = requested.Resolved(config);
-  options.Validate(config, int(prompt.size()));
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab) {
       Fail("prompt token ", prompt[i], " at position ", i, " is outside the vocabulary of ", config.vocab);
@@ -114,10 +115,18 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
     const std::vector<int> fixed_counts = NumTransferTokens(block_masks, steps);
     const std::vector<float> timesteps = DreamTimesteps(steps, float(options.eps));
     int dream_number = block_masks / steps, dream_left = 0;  // confidence_threshold state
+    // Every rule commits at least one mask per step once its schedule is spent (and the
+    // schedule only extends while it does), so a block ends within its steps plus one step
+    // per mask plus Fast-dLLM's extra step. Past that bound decoding is broken: fail, not hang.
+    const int step_limit = steps + block_masks + 1;
 
     for (int step = 0;; ++step) {
       const std::vector<int> block_masked = masked_in_block();
       if (block_masked.empty() && !(step == 1 && policy->RunsStepAfterFilledBlockStart())) break;
+      if (step >= step_limit) {
+        Fail("decoding made no progress: block ", b, " still has ", block_masked.size(),
+             " masks after ", step, " steps");
+      }
       DecodeContext context{model,  options, canvas,          prompt_length,       config.mask_id,
                             block,  step,    committed_last_step, cache,           forward};
       StepPlan plan = policy->Plan(context);
@@ -143,6 +152,13 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         }
       }
 
+      for (size_t i = 0; i < step_result.logits.size(); ++i) {
+        if (!std::isfinite(step_result.logits[i])) {
+          Fail(model.source(), ": the model produced a non-finite logit (", step_result.logits[i],
+               ") in forward pass ", result.nfe, " (NaN or infinite weights?)");
+        }
+      }
+
       // Token and confidence for every masked position of the block.
       auto row_logits = [&](int position) {
         const int row = PredictingRow(config, position);
@@ -159,7 +175,7 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         const double p_transfer = last ? 1.0 : 1.0 - double(timesteps[size_t(step) + 1]) / double(timesteps[size_t(step)]);
         for (size_t i = 0; i < masked.size(); ++i) {
           if (std::uniform_real_distribution<double>(0, 1)(rng) < p_transfer) {
-            choices.push_back(ChooseDream(row_logits(masked[i]), options.temperature, options.top_p,
+            choices.push_back(ChooseDream(row_logits(masked[i]), config.mask_id, options.temperature, options.top_p,
                                           options.top_k, DreamConfidence::kProbability, rng));
             selected.push_back(i);
           } else {
@@ -169,9 +185,9 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       } else {
         for (int p : masked) {
           choices.push_back(config.arch == Arch::kDream
-                                ? ChooseDream(row_logits(p), options.temperature, options.top_p,
+                                ? ChooseDream(row_logits(p), config.mask_id, options.temperature, options.top_p,
                                               options.top_k, rule.dream_confidence, rng)
-                                : ChooseLlada(row_logits(p), options.temperature,
+                                : ChooseLlada(row_logits(p), config.mask_id, options.temperature,
                                               options.remasking == "random", rng));
           confidence.push_back(choices.back().confidence);
         }
@@ -180,10 +196,10 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
             selected = SelectTopK(confidence, size_t(fixed_counts[size_t(std::min(step, steps - 1))]));
             break;
           case Rule::kThreshold:
-            selected = SelectThreshold(confidence, options.threshold);
+            selected = SelectThreshold(confidence, *options.threshold);
             break;
           case Rule::kFactor:
-            selected = SelectFactor(confidence, options.factor);
+            selected = SelectFactor(confidence, *options.factor);
             break;
           case Rule::kDreamSchedule: {
             const size_t count = size_t(DreamTransferCount(int(masked.size()), step, steps, timesteps));
@@ -199,7 +215,7 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
             dream_left = 0;
             const std::vector<size_t> order = SelectTopK(confidence, size_t(wanted));
             for (size_t k = 0; k < order.size(); ++k) {
-              const double threshold = options.threshold > 0 ? options.threshold : 0.9;
+              const double threshold = options.threshold.value_or(0.9);
               if (k == 0 || confidence[order[k]] >= threshold) {
                 selected.push_back(order[k]);
               } else if (step < steps - 1) {

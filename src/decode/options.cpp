@@ -1,5 +1,8 @@
 #include "decode/options.h"
 
+#include <cmath>
+#include <limits>
+
 #include "base/error.h"
 
 namespace polestar {
@@ -13,10 +16,34 @@ const char* KnownPolicies() {
   return "vanilla, fast-dllm-prefix, fast-dllm-dual, elastic-cache, polestar";
 }
 
+namespace {
+
+// "(0, 1]"-style text for an interval; the bounds are inclusive unless marked open.
+struct Interval {
+  double low, high;
+  bool low_open = false, high_open = false;
+  bool Contains(double v) const {  // false for NaN
+    return (low_open ? v > low : v >= low) && (high_open ? v < high : v <= high);
+  }
+  std::string Text() const {
+    auto bound = [](double b) { return std::isinf(b) ? std::string(b < 0 ? "-inf" : "inf") : Cat(b); };
+    return Cat(low_open ? "(" : "[", bound(low), ", ", bound(high), high_open ? ")" : "]");
+  }
+};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void RequireIn(double value, const char* flag, Interval range) {
+  if (range.Contains(value)) return;
+  const bool integral = std::isfinite(value) && std::fabs(value) < 1e15 && value == std::floor(value);
+  Fail(flag, " must lie in ", range.Text(), " (got ", integral ? Cat(int64_t(value)) : Cat(value), ")");
+}
+
+}  // namespace
+
 DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
   DecodeOptions resolved = *this;
   if (resolved.window == 0) resolved.window = config.arch == Arch::kDream ? 32 : 16;
-  if (resolved.policy == "polestar" && resolved.threshold <= 0 && resolved.factor <= 0) {
+  if (resolved.policy == "polestar" && !resolved.threshold && !resolved.factor) {
     resolved.threshold = resolved.tau_s;
   }
   return resolved;
@@ -24,24 +51,28 @@ DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
 
 void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const {
   if (!IsKnownPolicy(policy)) Fail("unknown policy '", policy, "' (known: ", KnownPolicies(), ")");
-  if (gen_length <= 0) Fail("--gen-length must be positive (got ", gen_length, ")");
-  if (block_length < 0) Fail("--block-length must not be negative");
-  const int block = EffectiveBlockLength();
-  if (gen_length % block != 0) {
-    Fail("--block-length ", block, " does not divide --gen-length ", gen_length);
-  }
-  if (steps <= 0) Fail("--steps must be positive (got ", steps, ")");
-  if (steps % BlockCount() != 0) {
-    Fail("--steps ", steps, " is not divisible by the number of blocks (", BlockCount(), ")");
-  }
+  // Lengths and counts: bounded by the context, so nothing below allocates or loops beyond it.
   if (prompt_length <= 0) Fail("the prompt is empty");
+  if (gen_length <= 0) Fail("--gen-length must be positive (got ", gen_length, ")");
   if (int64_t(prompt_length) + gen_length > config.max_positions) {
     Fail("prompt (", prompt_length, " tokens) + generation (", gen_length,
          ") exceeds the model's context of ", config.max_positions, " positions");
   }
-  if (threshold > 1.0) Fail("--threshold must be at most 1 (got ", threshold, ")");
-  if (threshold > 0 && factor > 0) Fail("--threshold and --factor cannot be combined");
-  if (temperature < 0) Fail("--temperature must not be negative");
+  RequireIn(block_length, "--block-length", {0, double(gen_length)});
+  const int block = EffectiveBlockLength();
+  if (gen_length % block != 0) {
+    Fail("--block-length ", block, " does not divide --gen-length ", gen_length);
+  }
+  // More steps than positions would only add steps that commit nothing.
+  RequireIn(steps, "--steps", {1, double(gen_length)});
+  if (steps % BlockCount() != 0) {
+    Fail("--steps ", steps, " is not divisible by the number of blocks (", BlockCount(), ")");
+  }
+  // Commit rules and sampling.
+  if (threshold) RequireIn(*threshold, "--threshold", {0, 1, true});
+  if (factor) RequireIn(*factor, "--factor", {0, kInf, true, true});
+  if (threshold && factor) Fail("--threshold and --factor cannot be combined");
+  RequireIn(temperature, "--temperature", {0, kInf, false, true});
   if (remasking != "low_confidence" && remasking != "random") {
     Fail("unknown --remasking '", remasking, "' (low_confidence, random)");
   }
@@ -55,25 +86,32 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   if (alg == "confidence_threshold" && (gen_length / BlockCount()) % StepsPerBlock() != 0) {
     Fail("confidence_threshold needs the block length to be divisible by the steps per block");
   }
-  if (top_p <= 0 || top_p > 1) Fail("--top-p must lie in (0, 1]");
-  if (top_k < 0) Fail("--top-k must not be negative");
-  if (eps <= 0 || eps >= 1) Fail("--eps must lie in (0, 1)");
-  if (cfg_scale < 0) Fail("--cfg-scale must not be negative");
+  RequireIn(eps, "--eps", {0, 1, true, true});
+  RequireIn(alg_temp, "--alg-temp", {0, kInf, false, true});
+  RequireIn(cfg_scale, "--cfg-scale", {0, kInf, false, true});
   if (cfg_scale > 0 && (policy == "elastic-cache" || policy == "polestar")) {
     Fail("--cfg-scale is supported by vanilla and the Fast-dLLM policies only");
   }
-  if (gamma <= 0 || gamma > 1) Fail("--gamma must lie in (0, 1]");
-  if (track_num <= 0) Fail("--track-num must be positive");
-  if (window < 0) Fail("--window must not be negative");
-  if (clusters < 2) Fail("--clusters must be at least 2");
-  if (topk_clusters <= 0) Fail("--topk must be positive");
-  if (kmeans_iters <= 0) Fail("--kmeans-iters must be positive");
-  if (drift_history <= 0) Fail("--drift-history must be positive");
-  if (full_refresh_period <= 0) Fail("--full-refresh-period must be positive");
+  RequireIn(top_p, "--top-p", {0, 1, true});
+  RequireIn(top_k, "--top-k", {0, double(config.vocab)});
+  // Elastic-Cache.
+  RequireIn(gamma, "--gamma", {0, 1, true});
+  RequireIn(track_num, "--track-num", {1, double(gen_length)});
+  RequireIn(window, "--window", {0, double(config.max_positions)});
+  // Polestar. tau-s comes before anything derived from it (it is the default threshold).
+  RequireIn(tau_s, "--tau-s", {0, 1, true});
+  RequireIn(early_floor, "--early-floor", {0, tau_s, false, true});
+  RequireIn(alpha, "--alpha", {0, kInf, false, true});
+  RequireIn(drift_cap, "--drift-cap", {0, kInf, false, true});
+  RequireIn(drift_history, "--drift-history", {1, 1000});
+  RequireIn(clusters, "--clusters", {2, 1024});
+  RequireIn(topk_clusters, "--topk", {1, double(clusters)});
+  RequireIn(kmeans_iters, "--kmeans-iters", {1, 1000});
+  RequireIn(window_prefix_blocks, "--window-prefix-blocks", {0, double(config.max_positions)});
+  RequireIn(window_suffix_blocks, "--window-suffix-blocks", {0, double(config.max_positions)});
+  RequireIn(full_refresh_period, "--full-refresh-period", {1, 1e6});
+  RequireIn(tau_upd, "--tau-upd", {0, double(gen_length)});
   if (drift_metric != "kl" && drift_metric != "cosine") Fail("--drift-metric must be kl or cosine");
-  if (tau_s <= 0 || tau_s > 1) Fail("--tau-s must lie in (0, 1]");
-  if (early_floor < 0 || early_floor >= tau_s) Fail("--early-floor must lie in [0, tau-s)");
-  if (window_prefix_blocks < 0 || window_suffix_blocks < 0) Fail("window block counts must not be negative");
   if (policy == "polestar" && config.arch == Arch::kDream && !alg.empty()) {
     Fail("polestar uses the threshold commit rule; --alg does not apply");
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/config.h"
@@ -14,8 +15,10 @@ struct DecodeOptions {
   int gen_length = 128;
   int block_length = 32;  // 0: one block over the whole canvas
   int steps = 128;        // total over all blocks (LLaDA generate.py convention)
-  double threshold = -1;  // > 0: Fast-dLLM threshold commit (top-1 + conf >= threshold)
-  double factor = -1;     // > 0: Fast-dLLM factor commit
+  // Unset: the policy's schedule. Explicit values must be valid: a rule is never switched
+  // off by a number.
+  std::optional<double> threshold;  // in (0, 1]: Fast-dLLM threshold commit (top-1 + conf >= t)
+  std::optional<double> factor;     // > 0: Fast-dLLM factor commit
   double temperature = 0;
   uint64_t seed = 0;
   std::string remasking = "low_confidence";  // LLaDA: low_confidence | random
@@ -57,7 +60,8 @@ struct DecodeOptions {
   // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
   // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).
   DecodeOptions Resolved(const ModelConfig& config) const;
-  // Throws Error describing the first invalid combination, before any work is done.
+  // Throws Error naming the first invalid value (by its CLI flag) or combination, before any
+  // work is done. Call it on the options as given, before Resolved().
   void Validate(const ModelConfig& config, int prompt_length) const;
   // The number of blocks and steps per block this configuration decodes with.
   int EffectiveBlockLength() const { return block_length > 0 ? block_length : gen_length; }

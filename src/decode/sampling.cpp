@@ -17,12 +17,22 @@ size_t ArgMax(std::span<const float> x) {
   return best;
 }
 
+// ArgMax over every index but `excluded` (which may lie outside x).
+size_t ArgMaxExcept(std::span<const float> x, int excluded) {
+  size_t best = x.size();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (int(i) != excluded && (best == x.size() || x[i] > x[best])) best = i;
+  }
+  PS_CHECK(best < x.size());
+  return best;
+}
+
 double Uniform(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
 
 }  // namespace
 
-TokenChoice ChooseLlada(std::span<const float> logits, double temperature, bool random_remasking,
-                        Rng& rng) {
+TokenChoice ChooseLlada(std::span<const float> logits, int excluded, double temperature,
+                        bool random_remasking, Rng& rng) {
   TokenChoice choice;
   if (temperature > 0) {
     // argmax exp(l) / (-log u)^T == argmax l - T log(-log u): compare in log space, in float64.
@@ -31,13 +41,13 @@ TokenChoice ChooseLlada(std::span<const float> logits, double temperature, bool 
       double u = Uniform(rng);
       u = std::max(u, 1e-300);
       const double score = double(logits[i]) - temperature * std::log(-std::log(u));
-      if (score > best) {
+      if (score > best && int(i) != excluded) {  // the draw is made anyway: the stream stays aligned
         best = score;
         choice.token = int(i);
       }
     }
   } else {
-    choice.token = int(ArgMax(logits));
+    choice.token = int(ArgMaxExcept(logits, excluded));
   }
   if (random_remasking) {
     choice.confidence = Uniform(rng);
@@ -51,8 +61,8 @@ TokenChoice ChooseLlada(std::span<const float> logits, double temperature, bool 
   return choice;
 }
 
-TokenChoice ChooseDream(std::span<const float> logits_in, double temperature, double top_p,
-                        int top_k, DreamConfidence kind, Rng& rng) {
+TokenChoice ChooseDream(std::span<const float> logits_in, int excluded, double temperature,
+                        double top_p, int top_k, DreamConfidence kind, Rng& rng) {
   const size_t n = logits_in.size();
   std::vector<float> logits(logits_in.begin(), logits_in.end());  // [V]
   if (temperature > 0) {
@@ -108,8 +118,9 @@ TokenChoice ChooseDream(std::span<const float> logits_in, double temperature, do
         break;
       }
     }
+    if (choice.token == excluded) choice.token = int(ArgMaxExcept(probs, excluded));
   } else {
-    choice.token = int(ArgMax(probs));
+    choice.token = int(ArgMaxExcept(probs, excluded));
   }
   switch (kind) {
     case DreamConfidence::kProbability:

@@ -20,15 +20,20 @@ struct TokenChoice {
 // LLaDA / Fast-dLLM get_transfer_index: argmax of the logits, or at temperature > 0 of
 // exp(logits) / (-log u)^T in float64 (Gumbel-max sampling); confidence is the float64
 // softmax probability of the chosen token, or U(0, 1) with random remasking.
-TokenChoice ChooseLlada(std::span<const float> logits, double temperature, bool random_remasking,
-                        Rng& rng);
+// `excluded` (the mask token) is never chosen: committing it would leave the position masked
+// while counting it as decoded. The confidence is still over the whole vocabulary, so every
+// step where the mask is not the model's first choice is exactly the reference's.
+TokenChoice ChooseLlada(std::span<const float> logits, int excluded, double temperature,
+                        bool random_remasking, Rng& rng);
 
 enum class DreamConfidence { kProbability, kMargin, kNegEntropy };
 
 // Dream sample_tokens: logits / T, top-p, top-k, softmax (fp32); sample at T > 0, else
 // argmax; confidence = chosen probability, top1 - top2 margin, or sum p log(p + 1e-10).
-TokenChoice ChooseDream(std::span<const float> logits, double temperature, double top_p, int top_k,
-                        DreamConfidence kind, Rng& rng);
+// `excluded` is never chosen, as in ChooseLlada: a sample that lands on it takes the most
+// probable other token.
+TokenChoice ChooseDream(std::span<const float> logits, int excluded, double temperature,
+                        double top_p, int top_k, DreamConfidence kind, Rng& rng);
 
 // LLaDA get_num_transfer_tokens: `masks` split over `steps`, remainder to the first steps.
 std::vector<int> NumTransferTokens(int masks, int steps);

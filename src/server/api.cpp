@@ -20,7 +20,8 @@ ApiError BadRequest(const std::string& message, const std::string& param = "") {
 }
 
 // Every decoding knob of `polestar generate`, by its flag name with underscores.
-using Member = std::variant<int DecodeOptions::*, double DecodeOptions::*, bool DecodeOptions::*,
+using Member = std::variant<int DecodeOptions::*, double DecodeOptions::*,
+                            std::optional<double> DecodeOptions::*, bool DecodeOptions::*,
                             std::string DecodeOptions::*, uint64_t DecodeOptions::*>;
 struct DecodeField {
   const char* name;
@@ -167,7 +168,7 @@ void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json
               ReadInt(v, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           options.*member = uint64_t(ReadInt(v, name, 0, std::numeric_limits<int64_t>::max()));
-        } else if constexpr (std::is_same_v<T, double>) {
+        } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
           options.*member = ReadNumber(v, name);
         } else if constexpr (std::is_same_v<T, bool>) {
           options.*member = ReadBool(v, name);

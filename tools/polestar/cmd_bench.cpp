@@ -72,7 +72,8 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--no-plot", args->no_plot, "skip gnuplot");
   cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress bar");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
+      ->check(CLI::Range(0, 1024));
   // --scale
   bench::ScaleOptions& so = args->scale_options;
   cmd->add_flag("--scale", args->scale, "scale benchmark on a random-weight checkpoint");
@@ -137,7 +138,7 @@ void AddBenchCommand(CLI::App& app) {
       for (const bench::GridPoint& p : points) {
         const DecodeOptions o = bench::ResolvePoint(request.base, request.explicit_keys, p, suite, SetDecodeOption);
         std::printf("%-50s gen %d block %d steps %d threshold %g\n", p.Label().c_str(), o.gen_length,
-                    o.block_length, o.steps, o.threshold);
+                    o.block_length, o.steps, o.threshold.value_or(0));
       }
       std::printf("%zu points x %zu items\n", points.size(), suite.items.size());
       return;

@@ -38,7 +38,8 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--items", args->items, "with --json: every item's record too");
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
+      ->check(CLI::Range(0, 1024));
   AddDecodeFlags(cmd, args->options);
   cmd->footer(
       "--seed also picks the tiny suite's test items. Unless given: --gen-length/--block-length "
@@ -50,7 +51,7 @@ void AddEvalCommand(CLI::App& app) {
     const std::string& model_dir = so.model_dir;
     auto model = Model::Load(model_dir);
     const bench::BenchSuite suite = bench::LoadBenchSuite(so, model->config());
-    if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --n)");
+    if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
     const bench::GridPoint point{args->options.policy, {}};
     const DecodeOptions options = bench::ResolvePoint(args->options, GivenDecodeFlags(cmd), point,
                                                       suite, SetDecodeOption);

@@ -70,7 +70,8 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--trace", args->trace, "with --json: every step's commits and policy statistics");
   cmd->add_flag("--visual,--diffusion-visual", args->visual, "show the canvas as it fills");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
+      ->check(CLI::Range(0, 1024));
   AddDecodeFlags(cmd, args->options);
   cmd->callback([args, prompt, ids] {
     SetThreadCount(args->threads);

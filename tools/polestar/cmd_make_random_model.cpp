@@ -39,7 +39,8 @@ void AddMakeRandomModelCommand(CLI::App& app) {
   cmd->add_option("--ffn", args->ffn, "override: SwiGLU inner width");
   cmd->add_option("--vocab", args->vocab, "override: vocabulary (special ids are moved below it)");
   cmd->add_option("--max-shard-gb", args->max_shard_gb, "shard size limit")->capture_default_str();
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
+      ->check(CLI::Range(0, 1024));
   cmd->callback([args] {
     SetThreadCount(args->threads);
     bench::RandomModelOptions options;

@@ -44,7 +44,8 @@ void AddServeCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
   cmd->add_option("-a,--alias", s.model_id, "model name shown by /v1/models (default: the path)");
-  cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)");
+  cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
                   "longest prompt accepted (0: the context)");
   cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");

@@ -33,7 +33,8 @@ void AddTasksEvalCommand(CLI::App& app) {
   cmd->add_option("--items", args->items, "test items per task")->capture_default_str();
   cmd->add_option("--item-seed", args->item_seed, "seed of the test items")->capture_default_str();
   cmd->add_flag("--json", args->json, "print JSON instead of a table");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")->capture_default_str();
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
   AddDecodeFlags(cmd, args->decode);
   cmd->callback([args] {
     SetThreadCount(args->threads);

@@ -30,7 +30,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--eval-items", o->eval_items, "held-out items per task per evaluation")->capture_default_str();
   cmd->add_option("--block-length", o->block_length, "decoding block length in evaluation")->capture_default_str();
   cmd->add_option("--log-every", o->log_every, "steps between progress lines")->capture_default_str();
-  cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "threads (0: all cores)")
+      ->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   cmd->add_option("--init-from", o->init_from,
                   "warm start: parameters and tokenizer of another run folder, fresh optimiser");

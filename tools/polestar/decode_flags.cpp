@@ -10,14 +10,29 @@ namespace polestar::cli {
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--policy", o.policy, std::string("decoding policy: ") + KnownPolicies())
       ->capture_default_str();
-  cmd->add_option("--gen-length,-n", o.gen_length, "generated positions (canvas length)")->capture_default_str();
+  cmd->add_option("--gen-length", o.gen_length, "generated positions (canvas length)")->capture_default_str();
   cmd->add_option("--block-length,--diffusion-block-length", o.block_length,
                   "semi-autoregressive block length (0: one block)")->capture_default_str();
   cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")->capture_default_str();
-  cmd->add_option("--threshold", o.threshold, "confidence threshold commit (Fast-dLLM), e.g. 0.9");
-  cmd->add_option("--factor", o.factor, "factor commit rule (Fast-dLLM)");
+  cmd->add_option_function<double>(
+      "--threshold", [&o](double v) { o.threshold = v; },
+      "confidence threshold commit (Fast-dLLM), in (0, 1], e.g. 0.9");
+  cmd->add_option_function<double>(
+      "--factor", [&o](double v) { o.factor = v; }, "factor commit rule (Fast-dLLM), > 0");
   cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")->capture_default_str();
-  cmd->add_option("--seed,-s", o.seed, "random seed")->capture_default_str();
+  // Parsed here: CLI11 wraps "-1" and saturates overflowing values into a uint64_t.
+  cmd->add_option_function<std::string>(
+         "--seed,-s",
+         [&o](const std::string& text) {
+           uint64_t value = 0;
+           const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+           if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+             Fail("--seed must be an integer in [0, 18446744073709551615] (got '", text, "')");
+           }
+           o.seed = value;
+         },
+         "random seed")
+      ->default_str(std::to_string(o.seed));
   cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")->capture_default_str();
   cmd->add_option("--alg", o.alg, "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
   cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")->capture_default_str();

@@ -9,8 +9,11 @@ void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
   std::string suites;
   for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
   cmd->add_option("--suite", flags.suite, "suite: " + suites)->capture_default_str();
-  cmd->add_option("--n", flags.per_task, "tiny: test items per task (default 50)");
-  cmd->add_option("--limit", flags.limit, "only the first N items (after --n)");
+  // Item counts have long names only: -n is the generation length everywhere.
+  cmd->add_option("--per-task", flags.per_task, "tiny: test items per task (default 50)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--limit", flags.limit, "only the first N items (after --per-task)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--shard", flags.shard, "i/n: the i-th of n contiguous slices (0-based)");
   cmd->add_option("--data", flags.data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
   cmd->add_option("--prompt-format", flags.prompt_format, "auto | chat | raw")->capture_default_str();
