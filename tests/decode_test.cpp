@@ -255,16 +255,15 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
 // or a GGUF file without output.weight). It must never be committed, and every policy must
 // still finish its canvas in bounded steps.
 TEST(Termination, TheMaskTokenIsNeverCommittedEvenWhenTheModelPrefersIt) {
-  const std::string dir = testing::WriteEditedFixture(
-      "llada-tiny", testing::TempDir(),
-      [](nlohmann::json& config, testing::EditableCheckpoint& tensors) {
-        config["weight_tying"] = true;
-        tensors.erase("model.transformer.ff_out.weight");
-        const int mask = config["mask_token_id"], width = config["d_model"];
-        for (int i = 0; i < width; ++i)
-          tensors["model.transformer.wte.weight"].values[size_t(mask * width + i)] *= 200.0f;
-      });
-  auto model = Model::Load(dir);
+  testing::Checkpoint checkpoint = testing::LoadCheckpoint("llada-tiny");
+  checkpoint.config["weight_tying"] = true;
+  std::erase_if(checkpoint.tensors, [](const TensorToWrite& t) {
+    return t.name == "model.transformer.ff_out.weight";  // the LM head tying replaces
+  });
+  const int mask_id = checkpoint.config["mask_token_id"], width = checkpoint.config["d_model"];
+  std::span<float> embedding = checkpoint.Floats("model.transformer.wte.weight");  // [V, C]
+  for (int i = 0; i < width; ++i) embedding[size_t(mask_id * width + i)] *= 200.0f;
+  auto model = Model::Load(testing::WriteCheckpoint(checkpoint, testing::TempDir()));
   const int mask = model->config().mask_id;
   const std::vector<int> prompt = {1, 5, 9};
   DecodeOptions vanilla;
@@ -298,11 +297,10 @@ TEST(Termination, TheMaskTokenIsNeverCommittedEvenWhenTheModelPrefersIt) {
 }
 
 TEST(Termination, NonFiniteLogitsAreAnErrorNotTokens) {
-  const std::string dir = testing::WriteEditedFixture(
-      "llada-tiny", testing::TempDir(), [](nlohmann::json&, testing::EditableCheckpoint& tensors) {
-        tensors["model.transformer.blocks.1.ff_out.weight"].values[7] =
-            std::numeric_limits<float>::quiet_NaN();
-      });
+  testing::Checkpoint checkpoint = testing::LoadCheckpoint("llada-tiny");
+  checkpoint.Floats("model.transformer.blocks.1.ff_out.weight")[7] =
+      std::numeric_limits<float>::quiet_NaN();
+  const std::string dir = testing::WriteCheckpoint(checkpoint, testing::TempDir());
   std::string out;
   EXPECT_EQ(testing::RunCli("generate -m " + dir + " --prompt-ids 1,2,3 --gen-length 8 "
                             "--block-length 8 --steps 8",

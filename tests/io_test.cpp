@@ -164,22 +164,9 @@ TEST(SafetensorsRead, UnsupportedDtype) {
 // ---------------------------------------------------------------------------------------
 // Model folders built from llada-tiny with one thing broken
 
-struct Checkpoint {
-  nlohmann::json config;
-  std::vector<TensorToWrite> tensors;
-};
+using testing::Checkpoint;
 
-Checkpoint LoadFixture(const std::string& name) {
-  const std::string dir = testing::FixtureDir(name);
-  Checkpoint checkpoint;
-  checkpoint.config = ReadJsonFile(dir + "/config.json");
-  const TensorStore store = ReadSafetensorsDir(dir);
-  for (const auto& [tensor_name, t] : store.tensors()) {
-    checkpoint.tensors.push_back(
-        {tensor_name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
-  }
-  return checkpoint;
-}
+Checkpoint LoadFixture(const std::string& name) { return testing::LoadCheckpoint(name); }
 
 void WriteConfig(const std::string& dir, const nlohmann::json& config) {
   WriteBytes(dir + "/config.json", config.dump(2));
@@ -187,19 +174,10 @@ void WriteConfig(const std::string& dir, const nlohmann::json& config) {
 
 // Writes `checkpoint` as a single-file model folder under the test's folder.
 std::string WriteModel(const Checkpoint& checkpoint, const std::string& name = "model") {
-  const std::string dir = testing::TempDir() + "/" + name;
-  fs::create_directories(dir);
-  WriteConfig(dir, checkpoint.config);
-  WriteSafetensors(dir + "/model.safetensors", checkpoint.tensors);
-  return dir;
+  return testing::WriteCheckpoint(checkpoint, testing::TempDir() + "/" + name);
 }
 
-TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) {
-  for (TensorToWrite& t : checkpoint.tensors) {
-    if (t.name == name) return t;
-  }
-  throw std::runtime_error("test fixture lacks " + name);
-}
+TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) { return checkpoint.Tensor(name); }
 
 TEST(ModelLoad, FixtureCopyLoads) {  // the control for the broken cases below
   auto model = Model::Load(WriteModel(LoadFixture("llada-tiny")));
@@ -222,6 +200,22 @@ TEST(ModelLoad, MissingTensor) {
   std::erase_if(checkpoint.tensors, [&](const TensorToWrite& t) { return t.name == gone; });
   const std::string dir = WriteModel(checkpoint);
   ExpectError([&] { Model::Load(dir); }, {dir, "missing tensor", gone});
+}
+
+TEST(ModelLoad, TensorsTheConfigDoesNotAccountFor) {
+  Checkpoint checkpoint = LoadFixture("llada-tiny");
+  checkpoint.config["n_layers"] = 1;  // the checkpoint has 2
+  std::string dir = WriteModel(checkpoint, "fewer-layers");
+  ExpectError([&] { Model::Load(dir); },
+              {dir, "9 tensor(s) are not part of the model", "model.transformer.blocks.1."});
+  checkpoint = LoadFixture("llada-tiny");
+  checkpoint.tensors.push_back(F32Tensor("model.transformer.extra.weight", {2}, {1, 2}));
+  dir = WriteModel(checkpoint, "extra");
+  ExpectError([&] { Model::Load(dir); }, {dir, "'model.transformer.extra.weight'"});
+  // An LM head beside tied embeddings is ignored, as Hugging Face ignores it.
+  checkpoint = LoadFixture("llada-tiny");
+  checkpoint.config["weight_tying"] = true;
+  EXPECT_NO_THROW(Model::Load(WriteModel(checkpoint, "tied")));
 }
 
 TEST(ModelLoad, MisshapenTensor) {

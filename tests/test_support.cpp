@@ -5,12 +5,10 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "io/json_file.h"
-#include "io/safetensors.h"
 
 namespace polestar::testing {
 
@@ -46,26 +44,35 @@ int RunCli(const std::string& args, std::string* out, bool merge_stderr) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string WriteEditedFixture(const std::string& fixture, const std::string& dir,
-                               const std::function<void(nlohmann::json& config,
-                                                        EditableCheckpoint& tensors)>& edit) {
-  const std::string source = FixtureDir(fixture);
-  nlohmann::json config = ReadJsonFile(source + "/config.json");
-  EditableCheckpoint tensors;
-  const TensorStore store = ReadSafetensorsDir(source);
-  for (const auto& [name, t] : store.tensors()) {
-    EXPECT_EQ(t.dtype, DType::kF32) << name;
-    EditableTensor& e = tensors[name];
-    e.shape = t.shape;
-    e.values.resize(size_t(t.NumElements()));
-    std::memcpy(e.values.data(), t.data, e.values.size() * sizeof(float));
+TensorToWrite& Checkpoint::Tensor(const std::string& name) {
+  for (TensorToWrite& t : tensors) {
+    if (t.name == name) return t;
   }
-  edit(config, tensors);
-  std::vector<TensorToWrite> out;
-  for (const auto& [name, e] : tensors) out.push_back(F32Tensor(name, e.shape, e.values));
+  throw std::runtime_error("test checkpoint lacks " + name);
+}
+
+std::span<float> Checkpoint::Floats(const std::string& name) {
+  TensorToWrite& t = Tensor(name);
+  EXPECT_EQ(t.dtype, DType::kF32) << name;
+  return {reinterpret_cast<float*>(t.bytes.data()), t.bytes.size() / sizeof(float)};
+}
+
+Checkpoint LoadCheckpoint(const std::string& fixture) {
+  const std::string dir = FixtureDir(fixture);
+  Checkpoint checkpoint;
+  checkpoint.config = ReadJsonFile(dir + "/config.json");
+  const TensorStore store = ReadSafetensorsDir(dir);
+  for (const auto& [tensor_name, t] : store.tensors()) {
+    checkpoint.tensors.push_back(
+        {tensor_name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.bytes)});
+  }
+  return checkpoint;
+}
+
+std::string WriteCheckpoint(const Checkpoint& checkpoint, const std::string& dir) {
   std::filesystem::create_directories(dir);
-  WriteSafetensors(dir + "/model.safetensors", out);
-  std::ofstream(dir + "/config.json") << config.dump(2);
+  std::ofstream(dir + "/config.json") << checkpoint.config.dump(2);
+  WriteSafetensors(dir + "/model.safetensors", checkpoint.tensors);
   return dir;
 }
 

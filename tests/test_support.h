@@ -1,11 +1,12 @@
 // Helpers shared by the tests: where the fixtures live, temporary folders, running the CLI.
 #pragma once
 
-#include <functional>
-#include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
+
+#include "io/safetensors.h"
 
 namespace polestar::testing {
 
@@ -19,17 +20,17 @@ std::string TempDir();
 // stdout in *out (stderr merged when merge_stderr).
 int RunCli(const std::string& args, std::string* out, bool merge_stderr = false);
 
-// A safetensors checkpoint as named F32 tensors (name -> values, shape beside).
-struct EditableTensor {
-  std::vector<int64_t> shape;
-  std::vector<float> values;
-};
-using EditableCheckpoint = std::map<std::string, EditableTensor>;
+// A checkpoint folder held in memory, to build broken or unusual models from a good one.
+struct Checkpoint {
+  nlohmann::json config;
+  std::vector<TensorToWrite> tensors;
 
-// Writes a copy of an F32 safetensors fixture into `dir` after `edit` changed its config.json
-// and tensors (hostile or unusual checkpoints built from a known-good one); returns `dir`.
-std::string WriteEditedFixture(const std::string& fixture, const std::string& dir,
-                               const std::function<void(nlohmann::json& config,
-                                                        EditableCheckpoint& tensors)>& edit);
+  TensorToWrite& Tensor(const std::string& name);  // throws when absent
+  // The values of an F32 tensor, to edit in place.
+  std::span<float> Floats(const std::string& name);
+};
+Checkpoint LoadCheckpoint(const std::string& fixture);  // a safetensors fixture folder
+// Writes config.json and model.safetensors into `dir` (created); returns `dir`.
+std::string WriteCheckpoint(const Checkpoint& checkpoint, const std::string& dir);
 
 }  // namespace polestar::testing

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/error.h"
 #include "io/json_file.h"
@@ -26,6 +27,25 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }
 
 bool IsMatrixType(DType type) { return type != DType::kI64 && type != DType::kI32; }
+
+// Tensors the store holds that nothing binds: a config that disagrees with its checkpoint
+// (fewer layers, no biases) would otherwise load and compute the wrong model.
+void FailOnUnusedTensors(const TensorStore& store, const std::set<std::string>& bound,
+                         const std::string& ignored_lm_head) {
+  std::vector<std::string> unused;
+  for (const auto& [name, t] : store.tensors()) {
+    // Buffers PyTorch saves beside the weights, and an LM head that tied embeddings ignore
+    // (as Hugging Face does).
+    const bool ignorable = name.ends_with("rotary_emb.inv_freq") || name == ignored_lm_head;
+    if (!bound.contains(name) && !ignorable) unused.push_back(name);
+  }
+  if (unused.empty()) return;
+  std::string listed;
+  for (size_t i = 0; i < std::min<size_t>(unused.size(), 3); ++i)
+    listed += (i ? ", '" : "'") + unused[i] + "'";
+  Fail(store.origin(), ": ", unused.size(), " tensor(s) are not part of the model its config describes (",
+       listed, unused.size() > 3 ? ", ..." : "", "): does the config's layer count or layout match the checkpoint?");
+}
 
 WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t rows, int64_t cols) {
   const TensorRef& t = store.Get(name);
@@ -66,11 +86,15 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
   const ModelConfig& c = config_;
   const int64_t q_width = int64_t(c.heads) * c.head_dim;
   const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
-  embedding_ = BindMatrix(store_, names.embedding, c.vocab, c.width);
-  lm_head_ = c.tied_embeddings ? embedding_ : BindMatrix(store_, names.lm_head, c.vocab, c.width);
-  final_norm_ = BindVector(store_, names.final_norm, c.width);
+  std::set<std::string> bound;  // every tensor name bound below
+  auto use = [&bound](const std::string& name) -> const std::string& {
+    return *bound.insert(name).first;
+  };
+  embedding_ = BindMatrix(store_, use(names.embedding), c.vocab, c.width);
+  lm_head_ = c.tied_embeddings ? embedding_ : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
+  final_norm_ = BindVector(store_, use(names.final_norm), c.width);
   for (int l = 0; l < c.layers; ++l) {
-    auto name = [&](const std::string& leaf) { return LayerName(names, l, leaf); };
+    auto name = [&](const std::string& leaf) { return use(LayerName(names, l, leaf)); };
     LayerWeights w;
     w.wq = BindMatrix(store_, name(names.q), q_width, c.width);
     w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
@@ -88,6 +112,7 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
     }
     layers_.push_back(std::move(w));
   }
+  FailOnUnusedTensors(store_, bound, c.tied_embeddings ? names.lm_head : "");
   rope_ = RopeTable(c.head_dim, c.max_positions, c.rope_theta);
 }
 
