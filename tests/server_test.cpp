@@ -750,7 +750,8 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
     Reply r = s.PostRaw(c.path, c.body);
     EXPECT_EQ(r.status, c.status) << r.text;
     ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << r.text;
-    EXPECT_EQ(r.body["error"]["code"], c.status);
+    EXPECT_TRUE(r.body["error"]["code"].is_null() || r.body["error"]["code"].is_string())
+        << "OpenAI's clients read the code as a string";
     EXPECT_FALSE(r.body["error"]["message"].get<std::string>().empty());
     EXPECT_TRUE(r.body["error"]["type"].is_string());
     if (!c.param.empty()) {
@@ -835,7 +836,6 @@ TEST(Server, FullQueueAnswers429) {
   Reply rejected = s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}});
   EXPECT_EQ(rejected.status, 429);
   EXPECT_EQ(rejected.body["error"]["type"], "rate_limit_error");
-  EXPECT_EQ(rejected.body["error"]["code"], 429);
   hang_up = true;
   running.join();
   queued.join();
@@ -871,7 +871,7 @@ TEST(Server, RequestsTimeOut) {
   EXPECT_EQ(s.Stream("/v1/completions", LongRequest(true), parser), 200);  // headers went out first
   ASSERT_GE(parser.events.size(), 2u);
   const json error = json::parse(parser.events[parser.events.size() - 2].data);
-  EXPECT_EQ(error["error"]["code"], 504);
+  EXPECT_EQ(error["error"]["type"], "timeout_error");
   EXPECT_EQ(parser.events.back().data, "[DONE]");
   ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
   EXPECT_LT(s.server().metrics().ForwardPasses(), 2 * 256);
