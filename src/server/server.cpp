@@ -21,18 +21,6 @@ using nlohmann::json;
 constexpr auto kWaitSlice = std::chrono::milliseconds(100);  // how often a waiting handler looks up
 constexpr auto kPingInterval = std::chrono::seconds(1);      // SSE comment while nothing happens
 
-void SendJson(http::ResponseWriter& writer, int status, const json& body,
-              const http::Headers& headers = {}) {
-  writer.Send(status, "application/json", DumpJson(body), headers);
-}
-
-void SendError(http::ResponseWriter& writer, const ApiError& error) {
-  // Well-behaved clients back off for this long before retrying a full server.
-  const http::Headers headers =
-      error.status == 429 ? http::Headers{{"Retry-After", "1"}} : http::Headers{};
-  SendJson(writer, error.status, error.Body(), headers);
-}
-
 ApiError UnavailableError(const std::string& message) {
   return ApiError(503, "unavailable_error", message);
 }
@@ -136,6 +124,19 @@ struct Server::Impl {
   explicit Impl(ServerOptions o) : options(std::move(o)) {}
 
   static const std::vector<Route>& Routes();
+  // Counts the answer under `label` and sends it: counted first, so that a client that has
+  // its answer finds it in /metrics.
+  void AnswerJson(http::ResponseWriter& writer, const std::string& label, int status,
+                  const json& body, const http::Headers& headers = {}) {
+    metrics.CountRequest(label, status);
+    writer.Send(status, "application/json", DumpJson(body), headers);
+  }
+  void AnswerError(http::ResponseWriter& writer, const std::string& label, const ApiError& error) {
+    // Well-behaved clients back off for this long before retrying a full server.
+    const http::Headers headers =
+        error.status == 429 ? http::Headers{{"Retry-After", "1"}} : http::Headers{};
+    AnswerJson(writer, label, error.status, error.Body(), headers);
+  }
   void Dispatch(const http::Request& req, http::ResponseWriter& writer);
   // False (after answering 401) when an API key is required and not given.
   bool Authorized(const http::Request& req, http::ResponseWriter& writer, const std::string& label);
@@ -201,10 +202,9 @@ void Server::Impl::Dispatch(const http::Request& req, http::ResponseWriter& writ
     if (req.method == r.method) route = &r;
   }
   if (allowed.empty()) {
-    SendError(writer,
-              ApiError(404, "invalid_request_error",
-                       "no such endpoint: " + req.method + " " + req.path, "", "unknown_url"));
-    metrics.CountRequest(label, 404);
+    AnswerError(writer, label,
+                ApiError(404, "invalid_request_error",
+                         "no such endpoint: " + req.method + " " + req.path, "", "unknown_url"));
     return;
   }
   allowed += ", OPTIONS";
@@ -217,17 +217,17 @@ void Server::Impl::Dispatch(const http::Request& req, http::ResponseWriter& writ
                       {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
                       {"Access-Control-Max-Age", "600"}});
     }
-    writer.Send(204, "", "", headers);
     metrics.CountRequest(label, 204);
+    writer.Send(204, "", "", headers);
     return;
   }
   if (route == nullptr) {
-    SendJson(writer, 405,
-             ApiError(405, "invalid_request_error",
-                      Cat(req.method, " is not allowed on ", req.path, " (allowed: ", allowed, ")"))
-                 .Body(),
-             {{"Allow", allowed}});
-    metrics.CountRequest(label, 405);
+    AnswerJson(
+        writer, label, 405,
+        ApiError(405, "invalid_request_error",
+                 Cat(req.method, " is not allowed on ", req.path, " (allowed: ", allowed, ")"))
+            .Body(),
+        {{"Allow", allowed}});
     return;
   }
   if (!Authorized(req, writer, label)) return;
@@ -241,20 +241,18 @@ bool Server::Impl::Authorized(const http::Request& req, http::ResponseWriter& wr
       ConstantTimeEquals(BearerToken(req.Header("Authorization")), options.api_key)) {
     return true;
   }
-  SendError(writer, ApiError(401, "authentication_error",
-                             "invalid or missing API key (Authorization: Bearer KEY)", "",
-                             "invalid_api_key"));
-  metrics.CountRequest(label, 401);
+  AnswerError(
+      writer, label,
+      ApiError(401, "authentication_error",
+               "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
   return false;
 }
 
 void Server::Impl::Health(const http::Request& req, http::ResponseWriter& writer) {
   if (ready) {
-    SendJson(writer, 200, {{"status", "ok"}});
-    metrics.CountRequest(EndpointLabel(req.path), 200);
+    AnswerJson(writer, EndpointLabel(req.path), 200, {{"status", "ok"}});
   } else {
-    SendError(writer, UnavailableError("Loading model"));
-    metrics.CountRequest(EndpointLabel(req.path), 503);
+    AnswerError(writer, EndpointLabel(req.path), UnavailableError("Loading model"));
   }
 }
 
@@ -275,29 +273,26 @@ json Server::Impl::ModelEntry() const {
 
 void Server::Impl::Models(const http::Request&, http::ResponseWriter& writer) {
   if (!ready) {
-    SendError(writer, UnavailableError("Loading model"));
-    metrics.CountRequest("/v1/models", 503);
+    AnswerError(writer, "/v1/models", UnavailableError("Loading model"));
     return;
   }
-  SendJson(writer, 200, {{"object", "list"}, {"data", json::array({ModelEntry()})}});
-  metrics.CountRequest("/v1/models", 200);
+  AnswerJson(writer, "/v1/models", 200,
+             {{"object", "list"}, {"data", json::array({ModelEntry()})}});
 }
 
 void Server::Impl::OneModel(const http::Request& req, http::ResponseWriter& writer) {
   // Ids may hold any character, so clients percent-encode them in the path.
   const std::string id = http::PercentDecode(req.path.substr(req.path.find("/models/") + 8), false);
   if (!ready) {
-    SendError(writer, UnavailableError("Loading model"));
-    metrics.CountRequest("/v1/models", 503);
+    AnswerError(writer, "/v1/models", UnavailableError("Loading model"));
   } else if (id != options.model_id) {
-    SendError(writer, ApiError(404, "invalid_request_error",
-                               "the model '" + id + "' does not exist (this server has '" +
-                                   options.model_id + "')",
-                               "model", "model_not_found"));
-    metrics.CountRequest("/v1/models", 404);
+    AnswerError(writer, "/v1/models",
+                ApiError(404, "invalid_request_error",
+                         "the model '" + id + "' does not exist (this server has '" +
+                             options.model_id + "')",
+                         "model", "model_not_found"));
   } else {
-    SendJson(writer, 200, ModelEntry());
-    metrics.CountRequest("/v1/models", 200);
+    AnswerJson(writer, "/v1/models", 200, ModelEntry());
   }
 }
 
@@ -316,8 +311,7 @@ void Server::Impl::PostedCompletion(const http::Request& req, http::ResponseWrit
   try {
     body = ParseJsonBody(req.body);
   } catch (const ApiError& e) {
-    SendError(writer, e);
-    metrics.CountRequest(label, e.status);
+    AnswerError(writer, label, e);
     return;
   }
   Completion(writer, endpoint, body, label);
@@ -328,8 +322,7 @@ void Server::Impl::DiffusionStream(const http::Request& req, http::ResponseWrite
   try {
     body = RequestFromQuery(req.query);
   } catch (const ApiError& e) {
-    SendError(writer, e);
-    metrics.CountRequest("/v1/diffusion/stream", e.status);
+    AnswerError(writer, "/v1/diffusion/stream", e);
     return;
   }
   body["stream"] = true;
@@ -378,8 +371,7 @@ void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, c
                      "", "rate_limit_exceeded");
     }
   } catch (const ApiError& e) {
-    SendError(writer, e);
-    metrics.CountRequest(label, e.status);
+    AnswerError(writer, label, e);
     return;
   }
   for (const auto& prompt : request.prompts) metrics.AddPromptTokens(int64_t(prompt.size()));
@@ -394,14 +386,12 @@ void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, c
       if (!gone && !stopping && Clock::now() < job->deadline) continue;
       for (const auto& j : jobs) j->cancel = true;
       if (gone) {  // nobody reads this answer; it is what /metrics counts
-        SendError(writer, ApiError(499, "cancelled", "the client closed the connection"));
-        metrics.CountRequest(label, 499);
+        AnswerError(writer, label, ApiError(499, "cancelled", "the client closed the connection"));
         return;
       }
       const ApiError error = stopping ? UnavailableError("the server is shutting down")
                                       : TimeoutError(options.timeout_seconds);
-      SendError(writer, error);
-      metrics.CountRequest(label, error.status);
+      AnswerError(writer, label, error);
       return;
     }
     std::lock_guard lock(job->mutex);
@@ -410,13 +400,11 @@ void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, c
   for (const JobOutcome& outcome : outcomes) {
     if (outcome.status != JobOutcome::Status::kDone) {
       const ApiError error = OutcomeError(outcome, options.timeout_seconds);
-      SendError(writer, error);
-      metrics.CountRequest(label, error.status);
+      AnswerError(writer, label, error);
       return;
     }
   }
-  SendJson(writer, 200, CompletionResponse(request, identity, outcomes));
-  metrics.CountRequest(label, 200);
+  AnswerJson(writer, label, 200, CompletionResponse(request, identity, outcomes));
 }
 
 void Server::Impl::Stream(http::ResponseWriter& writer, const CompletionRequest& request,
