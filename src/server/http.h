@@ -90,8 +90,8 @@ struct ServerOptions {
   // keep-alive connection is closed after it.
   std::chrono::milliseconds read_timeout = std::chrono::seconds(30);
   std::chrono::milliseconds write_timeout = std::chrono::seconds(30);  // per write
-  // The body (application/json) of the errors the transport answers itself: 400, 408, 411,
-  // 413, 414, 431, 505, and 503 while stopping. Called on the reading thread.
+  // The body (application/json) of the errors the transport answers itself before a
+  // handler sees the request: 400, 408, 411, 413, 414, 431, 505. Called on the reading thread.
   std::function<std::string(int status, const std::string& message)> error_body;
 };
 
