@@ -4,9 +4,13 @@
 // of the trained probe (llada-probe/reference.json), not from the engine itself.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +42,7 @@ struct Reply {
   int status = 0;
   json body;
   std::string text;
+  httplib::Headers headers;
 };
 
 // One SSE event as the client saw it.
@@ -106,6 +111,11 @@ class TestServer {
     auto result = client.Get(path.c_str(), headers);
     return ToReply(result);
   }
+  Reply Options(const std::string& path, const httplib::Headers& headers = {}) const {
+    auto client = Client();
+    auto result = client.Options(path.c_str(), headers);
+    return ToReply(result);
+  }
   Reply PostRaw(const std::string& path, const std::string& body,
                 const httplib::Headers& headers = {}) const {
     auto client = Client();
@@ -156,6 +166,7 @@ class TestServer {
     Reply reply;
     if (!result) return reply;
     reply.status = result->status;
+    reply.headers = result->headers;
     reply.text = result->body;
     reply.body = json::parse(result->body, nullptr, false);
     return reply;
@@ -750,7 +761,8 @@ TEST(Server, EveryBadRequestGetsAnOpenAiError) {
     Reply r = s.PostRaw(c.path, c.body);
     EXPECT_EQ(r.status, c.status) << r.text;
     ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << r.text;
-    EXPECT_EQ(r.body["error"]["code"], c.status);
+    EXPECT_TRUE(r.body["error"]["code"].is_null() || r.body["error"]["code"].is_string())
+        << "OpenAI's clients read the code as a string";
     EXPECT_FALSE(r.body["error"]["message"].get<std::string>().empty());
     EXPECT_TRUE(r.body["error"]["type"].is_string());
     if (!c.param.empty()) {
@@ -835,7 +847,8 @@ TEST(Server, FullQueueAnswers429) {
   Reply rejected = s.Post("/v1/completions", {{"prompt", "1 2"}, {"max_tokens", 8}});
   EXPECT_EQ(rejected.status, 429);
   EXPECT_EQ(rejected.body["error"]["type"], "rate_limit_error");
-  EXPECT_EQ(rejected.body["error"]["code"], 429);
+  EXPECT_EQ(rejected.body["error"]["code"], "rate_limit_exceeded");
+  EXPECT_EQ(rejected.headers.count("Retry-After"), 1u) << "clients know when to retry";
   hang_up = true;
   running.join();
   queued.join();
@@ -871,7 +884,7 @@ TEST(Server, RequestsTimeOut) {
   EXPECT_EQ(s.Stream("/v1/completions", LongRequest(true), parser), 200);  // headers went out first
   ASSERT_GE(parser.events.size(), 2u);
   const json error = json::parse(parser.events[parser.events.size() - 2].data);
-  EXPECT_EQ(error["error"]["code"], 504);
+  EXPECT_EQ(error["error"]["type"], "timeout_error");
   EXPECT_EQ(parser.events.back().data, "[DONE]");
   ASSERT_TRUE(WaitFor([&] { return s.Metric("polestar_requests_processing") == 0; }));
   EXPECT_LT(s.server().metrics().ForwardPasses(), 2 * 256);
@@ -891,6 +904,10 @@ TEST(Server, ApiKeyIsRequiredExceptForHealthAndThePage) {
   EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}}).status, 401);
   const httplib::Headers key = {{"Authorization", "Bearer sekrit"}};
   EXPECT_EQ(s.Get("/v1/models", key).status, 200);
+  // The scheme is case-insensitive (RFC 9110), as some clients send it.
+  EXPECT_EQ(s.Get("/v1/models", {{"Authorization", "bearer sekrit"}}).status, 200);
+  EXPECT_EQ(s.Get("/v1/models", {{"Authorization", "BEARER  sekrit"}}).status, 200);
+  EXPECT_EQ(s.Get("/v1/models", {{"Authorization", "Basic sekrit"}}).status, 401);
   Reply ok = s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}}, key);
   EXPECT_EQ(ok.status, 200) << ok.text;
 }
@@ -1012,6 +1029,304 @@ TEST(Server, ARealTokenizerEncodesDecodesAndStreams) {
   EXPECT_EQ(pieces, (std::vector<std::string>{"", "", "\u00e9", "", " w", ""}));
 }
 
+// --- hardening ---------------------------------------------------------------------------
+
+// A raw TCP connection, for what an HTTP client library will not send.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(uint16_t(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  bool connected() const { return connected_; }
+  bool Send(const std::string& bytes) {
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size());
+  }
+  // Everything the server sends until it closes the connection or `limit` passes.
+  std::string ReadUntilClosed(std::chrono::milliseconds limit = 10s) {
+    std::string out;
+    const auto until = std::chrono::steady_clock::now() + limit;
+    char buffer[4096];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      pollfd p{fd_, POLLIN, 0};
+      if (left.count() <= 0 || poll(&p, 1, int(left.count())) <= 0) break;
+      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      out.append(buffer, size_t(n));
+    }
+    return out;
+  }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+};
+
+// The status codes of the responses in `bytes`, in order.
+std::vector<int> Statuses(const std::string& bytes) {
+  std::vector<int> statuses;
+  for (size_t at = bytes.find("HTTP/1.1 "); at != std::string::npos;
+       at = bytes.find("HTTP/1.1 ", at + 1)) {
+    if (at == 0 || bytes[at - 1] == '\n' || bytes[at - 1] == '}')
+      statuses.push_back(std::stoi(bytes.substr(at + 9, 3)));
+  }
+  return statuses;
+}
+
+TEST(Server, DeeplyNestedBodiesAre400AndTheServerLivesOn) {
+  TestServer s(ProbeOptions());
+  const std::string open(200000, '['), close(200000, ']');
+  const std::vector<std::string> bodies = {
+      "{\"prompt\": \"A1+2=\", \"zzz\": " + open + close + "}",  // an unknown field
+      "{\"prompt\": " + open + close + "}",                      // a known one
+      "{\"prompt\": \"A1+2=\", \"diffusion\": " + std::string(100000, '{') + "}",
+      open + close,
+  };
+  for (const std::string& body : bodies) {
+    SCOPED_TRACE(body.substr(0, 40));
+    Reply r = s.PostRaw("/v1/completions", body);
+    EXPECT_EQ(r.status, 400) << r.text;
+    EXPECT_NE(r.text.find("deeper than 64"), std::string::npos) << r.text;
+  }
+  // Brackets inside strings are text, not nesting.
+  Reply text = s.Post("/v1/completions",
+                      {{"prompt", "A1+2="}, {"max_tokens", 8}, {"user", std::string(1000, '[')}});
+  EXPECT_EQ(text.status, 200) << text.text;
+  EXPECT_EQ(s.Get("/health").status, 200);
+}
+
+TEST(Server, InvalidUtf8IsABadRequest) {
+  ServerOptions o;
+  o.defaults.block_length = 8;
+  TestServer s(o, "llada-tiny", std::make_unique<TokenizerCodec>(TinyTokenizer()));
+  Reply body = s.PostRaw("/v1/completions", "{\"prompt\": \"he\xff\xfe\", \"max_tokens\": 8}");
+  EXPECT_EQ(body.status, 400) << body.text;
+  Reply query = s.Get("/v1/diffusion/stream?prompt=he%FF%FEllo&max_tokens=8");
+  EXPECT_EQ(query.status, 400) << query.text;
+  EXPECT_EQ(query.body["error"]["param"], "prompt");
+  EXPECT_EQ(s.Get("/health").status, 200);
+}
+
+TEST(Server, SlowClientsDoNotLockOthersOut) {
+  ServerOptions o = ProbeOptions();
+  o.read_timeout_seconds = 1;
+  TestServer s(o);
+  // More trickling connections than the server has handler threads (parallel + queue + 8).
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < 40; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(s.port()));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_TRUE(slow.back()->Send("GET /health HTTP/1.1\r\nHost: x\r\n"));
+  }
+  std::this_thread::sleep_for(100ms);
+  auto client = s.Client(0.5);
+  const auto before = std::chrono::steady_clock::now();
+  auto health = client.Get("/health");
+  ASSERT_TRUE(health) << "a complete request is answered while others trickle in";
+  EXPECT_EQ(health->status, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 400ms);
+  Reply models = s.Get("/v1/models");
+  EXPECT_EQ(models.status, 200);
+
+  // A header line every 300 ms does not extend the request's deadline: 408 after ~1 s.
+  const auto start = std::chrono::steady_clock::now();
+  RawConnection trickle(s.port());
+  trickle.Send("POST /v1/completions HTTP/1.1\r\n");
+  std::string answer;
+  for (int i = 0; i < 10 && answer.empty(); ++i) {
+    trickle.Send("X-Slow: " + std::to_string(i) + "\r\n");
+    answer = trickle.ReadUntilClosed(300ms);
+  }
+  EXPECT_EQ(Statuses(answer), std::vector<int>{408}) << answer;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2500ms);
+  EXPECT_EQ(Statuses(slow.front()->ReadUntilClosed(2s)), std::vector<int>{408});
+}
+
+TEST(Server, TransportStatuses) {
+  ServerOptions o = ProbeOptions();
+  o.max_body_bytes = 4096;
+  TestServer s(o);
+  struct Case {
+    std::string bytes;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {"GET /health HTTP/1.1\r\nX-Big: " + std::string(20000, 'x') + "\r\n\r\n", 431},
+      {"GET /" + std::string(10000, 'a') + " HTTP/1.1\r\n\r\n", 414},
+      {"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+       411},
+      {"POST /v1/completions HTTP/1.1\r\nContent-Length: 100000\r\n\r\n{", 413},
+      {"POST /v1/completions HTTP/1.1\r\nContent-Length: 12x\r\n\r\n", 400},
+      {"GET /health HTTP/2.0\r\n\r\n", 505},
+      {"GET  /health HTTP/1.1\r\n\r\n", 400},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.bytes.substr(0, 60));
+    RawConnection connection(s.port());
+    ASSERT_TRUE(connection.Send(c.bytes));
+    const std::string answer = connection.ReadUntilClosed();
+    EXPECT_EQ(Statuses(answer), std::vector<int>{c.status}) << answer.substr(0, 300);
+    EXPECT_NE(answer.find("\"error\""), std::string::npos) << "an OpenAI error body";
+  }
+  EXPECT_EQ(s.Get("/health").status, 200);
+}
+
+TEST(Server, PipelinedRequestsAreAnsweredInOrder) {
+  TestServer s(ProbeOptions());
+  const std::string body = json({{"prompt", "A1+2="}, {"max_tokens", 8}}).dump();
+  RawConnection connection(s.port());
+  // Three requests in one write; the server must keep the bytes past the first.
+  ASSERT_TRUE(
+      connection.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                      "POST /v1/completions HTTP/1.1\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body +
+                      "GET /nothing HTTP/1.1\r\nConnection: close\r\n\r\n"));
+  const std::string answer = connection.ReadUntilClosed();
+  EXPECT_EQ(Statuses(answer), (std::vector<int>{200, 200, 404})) << answer;
+  EXPECT_NE(answer.find("\"text_completion\""), std::string::npos);
+
+  // Expect: 100-continue gets its interim answer before the body is sent.
+  RawConnection expecting(s.port());
+  ASSERT_TRUE(
+      expecting.Send("POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                     "Connection: close\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n"));
+  const std::string interim = expecting.ReadUntilClosed(500ms);
+  EXPECT_EQ(interim.rfind("HTTP/1.1 100 Continue\r\n\r\n", 0), 0u) << interim;
+  ASSERT_TRUE(expecting.Send(body));
+  EXPECT_EQ(Statuses(expecting.ReadUntilClosed()), std::vector<int>{200});
+}
+
+TEST(Server, WrongMethodsAre405WithAllow) {
+  TestServer s(ProbeOptions());
+  Reply post_health = s.PostRaw("/health", "{}");
+  EXPECT_EQ(post_health.status, 405);
+  EXPECT_EQ(post_health.headers.find("Allow")->second, "GET, OPTIONS");
+  EXPECT_EQ(post_health.body["error"]["type"], "invalid_request_error");
+  Reply get_completions = s.Get("/v1/completions");
+  EXPECT_EQ(get_completions.status, 405);
+  EXPECT_EQ(get_completions.headers.find("Allow")->second, "POST, OPTIONS");
+  EXPECT_EQ(s.Get("/v1/nothing").status, 404);
+  EXPECT_EQ(s.Get("/v1/nothing").body["error"]["code"], "unknown_url");
+}
+
+TEST(Server, CorsIsOptIn) {
+  {
+    TestServer s(ProbeOptions());
+    Reply preflight = s.Options("/v1/chat/completions", {{"Origin", "http://app.example"}});
+    EXPECT_EQ(preflight.status, 204);
+    EXPECT_EQ(preflight.headers.count("Access-Control-Allow-Origin"), 0u);
+    Reply models = s.Get("/v1/models", {{"Origin", "http://app.example"}});
+    EXPECT_EQ(models.headers.count("Access-Control-Allow-Origin"), 0u);
+  }
+  ServerOptions o = ProbeOptions();
+  o.cors_origin = "http://app.example";
+  o.api_key = "sekrit";
+  TestServer s(o);
+  // The preflight carries no key; it must still be answered.
+  Reply preflight = s.Options("/v1/chat/completions",
+                              {{"Origin", "http://app.example"},
+                               {"Access-Control-Request-Method", "POST"},
+                               {"Access-Control-Request-Headers", "authorization, content-type"}});
+  EXPECT_EQ(preflight.status, 204);
+  auto header = [](const Reply& r, const char* name) {
+    auto it = r.headers.find(name);
+    return it == r.headers.end() ? std::string() : it->second;
+  };
+  EXPECT_EQ(header(preflight, "Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_NE(header(preflight, "Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_NE(header(preflight, "Access-Control-Allow-Headers").find("Authorization"),
+            std::string::npos);
+  EXPECT_NE(header(preflight, "Access-Control-Allow-Headers").find("Content-Type"),
+            std::string::npos);
+  Reply models = s.Get("/v1/models", {{"Authorization", "Bearer sekrit"}});
+  EXPECT_EQ(models.status, 200);
+  EXPECT_EQ(header(models, "Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_EQ(header(s.Get("/v1/models"), "Access-Control-Allow-Origin"), "http://app.example")
+      << "a 401 is readable by the page too";
+}
+
+TEST(Server, ModelIdsAreNamesAndEachCanBeFetched) {
+  TestServer s(ProbeOptions());  // no alias
+  Reply list = s.Get("/v1/models");
+  ASSERT_EQ(list.status, 200);
+  EXPECT_EQ(list.body["data"][0]["id"], "llada-probe") << "the folder's name, not its path";
+  Reply one = s.Get("/v1/models/llada-probe");
+  ASSERT_EQ(one.status, 200) << one.text;
+  EXPECT_EQ(one.body["id"], "llada-probe");
+  EXPECT_EQ(one.body["object"], "model");
+  Reply missing = s.Get("/v1/models/gpt-4");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.body["error"]["code"], "model_not_found");
+  Reply answer = s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}});
+  EXPECT_EQ(answer.body["model"], "llada-probe");
+
+  const std::string gguf = testing::FixtureDir("gguf-llada-q8_0") + "/model.gguf";
+  Server gguf_server(ServerOptions{});
+  auto model = Model::Load(gguf);
+  auto codec = std::make_unique<IdTextCodec>(model->config());
+  const int port = gguf_server.Start();
+  gguf_server.SetModel(std::move(model), std::move(codec));
+  httplib::Client client("127.0.0.1", port);
+  auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny llada q8_0") << "GGUF general.name";
+  auto fetched = client.Get("/v1/models/tiny%20llada%20q8_0");
+  ASSERT_TRUE(fetched);
+  EXPECT_EQ(fetched->status, 200);
+}
+
+TEST(Server, OpenAiFieldsTheEngineDoesNotUseAreAccepted) {
+  TestServer s(ProbeOptions());
+  const json ignored = {{"store", false},
+                        {"metadata", {{"run", "7"}}},
+                        {"service_tier", "auto"},
+                        {"user", "someone"},
+                        {"logit_bias", {{"5", -100}}},
+                        {"n", 1},
+                        {"parallel_tool_calls", true},
+                        {"max_tokens", 8}};
+  json completion = ignored;
+  completion["prompt"] = ProbeCases()[0].prompt;
+  Reply plain = s.Post("/v1/completions", completion);
+  EXPECT_EQ(plain.status, 200) << plain.text;
+  json chat = ignored;
+  chat["messages"] = {{{"role", "developer"}, {"content", ""}},
+                      {{"role", "user"}, {"content", ProbeCases()[0].prompt}}};
+  Reply chatted = s.Post("/v1/chat/completions", chat);
+  EXPECT_EQ(chatted.status, 200) << chatted.text;
+}
+
+TEST(Server, PortInUseIsAnError) {
+  TestServer s(ProbeOptions(), "llada-probe", nullptr, /*load=*/false);
+  ServerOptions o;
+  o.port = s.port();
+  Server second(o);
+  try {
+    second.Start();
+    ADD_FAILURE() << "a second server on a busy port must not start";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(s.port())), std::string::npos) << e.what();
+  }
+}
+
+TEST(Server, ShutdownAnswers503ToWaitingRequests) {
+  auto s = std::make_unique<TestServer>(ServerOptions{}, "llada-tiny");
+  Reply reply;
+  std::thread waiting([&] { reply = s->Post("/v1/completions", LongRequest(false)); });
+  ASSERT_TRUE(WaitFor([&] { return s->server().metrics().ForwardPasses() > 0; }));
+  s->server().Stop();
+  waiting.join();
+  EXPECT_EQ(reply.status, 503) << reply.text;
+  EXPECT_EQ(reply.body["error"]["type"], "unavailable_error");
+}
+
 // --- the command ------------------------------------------------------------------------
 
 TEST(ServeCommand, ServesUntilSigterm) {
@@ -1063,6 +1378,14 @@ TEST(ServeCommand, ServesUntilSigterm) {
   reaper.pid = -1;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a clean stop on SIGTERM";
   fclose(log);
+}
+
+TEST(ServeCommand, RejectsAPortOutOfRange) {
+  std::string out;
+  // The model does not exist either: the port must be refused before anything binds.
+  EXPECT_NE(testing::RunCli("serve -m /nonexistent/model --port 70000", &out, true), 0);
+  EXPECT_NE(out.find("--port"), std::string::npos) << out;
+  EXPECT_EQ(out.find("/nonexistent/model"), std::string::npos) << out;
 }
 
 TEST(ServeCommand, ReportsAModelThatCannotBeLoaded) {

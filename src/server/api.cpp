@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "base/error.h"
+#include "server/utf8.h"
 
 namespace polestar {
 namespace {
@@ -85,10 +86,8 @@ const std::map<std::string, Kind>& CommonFields() {
       {"stream", Kind::kBool},
       {"stream_options", Kind::kAny},
       {"n", Kind::kInt},
-      {"user", Kind::kString},
       {"presence_penalty", Kind::kNumber},
       {"frequency_penalty", Kind::kNumber},
-      {"logit_bias", Kind::kAny},
       {"logprobs", Kind::kAny},
       {"stream_canvas", Kind::kBool},
       {"stop_early", Kind::kBool},
@@ -103,14 +102,25 @@ const std::map<std::string, Kind>& CompletionFields() {
   return fields;
 }
 const std::map<std::string, Kind>& ChatFields() {
-  static const std::map<std::string, Kind> fields = {{"messages", Kind::kAny},
-                                                     {"max_completion_tokens", Kind::kInt},
-                                                     {"top_logprobs", Kind::kAny},
-                                                     {"response_format", Kind::kAny},
-                                                     {"tools", Kind::kAny},
-                                                     {"tool_choice", Kind::kAny},
-                                                     {"parallel_tool_calls", Kind::kAny}};
+  static const std::map<std::string, Kind> fields = {
+      {"messages", Kind::kAny},     {"max_completion_tokens", Kind::kInt},
+      {"top_logprobs", Kind::kAny}, {"response_format", Kind::kAny},
+      {"tools", Kind::kAny},        {"tool_choice", Kind::kAny}};
   return fields;
+}
+// Fields OpenAI clients send that change nothing here (bookkeeping, billing, sampling
+// adjustments a diffusion decoder has no use for): accepted with any value and ignored, so
+// that official clients work unchanged. README lists them.
+bool IsIgnoredField(const std::string& name) {
+  static const std::set<std::string> ignored = {"store",
+                                                "metadata",
+                                                "service_tier",
+                                                "user",
+                                                "logit_bias",
+                                                "parallel_tool_calls",
+                                                "prompt_cache_key",
+                                                "safety_identifier"};
+  return ignored.count(name) > 0;
 }
 
 bool IsIntegral(const json& v) {
@@ -262,6 +272,12 @@ std::vector<std::vector<int>> ReadPrompts(const json& v, const TextCodec& codec,
   return prompts;
 }
 
+// json::value("type", "") would throw a type error when the member is not a string.
+bool HasStringMember(const json& object, const char* name, const char* expected) {
+  const auto it = object.find(name);
+  return it != object.end() && it->is_string() && it->get<std::string>() == expected;
+}
+
 std::vector<int> ReadMessages(const json& v, const TextCodec& codec) {
   if (!v.is_array() || v.empty())
     throw BadRequest("'messages' must be a non-empty array", "messages");
@@ -278,8 +294,8 @@ std::vector<int> ReadMessages(const json& v, const TextCodec& codec) {
         } else if (value.is_array()) {
           // Content parts: only text can reach a text model.
           for (const json& part : value) {
-            if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-                !part["text"].is_string()) {
+            if (!part.is_object() || !HasStringMember(part, "type", "text") ||
+                !part.contains("text") || !part["text"].is_string()) {
               throw BadRequest("message content parts must be {\"type\": \"text\", \"text\": ...}",
                                "messages");
             }
@@ -293,9 +309,12 @@ std::vector<int> ReadMessages(const json& v, const TextCodec& codec) {
         throw BadRequest("unknown message field '" + key + "'", "messages");
       }
     }
+    // OpenAI's newer name for the system turn.
+    if (turn.role == "developer") turn.role = "system";
     if (turn.role != "system" && turn.role != "user" && turn.role != "assistant") {
-      throw BadRequest("message role must be system, user or assistant (got '" + turn.role + "')",
-                       "messages");
+      throw BadRequest(
+          "message role must be system, developer, user or assistant (got '" + turn.role + "')",
+          "messages");
     }
     turns.push_back(std::move(turn));
   }
@@ -328,10 +347,6 @@ void CheckNeutral(const json& fields) {
       throw BadRequest(std::string("'") + name + "' is not supported (only 0)", name);
     }
   }
-  if (present("logit_bias") &&
-      !(fields["logit_bias"].is_object() && fields["logit_bias"].empty())) {
-    throw BadRequest("'logit_bias' is not supported", "logit_bias");
-  }
   if (present("suffix") &&
       !(fields["suffix"].is_string() && fields["suffix"].get<std::string>().empty())) {
     throw BadRequest("'suffix' is not supported", "suffix");
@@ -342,10 +357,8 @@ void CheckNeutral(const json& fields) {
   if (present("tool_choice") && fields["tool_choice"] != "none") {
     throw BadRequest("'tool_choice' is not supported", "tool_choice");
   }
-  if (present("parallel_tool_calls"))
-    ReadBool(fields["parallel_tool_calls"], "parallel_tool_calls");
   if (present("response_format") && !(fields["response_format"].is_object() &&
-                                      fields["response_format"].value("type", "") == "text")) {
+                                      HasStringMember(fields["response_format"], "type", "text"))) {
     throw BadRequest("'response_format' must be {\"type\": \"text\"}", "response_format");
   }
 }
@@ -353,9 +366,44 @@ void CheckNeutral(const json& fields) {
 }  // namespace
 
 json ApiError::Body() const {
-  json error = {{"code", status}, {"message", what()}, {"type", type}};
+  json error = {{"message", what()}, {"type", type}};
+  error["code"] = code.empty() ? json(nullptr) : json(code);
   error["param"] = param.empty() ? json(nullptr) : json(param);
   return {{"error", error}};
+}
+
+json ParseJsonBody(std::string_view text) {
+  // nlohmann's parser is iterative, but copying, comparing and dumping a value recurse once
+  // per level: a small body nested 100,000 deep would overflow the stack. The depth is
+  // counted before parsing, skipping brackets inside strings.
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw ApiError(
+            400, "invalid_request_error",
+            Cat("the body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, "invalid_request_error",
+                   std::string("the body is not valid JSON: ") + e.what());
+  }
 }
 
 std::string DumpJson(const json& j) {
@@ -381,7 +429,8 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
   }
   const auto& specific = endpoint == Endpoint::kCompletions ? CompletionFields() : ChatFields();
   for (const auto& [key, value] : fields.items()) {
-    if (!FindDecodeField(key) && !CommonFields().count(key) && !specific.count(key)) {
+    if (!FindDecodeField(key) && !CommonFields().count(key) && !specific.count(key) &&
+        !IsIgnoredField(key)) {
       throw BadRequest("unknown field '" + key + "'", key);
     }
   }
@@ -393,7 +442,6 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
   CompletionRequest r;
   r.endpoint = endpoint;
   if (const json* v = get("model")) ReadString(*v, "model");
-  if (const json* v = get("user")) ReadString(*v, "user");
   if (const json* v = get("stream")) r.stream = ReadBool(*v, "stream");
   if (const json* v = get("stream_options")) {
     if (!v->is_object()) throw BadRequest("'stream_options' must be an object", "stream_options");
@@ -472,7 +520,14 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
 
 json RequestFromQuery(const std::multimap<std::string, std::string>& params) {
   json body = json::object();
-  for (const auto& [key, text] : params) {
+  for (const auto& param : params) {
+    // Named, not structured bindings: the lambdas below capture them (clang 14 cannot).
+    const std::string& key = param.first;
+    const std::string& text = param.second;
+    // Percent-decoding yields any bytes; JSON strings and the tokenizers take only UTF-8.
+    if (!IsValidUtf8(key) || !IsValidUtf8(text)) {
+      throw BadRequest("query parameters must be UTF-8 text", IsValidUtf8(key) ? key : "");
+    }
     auto number = [&](bool integral) -> json {
       size_t used = 0;
       try {

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "decode/options.h"
@@ -18,17 +19,26 @@ namespace polestar {
 // An error answered with an OpenAI-style body: {"error": {code, message, type, param}}.
 class ApiError : public std::runtime_error {
  public:
-  ApiError(int status, std::string type, const std::string& message, std::string param = "")
+  ApiError(int status, std::string type, const std::string& message, std::string param = "",
+           std::string code = "")
       : std::runtime_error(message),
         status(status),
         type(std::move(type)),
-        param(std::move(param)) {}
+        param(std::move(param)),
+        code(std::move(code)) {}
   nlohmann::json Body() const;
 
   int status;
   std::string type;   // invalid_request_error, authentication_error, rate_limit_error, ...
   std::string param;  // the offending field, "" when none
+  std::string code;   // OpenAI's machine-readable code ("invalid_api_key", ...), "" for null
 };
+
+// Deepest nesting of arrays and objects a request body may have.
+constexpr int kMaxJsonDepth = 64;
+// A request body as JSON. Throws ApiError 400 when it is not JSON or nests deeper than
+// kMaxJsonDepth, so no untrusted value reaches code that recurses over it unbounded.
+nlohmann::json ParseJsonBody(std::string_view text);
 
 enum class Endpoint { kCompletions, kChatCompletions };
 

@@ -1,18 +1,13 @@
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-
 #include <condition_variable>
-#include <csignal>
 #include <filesystem>
-#include <thread>
 
 #include "base/error.h"
+#include "io/gguf.h"
+#include "io/mapped_file.h"
 #include "server/api.h"
+#include "server/http.h"
 #include "server/scheduler.h"
 
 namespace polestar {
@@ -26,13 +21,8 @@ using nlohmann::json;
 constexpr auto kWaitSlice = std::chrono::milliseconds(100);  // how often a waiting handler looks up
 constexpr auto kPingInterval = std::chrono::seconds(1);      // SSE comment while nothing happens
 
-void SendJson(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(DumpJson(body), "application/json");
-}
-
-void SendError(httplib::Response& res, const ApiError& error) {
-  SendJson(res, error.status, error.Body());
+ApiError UnavailableError(const std::string& message) {
+  return ApiError(503, "unavailable_error", message);
 }
 
 // The label /metrics counts a request under: its route, or "other" (bounded cardinality).
@@ -41,7 +31,8 @@ std::string EndpointLabel(const std::string& path) {
                             "/v1/chat/completions", "/v1/diffusion/stream", "/metrics", "/"}) {
     if (path == known) return known;
   }
-  if (path == "/models") return "/v1/models";
+  if (path == "/models" || path.rfind("/models/", 0) == 0 || path.rfind("/v1/models/", 0) == 0)
+    return "/v1/models";
   if (path == "/completions") return "/v1/completions";
   if (path == "/chat/completions") return "/v1/chat/completions";
   return "other";
@@ -54,52 +45,37 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-// cpp-httplib 0.11 gives a handler no view of its connection, so a handler that waits for a
-// generation finds its socket by the address pair and polls it for the peer hanging up.
-// The socket stays open while the handler runs: httplib closes it only afterwards.
-int FindConnectionSocket(const httplib::Request& req) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (const std::exception&) {
-      continue;
-    }
-    sockaddr_storage local{}, peer{};
-    socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0) continue;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) continue;
-    auto port_and_address = [](const sockaddr_storage& a, int* port) -> std::string {
-      char text[INET6_ADDRSTRLEN] = {};
-      if (a.ss_family == AF_INET) {
-        const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-        *port = ntohs(v4->sin_port);
-        inet_ntop(AF_INET, &v4->sin_addr, text, sizeof(text));
-      } else if (a.ss_family == AF_INET6) {
-        const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-        *port = ntohs(v6->sin6_port);
-        inet_ntop(AF_INET6, &v6->sin6_addr, text, sizeof(text));
-      } else {
-        *port = -1;
-      }
-      return text;
-    };
-    int local_port = -1, peer_port = -1;
-    port_and_address(local, &local_port);
-    const std::string peer_address = port_and_address(peer, &peer_port);
-    if (local_port == req.local_port && peer_port == req.remote_port &&
-        peer_address == req.remote_addr)
-      return fd;
+// The token of "Authorization: Bearer TOKEN"; the scheme is case-insensitive (RFC 9110).
+std::string BearerToken(const std::string& authorization) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (authorization.size() < kScheme.size()) return "";
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return "";
   }
-  return -1;
+  const size_t begin = authorization.find_first_not_of(' ', kScheme.size());
+  return begin == std::string::npos ? "" : authorization.substr(begin);
 }
 
-bool PeerHungUp(int fd) {
-  if (fd < 0) return false;
-  pollfd p{fd, POLLRDHUP, 0};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+// The id clients name the model by: a GGUF file's general.name (else its file name without
+// .gguf), or the model folder's name. Never a path: clients echo it back in "model".
+std::string ServedModelName(const std::string& source) {
+  namespace fs = std::filesystem;
+  fs::path path(source);
+  if (path.extension() == ".gguf") {
+    try {
+      const MappedFile file(source);
+      const GgufFile gguf = ParseGguf(file.data(), file.size(), source);
+      if (gguf.metadata.Has("general.name")) {
+        const std::string& name = gguf.metadata.GetString("general.name");
+        if (!name.empty()) return name;
+      }
+    } catch (const Error&) {
+      // The model loaded from this file, so this cannot fail; the file name still serves.
+    }
+    return path.stem().string();
+  }
+  if (!path.has_filename()) path = path.parent_path();  // "models/tiny/"
+  return path.filename().string();
 }
 
 ApiError TimeoutError(double timeout_seconds) {
@@ -113,8 +89,8 @@ ApiError OutcomeError(const JobOutcome& outcome, double timeout_seconds) {
     case JobOutcome::Status::kTimedOut:
       return TimeoutError(timeout_seconds);
     case JobOutcome::Status::kCancelled:
-      return ApiError(503, "unavailable_error",
-                      outcome.error.empty() ? "the generation was cancelled" : outcome.error);
+      return UnavailableError(outcome.error.empty() ? "the generation was cancelled"
+                                                    : outcome.error);
     default:
       return ApiError(500, "server_error", "generation failed: " + outcome.error);
   }
@@ -125,29 +101,61 @@ std::string SseData(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
 }  // namespace
 
 struct Server::Impl {
+  using RouteHandler = void (Impl::*)(const http::Request&, http::ResponseWriter&);
+  struct Route {
+    const char* method;
+    const char* path;  // ending in '/': a prefix, the rest names a resource
+    RouteHandler handle;
+  };
+
   ServerOptions options;
-  httplib::Server http;
+  std::unique_ptr<http::Server> http;
   Metrics metrics;
-  std::thread listener;
-  int port = 0;
   RequestLimits limits;
   // Set once by SetModel, before `ready` turns true; read only after seeing it true.
   std::unique_ptr<Model> model;
   std::unique_ptr<TextCodec> codec;
   std::unique_ptr<Scheduler> scheduler;
-  std::atomic<bool> ready{false}, stopping{false}, listen_returned{false};
+  std::atomic<bool> ready{false}, stopping{false};
   std::mutex stop_mutex;
   std::condition_variable stop_changed;
   bool stopped = false;
 
   explicit Impl(ServerOptions o) : options(std::move(o)) {}
 
-  void InstallRoutes();
-  void Completion(const httplib::Request& req, httplib::Response& res, Endpoint endpoint,
-                  const json& body, const std::string& label);
-  void Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
-              const ResponseIdentity& identity, std::shared_ptr<GenerationJob> job,
-              const std::string& label);
+  static const std::vector<Route>& Routes();
+  // Counts the answer under `label` and sends it: counted first, so that a client that has
+  // its answer finds it in /metrics.
+  void AnswerJson(http::ResponseWriter& writer, const std::string& label, int status,
+                  const json& body, const http::Headers& headers = {}) {
+    metrics.CountRequest(label, status);
+    writer.Send(status, "application/json", DumpJson(body), headers);
+  }
+  void AnswerError(http::ResponseWriter& writer, const std::string& label, const ApiError& error) {
+    // Well-behaved clients back off for this long before retrying a full server.
+    const http::Headers headers =
+        error.status == 429 ? http::Headers{{"Retry-After", "1"}} : http::Headers{};
+    AnswerJson(writer, label, error.status, error.Body(), headers);
+  }
+  void Dispatch(const http::Request& req, http::ResponseWriter& writer);
+  // False (after answering 401) when an API key is required and not given.
+  bool Authorized(const http::Request& req, http::ResponseWriter& writer, const std::string& label);
+
+  void Health(const http::Request& req, http::ResponseWriter& writer);
+  void Models(const http::Request& req, http::ResponseWriter& writer);
+  void OneModel(const http::Request& req, http::ResponseWriter& writer);
+  void Completions(const http::Request& req, http::ResponseWriter& writer);
+  void ChatCompletions(const http::Request& req, http::ResponseWriter& writer);
+  void DiffusionStream(const http::Request& req, http::ResponseWriter& writer);
+  void MetricsText(const http::Request& req, http::ResponseWriter& writer);
+  void Page(const http::Request& req, http::ResponseWriter& writer);
+
+  json ModelEntry() const;
+  void PostedCompletion(const http::Request& req, http::ResponseWriter& writer, Endpoint endpoint);
+  void Completion(http::ResponseWriter& writer, Endpoint endpoint, const json& body,
+                  const std::string& label);
+  void Stream(http::ResponseWriter& writer, const CompletionRequest& request,
+              const ResponseIdentity& identity, GenerationJob& job, const std::string& label);
   Clock::time_point Deadline(Clock::time_point from) const {
     if (options.timeout_seconds <= 0 || options.timeout_seconds > 1e9)
       return Clock::time_point::max();
@@ -156,146 +164,202 @@ struct Server::Impl {
   }
 };
 
-void Server::Impl::InstallRoutes() {
-  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const bool open = req.path == "/health" || req.path == "/v1/health" ||
-                      (req.path == "/" && req.method == "GET");
-    if (options.api_key.empty() || open) return httplib::Server::HandlerResponse::Unhandled;
-    if (ConstantTimeEquals(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
-    SendError(res, ApiError(401, "authentication_error",
-                            "invalid or missing API key (Authorization: Bearer KEY)"));
-    metrics.CountRequest(EndpointLabel(req.path), 401);
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // Bodies for the errors httplib answers itself (404, 413, ...).
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                     httplib::Response& res) {
-    if (res.body.empty() && !res.content_provider_) {
-      const std::string message =
-          res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-          : res.status == 413
-              ? Cat("the request body is too large (at most ", options.max_body_bytes,
-                    " bytes as application/json, 8192 as a form)")
-              : Cat("HTTP status ", res.status);
-      SendError(
-          res, ApiError(res.status, res.status == 404 ? "not_found_error" : "invalid_request_error",
-                        message));
-      metrics.CountRequest(EndpointLabel(req.path), res.status);
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler(
-      [this](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
-        std::string message = "internal error";
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          message += std::string(": ") + e.what();
-        } catch (...) {
-        }
-        SendError(res, ApiError(500, "server_error", message));
-        metrics.CountRequest(EndpointLabel(req.path), 500);
-      });
-
-  auto health = [this](const httplib::Request& req, httplib::Response& res) {
-    if (ready) {
-      SendJson(res, 200, {{"status", "ok"}});
-    } else {
-      SendError(res, ApiError(503, "unavailable_error", "Loading model"));
-    }
-    metrics.CountRequest(EndpointLabel(req.path), res.status);
+const std::vector<Server::Impl::Route>& Server::Impl::Routes() {
+  static const std::vector<Route> routes = {
+      {"GET", "/health", &Impl::Health},
+      {"GET", "/v1/health", &Impl::Health},
+      {"GET", "/v1/models", &Impl::Models},
+      {"GET", "/models", &Impl::Models},
+      {"GET", "/v1/models/", &Impl::OneModel},
+      {"GET", "/models/", &Impl::OneModel},
+      {"POST", "/v1/completions", &Impl::Completions},
+      {"POST", "/completions", &Impl::Completions},
+      {"POST", "/v1/chat/completions", &Impl::ChatCompletions},
+      {"POST", "/chat/completions", &Impl::ChatCompletions},
+      {"GET", "/v1/diffusion/stream", &Impl::DiffusionStream},
+      {"GET", "/metrics", &Impl::MetricsText},
+      {"GET", "/", &Impl::Page},
   };
-  http.Get("/health", health);
-  http.Get("/v1/health", health);
-
-  auto models = [this](const httplib::Request& req, httplib::Response& res) {
-    if (!ready) {
-      SendError(res, ApiError(503, "unavailable_error", "Loading model"));
-    } else {
-      const ModelConfig& c = model->config();
-      json entry = {{"id", options.model_id},
-                    {"object", "model"},
-                    {"created", 0},
-                    {"owned_by", "polestar"},
-                    {"meta",
-                     {{"arch", ArchName(c.arch)},
-                      {"vocab", c.vocab},
-                      {"n_params", model->ParameterCount()},
-                      {"n_ctx", c.max_positions},
-                      {"mask_id", c.mask_id},
-                      {"source", model->source()}}}};
-      SendJson(res, 200, {{"object", "list"}, {"data", json::array({entry})}});
-    }
-    metrics.CountRequest("/v1/models", res.status);
-  };
-  http.Get("/v1/models", models);
-  http.Get("/models", models);
-
-  for (const auto& [path, endpoint] :
-       {std::pair{"/v1/completions", Endpoint::kCompletions},
-        std::pair{"/completions", Endpoint::kCompletions},
-        std::pair{"/v1/chat/completions", Endpoint::kChatCompletions},
-        std::pair{"/chat/completions", Endpoint::kChatCompletions}}) {
-    http.Post(path,
-              [this, endpoint = endpoint](const httplib::Request& req, httplib::Response& res) {
-                const std::string label = EndpointLabel(req.path);
-                json body;
-                try {
-                  body = json::parse(req.body);
-                } catch (const json::exception& e) {
-                  SendError(res, ApiError(400, "invalid_request_error",
-                                          std::string("the body is not valid JSON: ") + e.what()));
-                  metrics.CountRequest(label, 400);
-                  return;
-                }
-                Completion(req, res, endpoint, body, label);
-              });
-  }
-  http.Get("/v1/diffusion/stream", [this](const httplib::Request& req, httplib::Response& res) {
-    json body;
-    try {
-      body = RequestFromQuery(req.params);
-    } catch (const ApiError& e) {
-      SendError(res, e);
-      metrics.CountRequest("/v1/diffusion/stream", e.status);
-      return;
-    }
-    body["stream"] = true;
-    body["stream_canvas"] = true;
-    Completion(req, res, Endpoint::kCompletions, body, "/v1/diffusion/stream");
-  });
-
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    metrics.CountRequest("/metrics", 200);
-    res.set_content(metrics.Render(ready ? scheduler->QueueDepth() : 0),
-                    "text/plain; version=0.0.4");
-  });
-  http.Get("/", [this](const httplib::Request&, httplib::Response& res) {
-    metrics.CountRequest("/", 200);
-    res.set_content(kPageHtml, "text/html; charset=utf-8");
-  });
+  return routes;
 }
 
-void Server::Impl::Completion(const httplib::Request& req, httplib::Response& res,
-                              Endpoint endpoint, const json& body, const std::string& label) {
-  auto request = std::make_shared<CompletionRequest>();
+void Server::Impl::Dispatch(const http::Request& req, http::ResponseWriter& writer) {
+  const std::string label = EndpointLabel(req.path);
+  if (!options.cors_origin.empty()) {
+    writer.AddHeader("Access-Control-Allow-Origin", options.cors_origin);
+    if (options.cors_origin != "*") writer.AddHeader("Vary", "Origin");
+  }
+  const Route* route = nullptr;
+  std::string allowed;  // the methods of the routes on this path
+  for (const Route& r : Routes()) {
+    const std::string_view path = r.path;
+    const bool prefix = path.size() > 1 && path.back() == '/';
+    const bool matches =
+        prefix ? req.path.size() > path.size() && req.path.rfind(path, 0) == 0 : req.path == path;
+    if (!matches) continue;
+    if (allowed.find(r.method) == std::string::npos)
+      allowed += (allowed.empty() ? "" : ", ") + std::string(r.method);
+    if (req.method == r.method) route = &r;
+  }
+  if (allowed.empty()) {
+    AnswerError(writer, label,
+                ApiError(404, "invalid_request_error",
+                         "no such endpoint: " + req.method + " " + req.path, "", "unknown_url"));
+    return;
+  }
+  allowed += ", OPTIONS";
+  if (req.method == "OPTIONS") {
+    // A CORS preflight carries no credentials, so it is answered before the key check.
+    http::Headers headers = {{"Allow", allowed}};
+    if (!options.cors_origin.empty()) {
+      headers.insert(headers.end(),
+                     {{"Access-Control-Allow-Methods", allowed},
+                      {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
+                      {"Access-Control-Max-Age", "600"}});
+    }
+    metrics.CountRequest(label, 204);
+    writer.Send(204, "", "", headers);
+    return;
+  }
+  if (route == nullptr) {
+    AnswerJson(
+        writer, label, 405,
+        ApiError(405, "invalid_request_error",
+                 Cat(req.method, " is not allowed on ", req.path, " (allowed: ", allowed, ")"))
+            .Body(),
+        {{"Allow", allowed}});
+    return;
+  }
+  if (!Authorized(req, writer, label)) return;
+  (this->*route->handle)(req, writer);
+}
+
+bool Server::Impl::Authorized(const http::Request& req, http::ResponseWriter& writer,
+                              const std::string& label) {
+  const bool open = req.path == "/health" || req.path == "/v1/health" || req.path == "/";
+  if (options.api_key.empty() || open ||
+      ConstantTimeEquals(BearerToken(req.Header("Authorization")), options.api_key)) {
+    return true;
+  }
+  AnswerError(
+      writer, label,
+      ApiError(401, "authentication_error",
+               "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
+  return false;
+}
+
+void Server::Impl::Health(const http::Request& req, http::ResponseWriter& writer) {
+  if (ready) {
+    AnswerJson(writer, EndpointLabel(req.path), 200, {{"status", "ok"}});
+  } else {
+    AnswerError(writer, EndpointLabel(req.path), UnavailableError("Loading model"));
+  }
+}
+
+json Server::Impl::ModelEntry() const {
+  const ModelConfig& c = model->config();
+  return {{"id", options.model_id},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "polestar"},
+          {"meta",
+           {{"arch", ArchName(c.arch)},
+            {"vocab", c.vocab},
+            {"n_params", model->ParameterCount()},
+            {"n_ctx", c.max_positions},
+            {"mask_id", c.mask_id},
+            {"source", model->source()}}}};
+}
+
+void Server::Impl::Models(const http::Request&, http::ResponseWriter& writer) {
+  if (!ready) {
+    AnswerError(writer, "/v1/models", UnavailableError("Loading model"));
+    return;
+  }
+  AnswerJson(writer, "/v1/models", 200,
+             {{"object", "list"}, {"data", json::array({ModelEntry()})}});
+}
+
+void Server::Impl::OneModel(const http::Request& req, http::ResponseWriter& writer) {
+  // Ids may hold any character, so clients percent-encode them in the path.
+  const std::string id = http::PercentDecode(req.path.substr(req.path.find("/models/") + 8), false);
+  if (!ready) {
+    AnswerError(writer, "/v1/models", UnavailableError("Loading model"));
+  } else if (id != options.model_id) {
+    AnswerError(writer, "/v1/models",
+                ApiError(404, "invalid_request_error",
+                         "the model '" + id + "' does not exist (this server has '" +
+                             options.model_id + "')",
+                         "model", "model_not_found"));
+  } else {
+    AnswerJson(writer, "/v1/models", 200, ModelEntry());
+  }
+}
+
+void Server::Impl::Completions(const http::Request& req, http::ResponseWriter& writer) {
+  PostedCompletion(req, writer, Endpoint::kCompletions);
+}
+
+void Server::Impl::ChatCompletions(const http::Request& req, http::ResponseWriter& writer) {
+  PostedCompletion(req, writer, Endpoint::kChatCompletions);
+}
+
+void Server::Impl::PostedCompletion(const http::Request& req, http::ResponseWriter& writer,
+                                    Endpoint endpoint) {
+  const std::string label = EndpointLabel(req.path);
+  json body;
+  try {
+    body = ParseJsonBody(req.body);
+  } catch (const ApiError& e) {
+    AnswerError(writer, label, e);
+    return;
+  }
+  Completion(writer, endpoint, body, label);
+}
+
+void Server::Impl::DiffusionStream(const http::Request& req, http::ResponseWriter& writer) {
+  json body;
+  try {
+    body = RequestFromQuery(req.query);
+  } catch (const ApiError& e) {
+    AnswerError(writer, "/v1/diffusion/stream", e);
+    return;
+  }
+  body["stream"] = true;
+  body["stream_canvas"] = true;
+  Completion(writer, Endpoint::kCompletions, body, "/v1/diffusion/stream");
+}
+
+void Server::Impl::MetricsText(const http::Request&, http::ResponseWriter& writer) {
+  metrics.CountRequest("/metrics", 200);
+  writer.Send(200, "text/plain; version=0.0.4",
+              metrics.Render(ready ? scheduler->QueueDepth() : 0));
+}
+
+void Server::Impl::Page(const http::Request&, http::ResponseWriter& writer) {
+  metrics.CountRequest("/", 200);
+  writer.Send(200, "text/html; charset=utf-8", kPageHtml);
+}
+
+void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, const json& body,
+                              const std::string& label) {
+  CompletionRequest request;
   std::vector<std::shared_ptr<GenerationJob>> jobs;
   try {
-    if (!ready) throw ApiError(503, "unavailable_error", "Loading model");
-    *request =
+    if (!ready) throw UnavailableError("Loading model");
+    if (stopping) throw UnavailableError("the server is shutting down");
+    request =
         ParseCompletionRequest(body, endpoint, options.defaults, *codec, model->config(), limits);
     const Clock::time_point now = Clock::now();
-    for (const std::vector<int>& prompt : request->prompts) {
+    for (const std::vector<int>& prompt : request.prompts) {
       auto job = std::make_shared<GenerationJob>();
       job->prompt = prompt;
-      job->options = request->options;
-      job->max_tokens = request->max_tokens;
-      job->stop = request->stop;
-      job->stop_early = request->stop_early;
-      job->stream_text = request->stream;
-      job->stream_canvas = request->stream_canvas;
+      job->options = request.options;
+      job->max_tokens = request.max_tokens;
+      job->stop = request.stop;
+      job->stop_early = request.stop_early;
+      job->stream_text = request.stream;
+      job->stream_canvas = request.stream_canvas;
       job->admitted = now;
       job->deadline = Deadline(now);
       jobs.push_back(std::move(job));
@@ -303,35 +367,32 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
     if (!scheduler->Submit(jobs)) {
       throw ApiError(429, "rate_limit_error",
                      Cat("the server is busy (", options.parallel, " running, ",
-                         scheduler->QueueDepth(), " waiting); retry later"));
+                         scheduler->QueueDepth(), " waiting); retry later"),
+                     "", "rate_limit_exceeded");
     }
   } catch (const ApiError& e) {
-    SendError(res, e);
-    metrics.CountRequest(label, e.status);
+    AnswerError(writer, label, e);
     return;
   }
-  for (const auto& prompt : request->prompts) metrics.AddPromptTokens(int64_t(prompt.size()));
+  for (const auto& prompt : request.prompts) metrics.AddPromptTokens(int64_t(prompt.size()));
   const ResponseIdentity identity = NewResponseIdentity(endpoint, options.model_id);
-  if (request->stream) return Stream(res, request, identity, jobs.front(), label);
+  if (request.stream) return Stream(writer, request, identity, *jobs.front(), label);
 
-  // Wait, looking every slice whether the client is still there.
-  const int fd = FindConnectionSocket(req);
+  // Wait, looking every slice whether the client is still there and the server still up.
   std::vector<JobOutcome> outcomes;
   for (const auto& job : jobs) {
     while (!job->WaitFinished(std::min(Clock::now() + kWaitSlice, job->deadline))) {
-      const bool gone = PeerHungUp(fd) || stopping;
-      if (gone || Clock::now() >= job->deadline) {
-        for (const auto& j : jobs) j->cancel = true;
-        if (gone) {  // nobody reads this answer; it only keeps httplib from adding one
-          SendError(res, ApiError(499, "cancelled", "the client closed the connection"));
-          metrics.CountRequest(label, 499);
-          return;
-        }
-        const ApiError timeout = TimeoutError(options.timeout_seconds);
-        SendError(res, timeout);
-        metrics.CountRequest(label, timeout.status);
+      const bool gone = writer.PeerHungUp();
+      if (!gone && !stopping && Clock::now() < job->deadline) continue;
+      for (const auto& j : jobs) j->cancel = true;
+      if (gone) {  // nobody reads this answer; it is what /metrics counts
+        AnswerError(writer, label, ApiError(499, "cancelled", "the client closed the connection"));
         return;
       }
+      const ApiError error = stopping ? UnavailableError("the server is shutting down")
+                                      : TimeoutError(options.timeout_seconds);
+      AnswerError(writer, label, error);
+      return;
     }
     std::lock_guard lock(job->mutex);
     outcomes.push_back(job->outcome);
@@ -339,91 +400,75 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
   for (const JobOutcome& outcome : outcomes) {
     if (outcome.status != JobOutcome::Status::kDone) {
       const ApiError error = OutcomeError(outcome, options.timeout_seconds);
-      SendError(res, error);
-      metrics.CountRequest(label, error.status);
+      AnswerError(writer, label, error);
       return;
     }
   }
-  SendJson(res, 200, CompletionResponse(*request, identity, outcomes));
-  metrics.CountRequest(label, 200);
+  AnswerJson(writer, label, 200, CompletionResponse(request, identity, outcomes));
 }
 
-void Server::Impl::Stream(httplib::Response& res, std::shared_ptr<CompletionRequest> request,
-                          const ResponseIdentity& identity, std::shared_ptr<GenerationJob> job,
+void Server::Impl::Stream(http::ResponseWriter& writer, const CompletionRequest& request,
+                          const ResponseIdentity& identity, GenerationJob& job,
                           const std::string& label) {
-  struct StreamState {
-    bool started = false;    // the first chunk went out
-    bool completed = false;  // the stream ended as intended (normally or with an error event)
-    int status = 200;
-    ResponseIdentity identity;
+  // Until the stream ends as intended, a failed write means the client went away.
+  int status = 499;
+  auto write = [&](const std::string& text) { return writer.Write(text); };
+  auto end_with_error = [&](const ApiError& error) {
+    job.cancel = true;
+    if (write(SseData(error.Body())) && write("data: [DONE]\n\n") && writer.End())
+      status = error.status;
   };
-  auto state = std::make_shared<StreamState>();
-  state->identity = identity;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  auto provider = [this, request, job, state](size_t, httplib::DataSink& sink) {
-    auto write = [&](const std::string& text) { return sink.write(text.data(), text.size()); };
-    auto end_with_error = [&](const ApiError& error) {
-      state->status = error.status;
-      state->completed = true;
-      const bool ok = write(SseData(error.Body())) && write("data: [DONE]\n\n");
-      sink.done();
-      return ok;
-    };
-    if (!state->started && request->endpoint == Endpoint::kChatCompletions) {
-      state->started = true;
-      return write(SseData(StreamChunk(*request, state->identity, "", true, nullptr)));
-    }
+  bool started = false;  // the first text chunk went out
+  bool open = writer.BeginStream(200, "text/event-stream",
+                                 {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
+  if (open && request.endpoint == Endpoint::kChatCompletions) {
+    open = write(SseData(StreamChunk(request, identity, "", true, nullptr)));
+    started = true;
+  }
+  while (open) {
     std::deque<GenerationJob::Event> events;
     bool finished;
     JobOutcome outcome;
     {
-      std::unique_lock lock(job->mutex);
-      job->changed.wait_until(lock, std::min(Clock::now() + kPingInterval, job->deadline),
-                              [&] { return !job->events.empty() || job->finished || stopping; });
-      events.swap(job->events);
-      finished = job->finished;
-      if (finished) outcome = job->outcome;
+      std::unique_lock lock(job.mutex);
+      job.changed.wait_until(lock, std::min(Clock::now() + kPingInterval, job.deadline),
+                             [&] { return !job.events.empty() || job.finished || stopping; });
+      events.swap(job.events);
+      finished = job.finished;
+      if (finished) outcome = job.outcome;
     }
     for (const GenerationJob::Event& e : events) {
-      const bool ok = e.kind == GenerationJob::Event::Kind::kText
-                          ? write(SseData(StreamChunk(*request, state->identity, e.data,
-                                                      !state->started, nullptr)))
-                          : write("event: canvas\ndata: " + e.data + "\n\n");
-      if (e.kind == GenerationJob::Event::Kind::kText) state->started = true;
-      if (!ok) return false;
+      const bool text = e.kind == GenerationJob::Event::Kind::kText;
+      open = text ? write(SseData(StreamChunk(request, identity, e.data, !started, nullptr)))
+                  : write("event: canvas\ndata: " + e.data + "\n\n");
+      started = started || text;
+      if (!open) break;
     }
+    if (!open) break;
     if (finished) {
-      if (outcome.status != JobOutcome::Status::kDone)
-        return end_with_error(OutcomeError(outcome, options.timeout_seconds));
-      state->completed = true;
-      if (!write(SseData(StreamChunk(*request, state->identity, "", !state->started, &outcome))))
-        return false;
-      if (request->include_usage && !write(SseData(UsageChunk(*request, state->identity, outcome))))
-        return false;
-      if (!write("data: [DONE]\n\n")) return false;
-      sink.done();
-      return true;
+      if (outcome.status != JobOutcome::Status::kDone) {
+        end_with_error(OutcomeError(outcome, options.timeout_seconds));
+      } else if (write(SseData(StreamChunk(request, identity, "", !started, &outcome))) &&
+                 (!request.include_usage ||
+                  write(SseData(UsageChunk(request, identity, outcome)))) &&
+                 write("data: [DONE]\n\n") && writer.End()) {
+        status = 200;
+      }
+      break;
     }
     if (stopping) {
-      job->cancel = true;
-      return end_with_error(ApiError(503, "unavailable_error", "the server is shutting down"));
+      end_with_error(UnavailableError("the server is shutting down"));
+      break;
     }
-    if (Clock::now() >= job->deadline) {
-      job->cancel = true;
-      return end_with_error(TimeoutError(options.timeout_seconds));
+    if (Clock::now() >= job.deadline) {
+      end_with_error(TimeoutError(options.timeout_seconds));
+      break;
     }
-    // Nothing new: a comment line keeps proxies patient and shows whether the client left.
-    return events.empty() ? write(": ping\n\n") : true;
-  };
-  auto release = [this, job, state, label](bool success) {
-    if (!success || !state->completed) {
-      job->cancel = true;  // the client went away mid-stream
-      state->status = 499;
-    }
-    metrics.CountRequest(label, state->status);
-  };
-  res.set_chunked_content_provider("text/event-stream", provider, release);
+    // Nothing new: a comment line keeps proxies patient; a hang-up is seen at once.
+    open = !writer.PeerHungUp() && (!events.empty() || write(": ping\n\n"));
+  }
+  if (status == 499) job.cancel = true;
+  metrics.CountRequest(label, status);
 }
 
 Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -432,30 +477,23 @@ Server::~Server() { Stop(); }
 
 int Server::Start() {
   Impl& s = *impl_;
-  // A client hanging up must not kill the process: writes to its socket fail instead.
-  std::signal(SIGPIPE, SIG_IGN);
+  http::ServerOptions transport;
+  transport.host = s.options.host;
+  transport.port = s.options.port;
   // A thread per admitted request (running or queued) plus spares for /health, /metrics and
-  // 429s; past the cap, connections wait for a thread before they are even read.
-  const size_t http_threads = size_t(std::clamp(s.options.parallel + s.options.queue + 8, 8, 1024));
-  s.http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
-  s.http.set_payload_max_length(s.options.max_body_bytes);
-  s.http.set_keep_alive_max_count(1000);
-  s.http.set_tcp_nodelay(true);
-  s.InstallRoutes();
-  const bool any_port = s.options.port == 0;
-  s.port = any_port ? s.http.bind_to_any_port(s.options.host) : s.options.port;
-  if (s.port <= 0 || (!any_port && !s.http.bind_to_port(s.options.host, s.options.port))) {
-    Fail("cannot listen on ", s.options.host, ":", s.options.port,
-         " (address in use, or not local?)");
-  }
-  s.listener = std::thread([&s] {
-    s.http.listen_after_bind();
-    s.listen_returned = true;
-  });
-  // Stop() only reaches a server that is already running.
-  while (!s.http.is_running() && !s.listen_returned)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return s.port;
+  // 429s; connections still being read hold none.
+  transport.handler_threads = std::clamp(s.options.parallel + s.options.queue + 8, 8, 1024);
+  transport.limits.max_body_bytes = s.options.max_body_bytes;
+  transport.read_timeout = std::chrono::milliseconds(
+      int64_t(std::clamp(s.options.read_timeout_seconds, 0.001, 1e6) * 1000));
+  transport.error_body = [&s](int status, const std::string& message) {
+    s.metrics.CountRequest("other", status);
+    return DumpJson(ApiError(status, "invalid_request_error", message).Body());
+  };
+  s.http = std::make_unique<http::Server>(
+      transport,
+      [&s](const http::Request& req, http::ResponseWriter& writer) { s.Dispatch(req, writer); });
+  return s.http->Start();
 }
 
 void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> codec) {
@@ -467,7 +505,7 @@ void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> c
       s.options.max_prompt_tokens > 0 ? s.options.max_prompt_tokens : context;
   s.limits.max_tokens = s.options.max_tokens > 0 ? s.options.max_tokens : context;
   s.limits.max_prompts = s.options.max_prompts;
-  if (s.options.model_id.empty()) s.options.model_id = model->source();
+  if (s.options.model_id.empty()) s.options.model_id = ServedModelName(model->source());
   s.model = std::move(model);
   s.codec = std::move(codec);
   s.scheduler = std::make_unique<Scheduler>(*s.model, *s.codec, s.metrics, s.options.parallel,
@@ -479,8 +517,8 @@ void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> c
 void Server::Stop() {
   Impl& s = *impl_;
   if (s.stopping.exchange(true)) return;
-  s.http.stop();
-  if (s.listener.joinable()) s.listener.join();  // joins the HTTP threads too
+  // Waiting handlers see `stopping` and answer 503; the transport joins them.
+  if (s.http) s.http->Stop();
   s.scheduler.reset();
   {
     std::lock_guard lock(s.stop_mutex);

@@ -1,7 +1,7 @@
-// polestar serve: an OpenAI-compatible HTTP server for diffusion LMs (cpp-httplib).
+// polestar serve: an OpenAI-compatible HTTP server for diffusion LMs (transport: http.h).
 //
 //   GET  /health, /v1/health      200 {"status":"ok"} once the model is loaded, 503 before
-//   GET  /v1/models
+//   GET  /v1/models, /v1/models/{id}
 //   POST /v1/completions          OpenAI bodies; "stream": true gives Server-Sent Events
 //   POST /v1/chat/completions     (text deltas of the settled left-to-right prefix)
 //   GET  /v1/diffusion/stream     SSE of every denoising step's canvas, query parameters
@@ -10,7 +10,8 @@
 //
 // Requests wait in a bounded queue (429 when full) for one of --parallel workers (see
 // scheduler.h for how they share the model); a request times out after --timeout seconds
-// and is cancelled when its client disconnects.
+// and is cancelled when its client disconnects. A wrong method on a known path is a 405;
+// OPTIONS is answered on every path, with CORS headers only when cors_origin is set.
 #pragma once
 
 #include <memory>
@@ -25,17 +26,19 @@ namespace polestar {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;               // 0: any free port
-  int parallel = 1;              // generations running at once
-  int queue = 8;                 // generations waiting for a worker
-  double timeout_seconds = 600;  // a request's whole life, queue included; 0: none
-  std::string api_key;           // when set, "Authorization: Bearer KEY" is required
-  int threads = 0;               // OpenMP threads per forward (0: all cores)
-  int max_prompt_tokens = 0;     // 0: the model's context
-  int max_tokens = 0;            // 0: the model's context
-  int max_prompts = 16;          // prompts in one /v1/completions request
+  int port = 8080;                   // 0: any free port
+  int parallel = 1;                  // generations running at once
+  int queue = 8;                     // generations waiting for a worker
+  double timeout_seconds = 600;      // a request's whole life, queue included; 0: none
+  std::string api_key;               // when set, "Authorization: Bearer KEY" is required
+  std::string cors_origin;           // Access-Control-Allow-Origin value; "": no CORS headers
+  double read_timeout_seconds = 30;  // a request's head and body must arrive within it
+  int threads = 0;                   // OpenMP threads per forward (0: all cores)
+  int max_prompt_tokens = 0;         // 0: the model's context
+  int max_tokens = 0;                // 0: the model's context
+  int max_prompts = 16;              // prompts in one /v1/completions request
   size_t max_body_bytes = 4 << 20;
-  std::string model_id;    // the name /v1/models shows
+  std::string model_id;    // the name /v1/models shows; "": the model folder or GGUF name
   DecodeOptions defaults;  // decoding of requests that do not say otherwise
 };
 

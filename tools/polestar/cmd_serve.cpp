@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <thread>
 
@@ -31,7 +30,9 @@ void AddServeCommand(CLI::App& app) {
                   "model folder or .gguf file (default: the bundled model)");
   cmd->add_option("--host", s.host, "address to listen on (loopback by default)")
       ->capture_default_str();
-  cmd->add_option("--port", s.port, "port (0: any free port)")->capture_default_str();
+  cmd->add_option("--port", s.port, "port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--parallel", s.parallel, "generations running at once (steps interleaved)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
@@ -43,7 +44,10 @@ void AddServeCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
-  cmd->add_option("-a,--alias", s.model_id, "model name shown by /v1/models (default: the path)");
+  cmd->add_option("--cors", s.cors_origin,
+                  "let browser pages from ORIGIN (e.g. http://localhost:3000, or *) call the API");
+  cmd->add_option("-a,--alias", s.model_id,
+                  "model id shown by /v1/models (default: the folder name or GGUF general.name)");
   cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
