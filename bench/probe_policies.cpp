@@ -31,7 +31,7 @@ std::vector<Row> Configurations() {
   std::vector<Row> rows;
   DecodeOptions vanilla = base;
   vanilla.steps = 32;
-  vanilla.threshold = -1;
+  vanilla.threshold.reset();
   rows.push_back({"vanilla, one token per step", vanilla});
   DecodeOptions dual = base;
   dual.policy = "fast-dllm-dual";
@@ -79,7 +79,7 @@ int Run(const std::string& dir) {
     const int prompts = int(reference["prompts"].size());
     nlohmann::json result = {{"name", row.name},
                              {"policy", row.options.policy},
-                             {"threshold", row.options.threshold},
+                             {"threshold", row.options.threshold ? nlohmann::json(*row.options.threshold) : nlohmann::json()},
                              {"block_length", row.options.block_length},
                              {"gamma", row.options.gamma},
                              {"prompts", prompts},

@@ -115,13 +115,13 @@ TEST(Grid, PointsGetSuiteAndPolicyDefaultsUnlessGiven) {
   EXPECT_EQ(dual.gen_length, 32);
   EXPECT_EQ(dual.block_length, 8);
   EXPECT_EQ(dual.steps, 32);
-  EXPECT_DOUBLE_EQ(dual.threshold, 0.9);
+  EXPECT_EQ(dual.threshold, 0.9);
   const DecodeOptions vanilla = ResolvePoint(base, {}, {"vanilla", {}}, suite, TestSetter);
-  EXPECT_LT(vanilla.threshold, 0);  // one token a step
+  EXPECT_FALSE(vanilla.threshold.has_value());  // one token a step
   const DecodeOptions set = ResolvePoint(base, {"block-length"}, {"fast-dllm-prefix", {{"threshold", "0.7"}}},
                                          suite, TestSetter);
   EXPECT_EQ(set.block_length, 32);  // given on the command line: kept
-  EXPECT_DOUBLE_EQ(set.threshold, 0.7);
+  EXPECT_EQ(set.threshold, 0.7);
   const DecodeOptions gen = ResolvePoint(base, {}, {"vanilla", {{"gen-length", "64"}}}, suite, TestSetter);
   EXPECT_EQ(gen.steps, 64);  // follows the point's gen length
 }
