@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
 
 namespace polestar::bench {
 namespace {
@@ -40,11 +41,7 @@ std::string ModelId(const std::string& model_dir) {
   return Cat(dir.string(), " (", bytes, " bytes)");
 }
 
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) Fail(path, ": cannot write");
-}
+void WriteText(const std::string& path, const std::string& text) { WriteFileAtomically(path, text); }
 
 }  // namespace
 

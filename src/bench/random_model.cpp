@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "io/atomic_file.h"
 
 namespace polestar::bench {
 namespace {
@@ -166,11 +167,10 @@ void WriteShard(const std::string& path, const std::vector<const TensorSpec*>& t
   }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
-  std::ofstream out(path, std::ios::binary);
-  if (!out) Fail(path, ": cannot create");
+  AtomicFile out(path);
   const uint64_t length = text.size();
-  out.write(reinterpret_cast<const char*>(&length), 8);
-  out.write(text.data(), std::streamsize(text.size()));
+  out.Write(&length, 8);
+  out.Write(text);
   constexpr int64_t kChunk = int64_t{1} << 20;  // values per generated chunk
   constexpr int64_t kChunksPerBatch = 64;       // generated in parallel, then written
   std::vector<uint8_t> buffer;                  // [kChunksPerBatch * kChunk * element_bytes]
@@ -190,10 +190,10 @@ void WriteShard(const std::string& path, const std::vector<const TensorSpec*>& t
                     buffer.data() + (start - begin) * element_bytes);
         }
       });
-      out.write(reinterpret_cast<const char*>(buffer.data()), std::streamsize(buffer.size()));
+      out.Write(buffer.data(), buffer.size());
     }
   }
-  if (!out) Fail(path, ": write failed (disk full?)");
+  out.Commit();
 }
 
 }  // namespace
@@ -299,14 +299,11 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
   if (shards.size() > 1) {
     const nlohmann::ordered_json index = {{"metadata", {{"total_size", summary.bytes}}},
                                           {"weight_map", weight_map}};
-    std::ofstream out(fs::path(dir) / "model.safetensors.index.json");
-    out << index.dump(2) << "\n";
-    if (!out) Fail(dir, ": cannot write model.safetensors.index.json");
+    WriteFileAtomically((fs::path(dir) / "model.safetensors.index.json").string(),
+                        index.dump(2) + "\n");
     summary.files.push_back("model.safetensors.index.json");
   }
-  std::ofstream config(fs::path(dir) / "config.json");
-  config << ConfigJson(s).dump(2) << "\n";
-  if (!config) Fail(dir, ": cannot write config.json");
+  WriteFileAtomically((fs::path(dir) / "config.json").string(), ConfigJson(s).dump(2) + "\n");
   summary.files.push_back("config.json");
   return summary;
 }

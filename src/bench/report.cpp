@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "io/atomic_file.h"
 #include "base/error.h"
 #include "bench/machine.h"
 
@@ -302,11 +303,7 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
   const std::string folder = stem_path.parent_path().empty() ? "." : stem_path.parent_path().string();
   const std::string name = stem_path.filename().string();
   const std::string data_path = stem + ".dat";
-  {
-    std::ofstream out(data_path);
-    out << data;
-    if (!out) Fail(data_path, ": cannot write");
-  }
+  WriteFileAtomically(data_path, data);
 
   const std::string yrange = "[" + Fixed(y_low, 1) + ":" + Fixed(y_high, 1) + "]";
   const size_t policy_count = policies.size();
@@ -354,12 +351,14 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
   };
   const std::string script_path = stem + ".gp";
   {
-    std::ofstream out(script_path);
-    out << "# cd to this folder, then: gnuplot " << name << ".gp  (writes " << name << ".svg and "
-        << name << ".png)\n";
-    out << script_for("svg size 1400,560 dynamic font 'Helvetica,12' background rgb 'white'", name + ".svg");
-    out << script_for("pngcairo size 1400,560 font 'Helvetica,11' background rgb 'white'", name + ".png");
-    if (!out) Fail(script_path, ": cannot write");
+    WriteFileAtomically(
+        script_path,
+        "# cd to this folder, then: gnuplot " + name + ".gp  (writes " + name + ".svg and " + name +
+            ".png)\n" +
+            script_for("svg size 1400,560 dynamic font 'Helvetica,12' background rgb 'white'",
+                       name + ".svg") +
+            script_for("pngcairo size 1400,560 font 'Helvetica,11' background rgb 'white'",
+                       name + ".png"));
   }
   const std::string command = "cd " + ShellQuote(folder) + " && gnuplot " + ShellQuote(name + ".gp") + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "io/atomic_file.h"
 #include "base/error.h"
 #include "bench/random_model.h"
 #include "bench/report.h"
@@ -447,11 +448,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   std::printf("%s", md.c_str());
   if (!options.out_dir.empty()) {
     fs::create_directories(options.out_dir);
-    std::ofstream json_out(fs::path(options.out_dir) / "scale.json");
-    json_out << out.dump(2) << "\n";
-    std::ofstream md_out(fs::path(options.out_dir) / "scale.md");
-    md_out << md;
-    if (!json_out || !md_out) Fail(options.out_dir, ": cannot write scale.json / scale.md");
+    WriteFileAtomically((fs::path(options.out_dir) / "scale.json").string(), out.dump(2) + "\n");
+    WriteFileAtomically((fs::path(options.out_dir) / "scale.md").string(), md);
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <set>
 
+#include "io/atomic_file.h"
 #include "base/error.h"
 
 namespace polestar {
@@ -576,12 +577,8 @@ void GgufWriter::Open(const std::string& path) {
   }
   header.resize((header.size() + kDefaultAlignment - 1) / kDefaultAlignment * kDefaultAlignment,
                 '\0');
-  path_ = path;
-  file_ = std::fopen(path.c_str(), "wb");
-  if (file_ == nullptr) Fail(path, ": cannot create: ", std::strerror(errno));
-  if (std::fwrite(header.data(), 1, header.size(), file_) != header.size()) {
-    Fail(path, ": write failed: ", std::strerror(errno));
-  }
+  file_ = std::make_unique<AtomicFile>(path);
+  file_->Write(header);
   position_ = 0;
   written_ = 0;
 }
@@ -591,11 +588,8 @@ void GgufWriter::WriteTensorData(const uint8_t* data, size_t bytes) {
   const GgufTensorInfo& t = tensors_[written_];
   PS_CHECK(bytes == t.bytes);
   static const char kZeros[kDefaultAlignment] = {};
-  const size_t padding = size_t(t.offset - position_);
-  if (std::fwrite(kZeros, 1, padding, file_) != padding ||
-      std::fwrite(data, 1, bytes, file_) != bytes) {
-    Fail(path_, ": write failed: ", std::strerror(errno));
-  }
+  file_->Write(kZeros, size_t(t.offset - position_));
+  file_->Write(data, bytes);
   position_ = t.offset + t.bytes;
   ++written_;
 }
@@ -604,17 +598,13 @@ void GgufWriter::Close() {
   PS_CHECK(file_ != nullptr && written_ == tensors_.size());
   // llama.cpp's writer pads the last tensor as well.
   static const char kZeros[kDefaultAlignment] = {};
-  const size_t padding =
-      size_t((kDefaultAlignment - position_ % kDefaultAlignment) % kDefaultAlignment);
-  const bool ok = std::fwrite(kZeros, 1, padding, file_) == padding;
-  const bool closed = std::fclose(file_) == 0;
-  file_ = nullptr;
-  if (!ok || !closed) Fail(path_, ": write failed: ", std::strerror(errno));
+  file_->Write(kZeros,
+               size_t((kDefaultAlignment - position_ % kDefaultAlignment) % kDefaultAlignment));
+  file_->Commit();
+  file_.reset();
 }
 
-GgufWriter::~GgufWriter() {
-  if (file_ != nullptr) std::fclose(file_);
-}
+GgufWriter::~GgufWriter() = default;
 
 // --- vocabulary ---
 

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "io/tensor_store.h"
 
 namespace polestar {
@@ -122,19 +124,20 @@ class GgufWriter {
   GgufMetadata& metadata() { return metadata_; }
   // `shape` outermost first, as in TensorRef.
   void AddTensor(const std::string& name, DType type, const std::vector<int64_t>& shape);
-  // Creates the file and writes everything up to the first tensor's data.
+  // Starts the file (under a temporary name until Close) and writes everything up to the
+  // first tensor's data.
   void Open(const std::string& path);
   // Writes the next tensor's data; `bytes` must match its type and shape.
   void WriteTensorData(const uint8_t* data, size_t bytes);
-  // Checks every tensor was written and closes the file.
+  // Checks every tensor was written and puts the complete file in place. Without it (an
+  // exception on the way) no file is left behind.
   void Close();
   ~GgufWriter();
 
  private:
   GgufMetadata metadata_;
   std::vector<GgufTensorInfo> tensors_;
-  std::string path_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<AtomicFile> file_;
   size_t written_ = 0;  // tensors whose data is written
   uint64_t position_ = 0;
 };

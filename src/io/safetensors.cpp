@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/atomic_file.h"
 #include "base/error.h"
 #include "io/json_file.h"
 
@@ -166,15 +167,12 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>&
   }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // the Python writer aligns the buffer to 8
-  std::ofstream out(path, std::ios::binary);
-  if (!out) Fail(path, ": cannot create");
+  AtomicFile out(path);
   const uint64_t length = text.size();
-  out.write(reinterpret_cast<const char*>(&length), 8);
-  out.write(text.data(), std::streamsize(text.size()));
-  for (const TensorToWrite* t : sorted) {
-    out.write(reinterpret_cast<const char*>(t->bytes.data()), std::streamsize(t->bytes.size()));
-  }
-  if (!out) Fail(path, ": write failed");
+  out.Write(&length, 8);
+  out.Write(text);
+  for (const TensorToWrite* t : sorted) out.Write(t->bytes.data(), t->bytes.size());
+  out.Commit();
 }
 
 TensorToWrite F32Tensor(std::string name, std::vector<int64_t> shape, const std::vector<float>& v) {

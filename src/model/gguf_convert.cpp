@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "io/gguf.h"
@@ -235,6 +236,13 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
                    const std::function<void(const std::string&)>& log) {
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) Fail(hf_dir, ": no config.json");
+  // Every file of the checkpoint folder is read (weights, config, tokenizer).
+  std::vector<std::string> inputs;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(hf_dir, ec)) {
+    if (entry.is_regular_file(ec)) inputs.push_back(entry.path().string());
+  }
+  FailIfOutputIsAnInput(out_path, inputs);
   const nlohmann::json raw = ReadJsonFile(config_path);
   const std::string model_type = raw.value("model_type", "");
   ModelConfig c;

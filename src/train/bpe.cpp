@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 
 namespace polestar {
@@ -334,10 +335,7 @@ void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) cons
   using nlohmann::ordered_json;
   std::filesystem::create_directories(dir);
   auto write = [&](const std::string& name, const std::string& text) {
-    const std::string path = (std::filesystem::path(dir) / name).string();
-    std::ofstream out(path, std::ios::binary);
-    out << text << "\n";
-    if (!out) Fail(path, ": cannot write");
+    WriteFileAtomically((std::filesystem::path(dir) / name).string(), text + "\n");
   };
   write("tokenizer.json", TokenizerJson());
   ordered_json decoder = ordered_json::object();

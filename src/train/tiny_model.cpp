@@ -7,6 +7,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "train/layers.h"
 
@@ -148,9 +149,7 @@ void TinyModel::Export(const std::string& dir) const {
   }
   WriteSafetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
   const std::string config_path = (fs::path(dir) / "config.json").string();
-  std::ofstream config(config_path);
-  config << config_.LladaJson().dump(2) << "\n";
-  if (!config) Fail(config_path, ": cannot write");
+  WriteFileAtomically(config_path, config_.LladaJson().dump(2) + "\n");
 }
 
 double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logits_out) {

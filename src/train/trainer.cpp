@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "model/model.h"
@@ -193,17 +194,13 @@ double Trainer::Step() {
 
 void Trainer::SaveCheckpoint() const {
   const std::string meta_path = (fs::path(options_.out_dir) / "checkpoint.json").string();
-  {
-    std::ofstream meta(meta_path);
-    meta << options_.Fingerprint() << "\n";
-    if (!meta) Fail(meta_path, ": cannot write");
-  }
+  WriteFileAtomically(meta_path, options_.Fingerprint() + "\n");
   const int64_t n = int64_t(model_.params().size());
-  const std::string tmp = CheckpointPath() + ".tmp";
-  WriteSafetensors(tmp, {F32Tensor("params", {n}, model_.params()),
-                         F32Tensor("adam_m", {n}, adam_m_), F32Tensor("adam_v", {n}, adam_v_),
-                         I64Tensor("step", {1}, {step_})});
-  fs::rename(tmp, CheckpointPath());  // atomic: an interrupted save leaves the old one
+  // Atomic: an interrupted save leaves the old checkpoint.
+  WriteSafetensors(CheckpointPath(), {F32Tensor("params", {n}, model_.params()),
+                                      F32Tensor("adam_m", {n}, adam_m_),
+                                      F32Tensor("adam_v", {n}, adam_v_),
+                                      I64Tensor("step", {1}, {step_})});
 }
 
 void Trainer::LoadParams(const std::string& path) {

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
 #include "commands.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
@@ -20,6 +21,7 @@ void AddForwardCommand(CLI::App& app) {
   cmd->add_option("--output", args->output, "safetensors to write F32 logits [1, L, V]")->required();
   cmd->callback([args] {
     auto model = Model::Load(args->model);
+    FailIfOutputIsAnInput(args->output, {args->input});
     TensorStore input;
     input.set_origin(args->input);
     ReadSafetensorsFile(args->input, input);
