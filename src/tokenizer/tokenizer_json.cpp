@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer_json.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -47,6 +48,22 @@ std::string GetString(const json& node, const char* key, const std::string& wher
   if (it == node.end() || it->is_null()) return "";
   if (!it->is_string()) Fail(where, ": \"", key, "\" must be a string");
   return it->get<std::string>();
+}
+
+// `node` as a token id below `id_limit`; `what` names the token in the Error otherwise.
+int TokenId(const json& node, const std::string& what, const std::string& where, int id_limit) {
+  // Unsigned first: a value above INT64_MAX must not wrap to a small signed one.
+  if (node.is_number_unsigned() && node.get<uint64_t>() < uint64_t(id_limit)) {
+    return int(node.get<uint64_t>());
+  }
+  if (node.is_number_integer() && !node.is_number_unsigned() && node.get<int64_t>() >= 0 &&
+      node.get<int64_t>() < id_limit) {
+    return int(node.get<int64_t>());
+  }
+  if (node.is_number()) {
+    Fail(where, ": ", what, " has id ", node.dump(), ", not an integer in [0, ", id_limit, ")");
+  }
+  Fail(where, ": ", what, " has an id that is ", node.type_name(), ", not an integer");
 }
 
 void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec) {
@@ -152,12 +169,12 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
 
   const json& vocab = Member(model, "vocab");
   if (!vocab.is_object()) Fail(where, ": BPE \"vocab\" must be an object of token -> id");
+  // Ids are checked before the table is sized by the highest one. Most vocabularies list
+  // their ids in order, so the table grows as entries arrive.
+  spec.vocab.reserve(std::min(vocab.size(), size_t(spec.id_limit)));
   for (const auto& [token, id_node] : vocab.items()) {
-    if (!id_node.is_number_integer() || id_node.get<int64_t>() < 0 ||
-        id_node.get<int64_t>() > INT32_MAX) {
-      Fail(where, ": vocabulary id of \"", token, "\" is not a valid id");
-    }
-    const auto id = size_t(id_node.get<int64_t>());
+    const auto id =
+        size_t(TokenId(id_node, Cat("vocabulary token \"", token, "\""), where, spec.id_limit));
     if (token.empty()) Fail(where, ": the vocabulary has an empty token (id ", id, ")");
     if (id >= spec.vocab.size()) spec.vocab.resize(id + 1);
     if (!spec.vocab[id].empty()) {
@@ -215,10 +232,11 @@ std::string ReadText(const std::string& path) {
 
 }  // namespace
 
-TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where) {
+TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where, int id_limit) {
   if (!tokenizer.is_object()) Fail(where, ": not a tokenizer.json object");
   TokenizerSpec spec;
   spec.source = where;
+  spec.id_limit = std::clamp(id_limit, 0, kMaxTokenIds);
   ParseModel(Member(tokenizer, "model"), where, spec);
   spec.decode_byte_level = false;
   ParseNormalizer(Member(tokenizer, "normalizer"), where, spec);
@@ -227,13 +245,14 @@ TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where
   const json& added = Member(tokenizer, "added_tokens");
   if (!added.is_array() && !added.is_null()) Fail(where, ": \"added_tokens\" must be a list");
   for (const json& entry : added) {
-    if (!entry.is_object() || !entry.contains("id") || !entry["id"].is_number_integer() ||
-        !entry.contains("content") || !entry["content"].is_string()) {
+    if (!entry.is_object() || !entry.contains("id") || !entry.contains("content") ||
+        !entry["content"].is_string()) {
       Fail(where, ": every added token needs an integer \"id\" and a string \"content\"");
     }
     AddedToken token;
-    token.id = entry["id"].get<int>();
     token.content = entry["content"].get<std::string>();
+    token.id =
+        TokenId(entry["id"], Cat("added token \"", token.content, "\""), where, spec.id_limit);
     token.special = GetBool(entry, "special", false, where);
     token.normalized = GetBool(entry, "normalized", !token.special, where);
     token.lstrip = GetBool(entry, "lstrip", false, where);
@@ -275,14 +294,14 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
   }
 }
 
-TokenizerSpec ReadTokenizerFiles(const std::string& path) {
+TokenizerSpec ReadTokenizerFiles(const std::string& path, int id_limit) {
   namespace fs = std::filesystem;
   const fs::path given(path);
   const fs::path file = fs::is_directory(given) ? given / "tokenizer.json" : given;
   if (!fs::exists(file)) {
     Fail(path, ": no tokenizer.json", fs::is_directory(given) ? " in this folder" : "");
   }
-  TokenizerSpec spec = ParseTokenizerJson(ReadJsonFile(file.string()), file.string());
+  TokenizerSpec spec = ParseTokenizerJson(ReadJsonFile(file.string()), file.string(), id_limit);
   const fs::path folder = file.parent_path();
   const fs::path config = folder / "tokenizer_config.json";
   if (fs::exists(config)) {
