@@ -342,6 +342,11 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
            ", outside the vocabulary of ", id_limit, " ids");
     }
     if (token.content.empty()) Fail(where, ": added token ", token.id, " has empty content");
+    // Text is matched as valid UTF-8: a token holding part of a character would cut one.
+    if (!unicode::IsValidUtf8(token.content)) {
+      Fail(where, ": added token ", token.id, " \"", unicode::ToValidUtf8(token.content),
+           "\" is not valid UTF-8");
+    }
     size = std::max(size, size_t(token.id) + 1);
   }
   id_to_token_.resize(size);
@@ -441,10 +446,10 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
     auto pre = std::make_unique<PreTokenizer>();
     pre->step = step;
     if (step.kind == PreTokenizerStep::Kind::kSplit) {
-      pre->regex = std::make_unique<Regex>(step.pattern_is_regex ? step.pattern
-                                                                 : EscapeLiteral(step.pattern));
+      pre->regex = std::make_unique<Regex>(
+          step.pattern_is_regex ? step.pattern : EscapeLiteral(step.pattern), where);
     } else if (step.use_regex) {
-      pre->regex = std::make_unique<Regex>(kGpt2Pattern);
+      pre->regex = std::make_unique<Regex>(kGpt2Pattern, where);
     }
     pre_tokenizers_.push_back(std::move(pre));
   }

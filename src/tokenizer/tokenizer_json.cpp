@@ -32,10 +32,6 @@ const json& Member(const json& node, const char* key) {
   return it == node.end() ? kNull : *it;
 }
 
-std::string TypeOf(const json& node) {
-  return node.is_object() ? node.value("type", std::string("?")) : "?";
-}
-
 bool GetBool(const json& node, const char* key, bool fallback, const std::string& where) {
   auto it = node.find(key);
   if (it == node.end() || it->is_null()) return fallback;
@@ -48,6 +44,21 @@ std::string GetString(const json& node, const char* key, const std::string& wher
   if (it == node.end() || it->is_null()) return "";
   if (!it->is_string()) Fail(where, ": \"", key, "\" must be a string");
   return it->get<std::string>();
+}
+
+// Sequences nest; real files use one level, and the recursion must stay bounded.
+constexpr int kMaxSequenceDepth = 16;
+
+// The "type" of a component; `component` names it in the Error for a non-object.
+std::string TypeOf(const json& node, const char* component, const std::string& where) {
+  if (!node.is_object()) Fail(where, ": ", component, " must be an object with a \"type\"");
+  return GetString(node, "type", where);
+}
+
+void CheckDepth(int depth, const char* component, const std::string& where) {
+  if (depth > kMaxSequenceDepth) {
+    Fail(where, ": ", component, " Sequences nest more than ", kMaxSequenceDepth, " deep");
+  }
 }
 
 // `node` as a token id below `id_limit`; `what` names the token in the Error otherwise.
@@ -66,13 +77,15 @@ int TokenId(const json& node, const std::string& what, const std::string& where,
   Fail(where, ": ", what, " has an id that is ", node.type_name(), ", not an integer");
 }
 
-void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec) {
+void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec,
+                     int depth = 0) {
   if (node.is_null()) return;
-  const std::string type = TypeOf(node);
+  const std::string type = TypeOf(node, "normalizer", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "normalizer", where);
     const json& list = Member(node, "normalizers");
     if (!list.is_array()) Fail(where, ": normalizer Sequence needs a \"normalizers\" list");
-    for (const json& child : list) ParseNormalizer(child, where, spec);
+    for (const json& child : list) ParseNormalizer(child, where, spec, depth + 1);
   } else if (type == "NFC") {
     spec.normalizers.push_back(unicode::NormalForm::kNfc);
   } else if (type == "NFD") {
@@ -99,13 +112,15 @@ SplitBehavior ParseBehavior(const std::string& name, const std::string& where) {
   Fail(where, ": Split behavior \"", name, "\" is unknown");
 }
 
-void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec& spec) {
+void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec& spec,
+                       int depth = 0) {
   if (node.is_null()) return;
-  const std::string type = TypeOf(node);
+  const std::string type = TypeOf(node, "pre_tokenizer", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "pre_tokenizer", where);
     const json& list = Member(node, "pretokenizers");
     if (!list.is_array()) Fail(where, ": pre_tokenizer Sequence needs a \"pretokenizers\" list");
-    for (const json& child : list) ParsePreTokenizer(child, where, spec);
+    for (const json& child : list) ParsePreTokenizer(child, where, spec, depth + 1);
   } else if (type == "Split") {
     PreTokenizerStep step;
     step.kind = PreTokenizerStep::Kind::kSplit;
@@ -133,12 +148,13 @@ void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec
   }
 }
 
-void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spec) {
-  const std::string type = node.is_null() ? "null" : TypeOf(node);
+void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spec, int depth = 0) {
+  const std::string type = node.is_null() ? "null" : TypeOf(node, "decoder", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "decoder", where);
     const json& list = Member(node, "decoders");
     if (!list.is_array()) Fail(where, ": decoder Sequence needs a \"decoders\" list");
-    for (const json& child : list) ParseDecoder(child, where, spec);
+    for (const json& child : list) ParseDecoder(child, where, spec, depth + 1);
   } else if (type == "ByteLevel") {
     spec.decode_byte_level = true;
   } else if (type == "ByteFallback") {
@@ -153,7 +169,7 @@ void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spe
 
 void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec) {
   if (!model.is_object()) Fail(where, ": \"model\" is missing");
-  const std::string type = model.value("type", std::string("BPE"));
+  const std::string type = model.contains("type") ? GetString(model, "type", where) : "BPE";
   if (type != "BPE") Fail(where, ": model type \"", type, "\" is not supported (only BPE)");
   if (model.contains("dropout") && model["dropout"].is_number() &&
       model["dropout"].get<double>() > 0) {
@@ -270,7 +286,8 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
   spec.pad_token = ConfigToken(config, "pad_token", where);
   spec.mask_token = ConfigToken(config, "mask_token", where);
   spec.config_unk_token = ConfigToken(config, "unk_token", where);
-  if (auto it = config.find("additional_special_tokens"); it != config.end() && it->is_array()) {
+  if (auto it = config.find("additional_special_tokens"); it != config.end() && !it->is_null()) {
+    if (!it->is_array()) Fail(where, ": \"additional_special_tokens\" must be a list");
     for (const json& value : *it) {
       spec.additional_special_tokens.push_back(
           TokenValue(value, "additional_special_tokens", where));
@@ -284,8 +301,9 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
     } else if (it->is_array()) {
       // A list of named templates; the engine formats plain chats, i.e. "default".
       for (const json& entry : *it) {
-        if (entry.is_object() && entry.value("name", std::string()) == "default") {
-          spec.chat_template = entry.value("template", std::string());
+        if (!entry.is_object()) Fail(where, ": \"chat_template\" list entries must be objects");
+        if (GetString(entry, "name", where) == "default") {
+          spec.chat_template = GetString(entry, "template", where);
         }
       }
     } else {
