@@ -1027,6 +1027,17 @@ TEST(ChatTemplate, NamesDetectionAndDefaultSystemPrompt) {
       "");
 }
 
+TEST(ChatTemplate, DefaultSystemPromptSearchIsLinearInTheTemplate) {
+  // Every opening but the last starts a non-constant literal that runs to the one close at
+  // the end: reading from each opening to the close took hours for a 2 MB template.
+  std::string jinja;
+  for (int i = 0; i < 100000; ++i) jinja += "<|im_start|>system\n'";
+  jinja += "<|im_start|>system\nHello<|im_end|>";
+  EXPECT_EQ(ChatMlDefaultSystem(jinja), "Hello");
+  jinja.resize(jinja.size() - std::string("Hello<|im_end|>").size());
+  EXPECT_EQ(ChatMlDefaultSystem(jinja), "");
+}
+
 TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
   TokenizerSpec spec = ByteLevelSpec({});
   spec.added_tokens = {Added("<|im_start|>", 300), Added("<|im_end|>", 301)};
