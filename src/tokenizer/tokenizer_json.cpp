@@ -61,8 +61,10 @@ void CheckDepth(int depth, const char* component, const std::string& where) {
   }
 }
 
-// `node` as a token id below `id_limit`; `what` names the token in the Error otherwise.
-int TokenId(const json& node, const std::string& what, const std::string& where, int id_limit) {
+// `node` as a token id below `id_limit`; the Error otherwise names the `kind` of token (the
+// message is built only then: vocabularies have 10^5 entries).
+int TokenId(const json& node, const char* kind, const std::string& token, const std::string& where,
+            int id_limit) {
   // Unsigned first: a value above INT64_MAX must not wrap to a small signed one.
   if (node.is_number_unsigned() && node.get<uint64_t>() < uint64_t(id_limit)) {
     return int(node.get<uint64_t>());
@@ -72,9 +74,11 @@ int TokenId(const json& node, const std::string& what, const std::string& where,
     return int(node.get<int64_t>());
   }
   if (node.is_number()) {
-    Fail(where, ": ", what, " has id ", node.dump(), ", not an integer in [0, ", id_limit, ")");
+    Fail(where, ": ", kind, " \"", token, "\" has id ", node.dump(), ", not an integer in [0, ",
+         id_limit, ")");
   }
-  Fail(where, ": ", what, " has an id that is ", node.type_name(), ", not an integer");
+  Fail(where, ": ", kind, " \"", token, "\" has an id that is ", node.type_name(),
+       ", not an integer");
 }
 
 void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec,
@@ -189,8 +193,7 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
   // their ids in order, so the table grows as entries arrive.
   spec.vocab.reserve(std::min(vocab.size(), size_t(spec.id_limit)));
   for (const auto& [token, id_node] : vocab.items()) {
-    const auto id =
-        size_t(TokenId(id_node, Cat("vocabulary token \"", token, "\""), where, spec.id_limit));
+    const auto id = size_t(TokenId(id_node, "vocabulary token", token, where, spec.id_limit));
     if (token.empty()) Fail(where, ": the vocabulary has an empty token (id ", id, ")");
     if (id >= spec.vocab.size()) spec.vocab.resize(id + 1);
     if (!spec.vocab[id].empty()) {
@@ -267,8 +270,7 @@ TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where
     }
     AddedToken token;
     token.content = entry["content"].get<std::string>();
-    token.id =
-        TokenId(entry["id"], Cat("added token \"", token.content, "\""), where, spec.id_limit);
+    token.id = TokenId(entry["id"], "added token", token.content, where, spec.id_limit);
     token.special = GetBool(entry, "special", false, where);
     token.normalized = GetBool(entry, "normalized", !token.special, where);
     token.lstrip = GetBool(entry, "lstrip", false, where);
