@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -20,6 +21,7 @@
 #include "base/error.h"
 #include "test_support.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/model_tokenizer.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer_json.h"
 #include "tokenizer/unicode.h"
@@ -667,6 +669,147 @@ TEST(TokenizerJson, NormalizerSequenceAndSplitAreRead) {
   EXPECT_EQ(tokenizer.PreTokenize("ab12e\xCC\x81"), (Strings{"ab", "1", "2", "\xC3\x83\xC2\xA9"}));
 }
 
+// ---------------------------------------------------------------------------------------
+// Hostile tokenizer files: every problem is an Error naming the file and what is wrong.
+
+// Runs `load` and expects an Error whose message holds every one of `parts`.
+void ExpectErrorNaming(const std::function<void()>& load, const std::vector<std::string>& parts) {
+  try {
+    load();
+    ADD_FAILURE() << "no error; expected one naming " << ::testing::PrintToString(parts);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part : parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
+    }
+  }
+}
+
+TEST(HostileTokenizer, VocabularyIdsOutsideTheBoundAreErrors) {
+  auto parse_with_id = [](json id, int id_limit = kMaxTokenIds) {
+    json t = MinimalJson();
+    t["model"]["vocab"]["zz"] = std::move(id);
+    return [t, id_limit] { Tokenizer tokenizer(ParseTokenizerJson(t, "file.json", id_limit)); };
+  };
+  // 2^31 - 1 used to end in std::bad_alloc, 2^24 in a gigabyte of tables.
+  ExpectErrorNaming(parse_with_id(INT32_MAX), {"file.json", "\"zz\"", "2147483647"});
+  ExpectErrorNaming(parse_with_id(kMaxTokenIds), {"file.json", "\"zz\"", "16777216"});
+  ExpectErrorNaming(parse_with_id(uint64_t(1) << 63), {"\"zz\"", "9223372036854775808"});
+  ExpectErrorNaming(parse_with_id(-1), {"file.json", "\"zz\"", "-1"});
+  ExpectErrorNaming(parse_with_id(300.5), {"file.json", "\"zz\"", "300.5"});
+  ExpectErrorNaming(parse_with_id("300"), {"file.json", "\"zz\"", "string"});
+  // With the model's vocabulary size known, ids must lie below it.
+  ExpectErrorNaming(parse_with_id(300, 300), {"file.json", "\"zz\"", "300", "[0, 300)"});
+  EXPECT_EQ(ParseTokenizerJson(MinimalJson(), "file.json", 257).vocab.size(), 256u);
+  ExpectErrorNaming(parse_with_id(7), {"file.json", "id 7", "\"zz\""});  // id of "\a"
+}
+
+TEST(HostileTokenizer, AddedTokenIdsOutsideTheBoundAreErrors) {
+  auto parse_with_added_id = [](json id, int id_limit = kMaxTokenIds) {
+    json t = MinimalJson();
+    t["added_tokens"].push_back({{"id", std::move(id)}, {"content", "<|x|>"}, {"special", true}});
+    return [t, id_limit] { Tokenizer tokenizer(ParseTokenizerJson(t, "file.json", id_limit)); };
+  };
+  ExpectErrorNaming(parse_with_added_id(INT32_MAX), {"file.json", "<|x|>", "2147483647"});
+  ExpectErrorNaming(parse_with_added_id(uint64_t(1) << 32), {"file.json", "<|x|>", "4294967296"});
+  ExpectErrorNaming(parse_with_added_id(-5), {"file.json", "<|x|>", "-5"});
+  ExpectErrorNaming(parse_with_added_id(256, 256), {"file.json", "<|x|>", "256"});
+  // Specs built in memory (GGUF) are checked by the Tokenizer itself.
+  TokenizerSpec spec = ByteLevelSpec({});
+  spec.added_tokens = {Added("<|y|>", kMaxTokenIds)};
+  ExpectErrorNaming([&] { Tokenizer tokenizer(spec); }, {"test tokenizer", "<|y|>", "16777216"});
+}
+
+TEST(HostileTokenizer, ModelFolderBoundsIdsByTheModelsVocabularySize) {
+  const std::string dir = testing::TempDir() + "/model-vocab-bound";
+  std::filesystem::create_directories(dir);
+  json t = MinimalJson();
+  t["added_tokens"].push_back({{"id", 300}, {"content", "<|x|>"}, {"special", true}});
+  std::ofstream(dir + "/tokenizer.json") << t.dump();
+  std::ofstream(dir + "/config.json") << json({{"vocab_size", 300}}).dump();
+  ExpectErrorNaming([&] { LoadModelTokenizer(dir); }, {dir + "/tokenizer.json", "<|x|>", "300"});
+  // LLaDA's embedding_size is the number of rows that ids index.
+  std::ofstream(dir + "/config.json")
+      << json({{"vocab_size", 300}, {"embedding_size", 301}}).dump();
+  EXPECT_EQ(LoadModelTokenizer(dir)->vocab_size(), 301);
+}
+
+TEST(HostileTokenizer, WrongJsonTypesAreErrorsNamingTheField) {
+  auto parse = [](json t) { return [t] { ParseTokenizerJson(t, "file.json"); }; };
+  json t = MinimalJson();
+  t["model"]["type"] = 5;
+  ExpectErrorNaming(parse(t), {"file.json", "\"type\"", "string"});
+  t = MinimalJson();
+  t["normalizer"] = {{"type", json::array()}};
+  ExpectErrorNaming(parse(t), {"file.json", "\"type\"", "string"});
+  t = MinimalJson();
+  t["pre_tokenizer"] = "ByteLevel";
+  ExpectErrorNaming(parse(t), {"file.json", "pre_tokenizer", "object"});
+  t = MinimalJson();
+  t["decoder"] = 1;
+  ExpectErrorNaming(parse(t), {"file.json", "decoder", "object"});
+
+  auto apply = [](json config) {
+    return [config] {
+      TokenizerSpec spec;
+      ApplyTokenizerConfig(config, "config.json", spec);
+    };
+  };
+  ExpectErrorNaming(apply({{"chat_template", {{{"name", 1}, {"template", "x"}}}}}),
+                    {"config.json", "\"name\"", "string"});
+  ExpectErrorNaming(apply({{"chat_template", {{{"name", "default"}, {"template", {1}}}}}}),
+                    {"config.json", "\"template\"", "string"});
+  ExpectErrorNaming(apply({{"chat_template", {"x"}}}), {"config.json", "chat_template"});
+  ExpectErrorNaming(apply({{"additional_special_tokens", "<|x|>"}}),
+                    {"config.json", "additional_special_tokens", "list"});
+}
+
+TEST(HostileTokenizer, DeeplyNestedSequencesAreErrorsNotStackOverflows) {
+  for (const auto& [component, list] :
+       {std::pair{"normalizer", "normalizers"}, std::pair{"pre_tokenizer", "pretokenizers"},
+        std::pair{"decoder", "decoders"}}) {
+    // Deep enough to overflow the stack of a recursive reader; built and freed without
+    // recursion (nlohmann's destructor is iterative).
+    json node = nullptr;
+    for (int depth = 0; depth < 200000; ++depth) {
+      json parent = {{"type", "Sequence"}, {list, json::array()}};
+      parent[list].push_back(std::move(node));
+      node = std::move(parent);
+    }
+    json t = MinimalJson();
+    t[component] = std::move(node);
+    ExpectErrorNaming([&] { ParseTokenizerJson(t, "file.json"); },
+                      {"file.json", component, "nest"});
+  }
+}
+
+TEST(HostileTokenizer, RegexErrorsNameTheFileAndThePattern) {
+  auto with_split = [](const std::string& pattern) {
+    json t = MinimalJson();
+    t["pre_tokenizer"] = {{"type", "Split"},
+                          {"pattern", {{"Regex", pattern}}},
+                          {"behavior", "Isolated"},
+                          {"invert", false}};
+    return t;
+  };
+  for (const std::string pattern : {"(unclosed", "(?i)abc", "[abc", "a{2,1}"}) {
+    const json t = with_split(pattern);
+    ExpectErrorNaming([&] { Tokenizer tokenizer(ParseTokenizerJson(t, "file.json")); },
+                      {"file.json", pattern});
+  }
+  // Catastrophic backtracking hits PCRE2's match limit: an Error in milliseconds, not a hang.
+  const Tokenizer tokenizer(ParseTokenizerJson(with_split("(a|aa)+$"), "file.json"));
+  ExpectErrorNaming([&] { tokenizer.Encode(std::string(60, 'a') + "b"); },
+                    {"file.json", "(a|aa)+$", "match limit"});
+}
+
+TEST(HostileTokenizer, AddedTokensMustBeValidUtf8) {
+  // A token holding half of "é" would cut the character in two while splitting text.
+  TokenizerSpec spec = ByteLevelSpec({});
+  spec.added_tokens = {Added("\xC3", 256)};
+  ExpectErrorNaming([&] { Tokenizer tokenizer(spec); }, {"test tokenizer", "256", "UTF-8"});
+}
+
 // A standard tokenizer folder as the project's trainer writes one: byte-level BPE (one merge,
 // "hi" = 256) with the diffusion mask, end-of-text and LLaDA chat markers as special tokens
 // 257..262, and LLaDA's chat template.
@@ -884,6 +1027,17 @@ TEST(ChatTemplate, NamesDetectionAndDefaultSystemPrompt) {
       "");
 }
 
+TEST(ChatTemplate, DefaultSystemPromptSearchIsLinearInTheTemplate) {
+  // Every opening but the last starts a non-constant literal that runs to the one close at
+  // the end: reading from each opening to the close took hours for a 2 MB template.
+  std::string jinja;
+  for (int i = 0; i < 100000; ++i) jinja += "<|im_start|>system\n'";
+  jinja += "<|im_start|>system\nHello<|im_end|>";
+  EXPECT_EQ(ChatMlDefaultSystem(jinja), "Hello");
+  jinja.resize(jinja.size() - std::string("Hello<|im_end|>").size());
+  EXPECT_EQ(ChatMlDefaultSystem(jinja), "");
+}
+
 TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
   TokenizerSpec spec = ByteLevelSpec({});
   spec.added_tokens = {Added("<|im_start|>", 300), Added("<|im_end|>", 301)};
@@ -919,8 +1073,8 @@ TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {
   EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("12345"), (Strings{"123", "45"}));
   gguf.pre = "gpt2";
   EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("12345 ab"), (Strings{"12345",
-                                                                            "\xC4\xA0"
-                                                                            "ab"}));
+                                                                                   "\xC4\xA0"
+                                                                                   "ab"}));
   gguf.pre = "mystery";
   EXPECT_THROW(SpecFromGguf(gguf, where), Error);
 }

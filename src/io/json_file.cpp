@@ -12,10 +12,14 @@ nlohmann::json ReadJsonFile(const std::string& path) {
   if (!in) Fail(path, ": cannot open");
   std::stringstream buffer;
   buffer << in.rdbuf();
+  return ParseJsonText(buffer.str(), path);
+}
+
+nlohmann::json ParseJsonText(std::string_view text, const std::string& where) {
   try {
-    return nlohmann::json::parse(buffer.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    Fail(path, ": malformed JSON: ", e.what());
+    Fail(where, ": malformed JSON: ", e.what());
   }
 }
 

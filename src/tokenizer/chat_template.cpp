@@ -66,21 +66,27 @@ ChatTemplateKind ChatTemplateFor(const Tokenizer& tokenizer, std::string_view na
 std::string ChatMlDefaultSystem(std::string_view jinja) {
   static constexpr std::string_view kOpen = "<|im_start|>system";
   static constexpr std::string_view kClose = "<|im_end|>";
+  static constexpr std::string_view kNotLiteral = "'\"{}+";
+  // The next close and the next character that ends a literal, at or after the current
+  // opening; reused by later openings before them, so a hostile template with many openings
+  // is read once instead of once per opening.
+  size_t close = 0, not_literal = 0;
   for (size_t at = jinja.find(kOpen); at != std::string_view::npos;
        at = jinja.find(kOpen, at + 1)) {
-    std::string_view rest = jinja.substr(at + kOpen.size());
-    if (rest.starts_with("\\n")) {
-      rest.remove_prefix(2);
-    } else if (rest.starts_with("\n")) {
-      rest.remove_prefix(1);
+    size_t begin = at + kOpen.size();
+    if (jinja.substr(begin).starts_with("\\n")) {
+      begin += 2;
+    } else if (jinja.substr(begin).starts_with("\n")) {
+      begin += 1;
     } else {
       continue;
     }
-    const size_t close = rest.find(kClose);
-    if (close == std::string_view::npos) continue;
-    const std::string_view literal = rest.substr(0, close);
+    if (close < begin) close = jinja.find(kClose, begin);
+    if (close == std::string_view::npos) return "";  // no later opening has a close either
+    if (not_literal < begin) not_literal = jinja.find_first_of(kNotLiteral, begin);
     // Only a constant inside one Jinja string literal counts, not '...' + messages[0]...
-    if (literal.empty() || literal.find_first_of("'\"{}+") != std::string_view::npos) continue;
+    if (close == begin || not_literal < close) continue;
+    const std::string_view literal = jinja.substr(begin, close - begin);
     std::string text;
     for (size_t i = 0; i < literal.size(); ++i) {
       if (literal[i] == '\\' && i + 1 < literal.size() && literal[i + 1] == 'n') {

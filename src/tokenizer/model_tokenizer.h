@@ -9,7 +9,8 @@
 
 namespace polestar {
 
-// Throws Error naming the path when the model has no tokenizer (use token ids then).
+// Throws Error naming the path when the model has no tokenizer (use token ids then), or when a
+// token id is outside the model's vocabulary (config.json's vocab_size).
 std::unique_ptr<Tokenizer> LoadModelTokenizer(const std::string& model_path);
 
 }  // namespace polestar

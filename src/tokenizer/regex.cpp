@@ -164,12 +164,32 @@ std::string TranslateRegex(std::string_view p) {
 
 struct Regex::Code {
   pcre2_code* code = nullptr;
+  pcre2_match_context* limits = nullptr;
   bool jit = false;
-  ~Code() { pcre2_code_free(code); }
+  ~Code() {
+    pcre2_match_context_free(limits);
+    pcre2_code_free(code);
+  }
 };
 
-Regex::Regex(std::string_view pattern)
-    : pattern_(pattern), compiled_(TranslateRegex(pattern)), code_(std::make_unique<Code>()) {
+std::string Regex::Name() const {
+  return origin_.empty() ? Cat("regex ", pattern_) : Cat(origin_, ": regex ", pattern_);
+}
+
+Regex::Regex(std::string_view pattern, const std::string& origin)
+    : origin_(origin), pattern_(pattern), code_(std::make_unique<Code>()) {
+  try {
+    compiled_ = TranslateRegex(pattern);
+  } catch (const Error& e) {
+    // TranslateRegex names the pattern; only the caller knows the file.
+    if (origin_.empty()) throw;
+    Fail(origin_, ": ", e.what());
+  }
+  code_->limits = pcre2_match_context_create(nullptr);
+  if (code_->limits == nullptr) Fail(Name(), ": out of memory");
+  pcre2_set_match_limit(code_->limits, kMatchLimit);
+  pcre2_set_depth_limit(code_->limits, kMatchLimit);
+  pcre2_set_heap_limit(code_->limits, kHeapLimitKib);
   int error = 0;
   PCRE2_SIZE offset = 0;
   code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled_.data()), compiled_.size(),
@@ -177,7 +197,7 @@ Regex::Regex(std::string_view pattern)
   if (code_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    Fail("regex ", pattern_, ": ", reinterpret_cast<const char*>(message), " (at offset ", offset,
+    Fail(Name(), ": ", reinterpret_cast<const char*>(message), " (at offset ", offset,
          " of the rewritten pattern ", compiled_, ")");
   }
   // Without JIT (an unsupported CPU) the interpreter gives the same matches, only slower.
@@ -192,24 +212,24 @@ void Regex::ForEachMatch(std::string_view text,
     pcre2_match_data* data;
     ~MatchData() { pcre2_match_data_free(data); }
   } match{pcre2_match_data_create_from_pattern(code_->code, nullptr)};
-  if (match.data == nullptr) Fail("out of memory for a regex match");
+  if (match.data == nullptr) Fail(Name(), ": out of memory for a match");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    int rc = code_->jit
-                 ? pcre2_jit_match(code_->code, subject, text.size(), pos, 0, match.data, nullptr)
-                 : PCRE2_ERROR_JIT_STACKLIMIT;
+    int rc = code_->jit ? pcre2_jit_match(code_->code, subject, text.size(), pos, 0, match.data,
+                                          code_->limits)
+                        : PCRE2_ERROR_JIT_STACKLIMIT;
     // The JIT's fixed stack can run out on long backtracking runs; the interpreter keeps its
     // frames on the heap.
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
       rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_JIT | PCRE2_NO_UTF_CHECK,
-                       match.data, nullptr);
+                       match.data, code_->limits);
     }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(rc, message, sizeof(message));
-      Fail("regex ", pattern_, ": matching failed: ", reinterpret_cast<const char*>(message));
+      Fail(Name(), ": matching failed: ", reinterpret_cast<const char*>(message));
     }
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.data);
     const size_t begin = ovector[0], end = ovector[1];

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,23 +25,33 @@ namespace polestar {
 
 class Regex {
  public:
-  // Throws Error naming the pattern and the position of a syntax error.
-  explicit Regex(std::string_view pattern);
+  // Throws Error naming `origin` (the file the pattern comes from, if any), the pattern and the
+  // position of a syntax error.
+  explicit Regex(std::string_view pattern, const std::string& origin = "");
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
   // Calls on_match(begin, end) for each successive non-empty, non-overlapping match in
-  // `text` (valid UTF-8), scanning left to right like JavaScript's matchAll.
+  // `text` (valid UTF-8), scanning left to right like JavaScript's matchAll. Each match is
+  // bounded (kMatchLimit backtracking steps, kHeapLimitKib of backtracking memory): a
+  // pattern that backtracks catastrophically throws Error instead of running for hours.
+  // The JIT and the interpreter count steps differently, so a borderline match may fail in
+  // one of them only; the reference regexes stay many orders of magnitude below.
   void ForEachMatch(std::string_view text,
                     const std::function<void(size_t begin, size_t end)>& on_match) const;
+
+  static constexpr uint32_t kMatchLimit = 10'000'000;
+  static constexpr uint32_t kHeapLimitKib = 64 * 1024;
 
   const std::string& pattern() const { return pattern_; }
   // The pattern as handed to PCRE2 after rewriting.
   const std::string& compiled_pattern() const { return compiled_; }
 
  private:
-  std::string pattern_, compiled_;
+  std::string Name() const;  // "origin: regex pattern", for messages
+
+  std::string origin_, pattern_, compiled_;
   struct Code;
   std::unique_ptr<Code> code_;
 };

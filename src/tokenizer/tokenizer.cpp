@@ -319,8 +319,8 @@ struct Tokenizer::PreTokenizer {
   }
 };
 
-std::unique_ptr<Tokenizer> Tokenizer::Load(const std::string& path) {
-  return std::make_unique<Tokenizer>(ReadTokenizerFiles(path));
+std::unique_ptr<Tokenizer> Tokenizer::Load(const std::string& path, int id_limit) {
+  return std::make_unique<Tokenizer>(ReadTokenizerFiles(path, id_limit));
 }
 
 Tokenizer::Tokenizer(TokenizerSpec spec)
@@ -328,14 +328,27 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
       raw_added_(std::make_unique<AddedTokenMatcher>()),
       normalized_added_(std::make_unique<AddedTokenMatcher>()) {
   const std::string where = spec_.source.empty() ? "tokenizer" : spec_.source;
+  // Even a model's own vocab_size is input: the bound keeps the tables sized by the highest
+  // id (checked before any is allocated) within memory.
+  const auto id_limit = size_t(std::clamp(spec_.id_limit, 0, kMaxTokenIds));
+  if (spec_.vocab.size() > id_limit) {
+    Fail(where, ": the vocabulary has ", spec_.vocab.size(), " ids, more than the ", id_limit,
+         " allowed");
+  }
   size_t size = spec_.vocab.size();
   for (const AddedToken& token : spec_.added_tokens) {
-    if (token.id < 0)
-      Fail(where, ": added token \"", token.content, "\" has negative id ", token.id);
+    if (token.id < 0 || size_t(token.id) >= id_limit) {
+      Fail(where, ": added token \"", token.content, "\" has id ", token.id,
+           ", outside the vocabulary of ", id_limit, " ids");
+    }
     if (token.content.empty()) Fail(where, ": added token ", token.id, " has empty content");
+    // Text is matched as valid UTF-8: a token holding part of a character would cut one.
+    if (!unicode::IsValidUtf8(token.content)) {
+      Fail(where, ": added token ", token.id, " \"", unicode::ToValidUtf8(token.content),
+           "\" is not valid UTF-8");
+    }
     size = std::max(size, size_t(token.id) + 1);
   }
-  if (size > size_t(INT32_MAX)) Fail(where, ": vocabulary of ", size, " ids is too large");
   id_to_token_.resize(size);
   token_bytes_.resize(size);
   is_special_.assign(size, 0);
@@ -393,7 +406,10 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
 
   merges_.reserve(spec_.merges.size());
   for (size_t rank = 0; rank < spec_.merges.size(); ++rank) {
-    const auto& [left, right] = spec_.merges[rank];
+    // Named references rather than a structured binding: clang 14 (the fuzz builds) cannot
+    // capture those in a lambda.
+    const std::string& left = spec_.merges[rank].first;
+    const std::string& right = spec_.merges[rank].second;
     auto find = [&](const std::string& token) {
       auto it = vocab_.find(token);
       if (it == vocab_.end()) {
@@ -430,10 +446,10 @@ Tokenizer::Tokenizer(TokenizerSpec spec)
     auto pre = std::make_unique<PreTokenizer>();
     pre->step = step;
     if (step.kind == PreTokenizerStep::Kind::kSplit) {
-      pre->regex = std::make_unique<Regex>(step.pattern_is_regex ? step.pattern
-                                                                 : EscapeLiteral(step.pattern));
+      pre->regex = std::make_unique<Regex>(
+          step.pattern_is_regex ? step.pattern : EscapeLiteral(step.pattern), where);
     } else if (step.use_regex) {
-      pre->regex = std::make_unique<Regex>(kGpt2Pattern);
+      pre->regex = std::make_unique<Regex>(kGpt2Pattern, where);
     }
     pre_tokenizers_.push_back(std::move(pre));
   }

@@ -29,6 +29,11 @@ namespace polestar {
 
 class Regex;
 
+// Token ids must lie below the model's vocabulary size. Where that is unknown they must lie
+// below this bound: above any real vocabulary, yet small enough that the tables kept per id
+// (some 70 bytes each) fit in memory.
+constexpr int kMaxTokenIds = 1 << 24;
+
 struct AddedToken {
   std::string content;
   int id = -1;
@@ -58,7 +63,8 @@ struct PreTokenizerStep {
 // Everything a Tokenizer is built from; filled from tokenizer.json + tokenizer_config.json
 // (tokenizer_json.h) or from GGUF metadata.
 struct TokenizerSpec {
-  std::string source;  // where it came from, for messages
+  std::string source;           // where it came from, for messages
+  int id_limit = kMaxTokenIds;  // every id is below this: the model's vocab_size where known
   // BPE model.
   std::vector<std::string> vocab;  // [id] -> token in its byte-level form; "" = unused id
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
@@ -99,9 +105,11 @@ struct DetokenizeOptions {
 class Tokenizer {
  public:
   // `path` is a model folder holding tokenizer.json (and usually tokenizer_config.json), or
-  // a tokenizer.json file. Throws Error naming the file and any unsupported component.
-  static std::unique_ptr<Tokenizer> Load(const std::string& path);
-  // Throws Error when merges or added tokens are inconsistent with the vocabulary.
+  // a tokenizer.json file. Throws Error naming the file and any unsupported component, and
+  // for ids not below `id_limit` (the model's vocabulary size where known).
+  static std::unique_ptr<Tokenizer> Load(const std::string& path, int id_limit = kMaxTokenIds);
+  // Throws Error when merges or added tokens are inconsistent with the vocabulary, or an id
+  // is not below spec.id_limit.
   explicit Tokenizer(TokenizerSpec spec);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;

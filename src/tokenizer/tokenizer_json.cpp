@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer_json.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,10 +32,6 @@ const json& Member(const json& node, const char* key) {
   return it == node.end() ? kNull : *it;
 }
 
-std::string TypeOf(const json& node) {
-  return node.is_object() ? node.value("type", std::string("?")) : "?";
-}
-
 bool GetBool(const json& node, const char* key, bool fallback, const std::string& where) {
   auto it = node.find(key);
   if (it == node.end() || it->is_null()) return fallback;
@@ -49,13 +46,50 @@ std::string GetString(const json& node, const char* key, const std::string& wher
   return it->get<std::string>();
 }
 
-void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec) {
+// Sequences nest; real files use one level, and the recursion must stay bounded.
+constexpr int kMaxSequenceDepth = 16;
+
+// The "type" of a component; `component` names it in the Error for a non-object.
+std::string TypeOf(const json& node, const char* component, const std::string& where) {
+  if (!node.is_object()) Fail(where, ": ", component, " must be an object with a \"type\"");
+  return GetString(node, "type", where);
+}
+
+void CheckDepth(int depth, const char* component, const std::string& where) {
+  if (depth > kMaxSequenceDepth) {
+    Fail(where, ": ", component, " Sequences nest more than ", kMaxSequenceDepth, " deep");
+  }
+}
+
+// `node` as a token id below `id_limit`; the Error otherwise names the `kind` of token (the
+// message is built only then: vocabularies have 10^5 entries).
+int TokenId(const json& node, const char* kind, const std::string& token, const std::string& where,
+            int id_limit) {
+  // Unsigned first: a value above INT64_MAX must not wrap to a small signed one.
+  if (node.is_number_unsigned() && node.get<uint64_t>() < uint64_t(id_limit)) {
+    return int(node.get<uint64_t>());
+  }
+  if (node.is_number_integer() && !node.is_number_unsigned() && node.get<int64_t>() >= 0 &&
+      node.get<int64_t>() < id_limit) {
+    return int(node.get<int64_t>());
+  }
+  if (node.is_number()) {
+    Fail(where, ": ", kind, " \"", token, "\" has id ", node.dump(), ", not an integer in [0, ",
+         id_limit, ")");
+  }
+  Fail(where, ": ", kind, " \"", token, "\" has an id that is ", node.type_name(),
+       ", not an integer");
+}
+
+void ParseNormalizer(const json& node, const std::string& where, TokenizerSpec& spec,
+                     int depth = 0) {
   if (node.is_null()) return;
-  const std::string type = TypeOf(node);
+  const std::string type = TypeOf(node, "normalizer", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "normalizer", where);
     const json& list = Member(node, "normalizers");
     if (!list.is_array()) Fail(where, ": normalizer Sequence needs a \"normalizers\" list");
-    for (const json& child : list) ParseNormalizer(child, where, spec);
+    for (const json& child : list) ParseNormalizer(child, where, spec, depth + 1);
   } else if (type == "NFC") {
     spec.normalizers.push_back(unicode::NormalForm::kNfc);
   } else if (type == "NFD") {
@@ -82,13 +116,15 @@ SplitBehavior ParseBehavior(const std::string& name, const std::string& where) {
   Fail(where, ": Split behavior \"", name, "\" is unknown");
 }
 
-void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec& spec) {
+void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec& spec,
+                       int depth = 0) {
   if (node.is_null()) return;
-  const std::string type = TypeOf(node);
+  const std::string type = TypeOf(node, "pre_tokenizer", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "pre_tokenizer", where);
     const json& list = Member(node, "pretokenizers");
     if (!list.is_array()) Fail(where, ": pre_tokenizer Sequence needs a \"pretokenizers\" list");
-    for (const json& child : list) ParsePreTokenizer(child, where, spec);
+    for (const json& child : list) ParsePreTokenizer(child, where, spec, depth + 1);
   } else if (type == "Split") {
     PreTokenizerStep step;
     step.kind = PreTokenizerStep::Kind::kSplit;
@@ -116,12 +152,13 @@ void ParsePreTokenizer(const json& node, const std::string& where, TokenizerSpec
   }
 }
 
-void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spec) {
-  const std::string type = node.is_null() ? "null" : TypeOf(node);
+void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spec, int depth = 0) {
+  const std::string type = node.is_null() ? "null" : TypeOf(node, "decoder", where);
   if (type == "Sequence") {
+    CheckDepth(depth, "decoder", where);
     const json& list = Member(node, "decoders");
     if (!list.is_array()) Fail(where, ": decoder Sequence needs a \"decoders\" list");
-    for (const json& child : list) ParseDecoder(child, where, spec);
+    for (const json& child : list) ParseDecoder(child, where, spec, depth + 1);
   } else if (type == "ByteLevel") {
     spec.decode_byte_level = true;
   } else if (type == "ByteFallback") {
@@ -136,7 +173,7 @@ void ParseDecoder(const json& node, const std::string& where, TokenizerSpec& spe
 
 void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec) {
   if (!model.is_object()) Fail(where, ": \"model\" is missing");
-  const std::string type = model.value("type", std::string("BPE"));
+  const std::string type = model.contains("type") ? GetString(model, "type", where) : "BPE";
   if (type != "BPE") Fail(where, ": model type \"", type, "\" is not supported (only BPE)");
   if (model.contains("dropout") && model["dropout"].is_number() &&
       model["dropout"].get<double>() > 0) {
@@ -152,12 +189,11 @@ void ParseModel(const json& model, const std::string& where, TokenizerSpec& spec
 
   const json& vocab = Member(model, "vocab");
   if (!vocab.is_object()) Fail(where, ": BPE \"vocab\" must be an object of token -> id");
+  // Ids are checked before the table is sized by the highest one. Most vocabularies list
+  // their ids in order, so the table grows as entries arrive.
+  spec.vocab.reserve(std::min(vocab.size(), size_t(spec.id_limit)));
   for (const auto& [token, id_node] : vocab.items()) {
-    if (!id_node.is_number_integer() || id_node.get<int64_t>() < 0 ||
-        id_node.get<int64_t>() > INT32_MAX) {
-      Fail(where, ": vocabulary id of \"", token, "\" is not a valid id");
-    }
-    const auto id = size_t(id_node.get<int64_t>());
+    const auto id = size_t(TokenId(id_node, "vocabulary token", token, where, spec.id_limit));
     if (token.empty()) Fail(where, ": the vocabulary has an empty token (id ", id, ")");
     if (id >= spec.vocab.size()) spec.vocab.resize(id + 1);
     if (!spec.vocab[id].empty()) {
@@ -215,10 +251,11 @@ std::string ReadText(const std::string& path) {
 
 }  // namespace
 
-TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where) {
+TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where, int id_limit) {
   if (!tokenizer.is_object()) Fail(where, ": not a tokenizer.json object");
   TokenizerSpec spec;
   spec.source = where;
+  spec.id_limit = std::clamp(id_limit, 0, kMaxTokenIds);
   ParseModel(Member(tokenizer, "model"), where, spec);
   spec.decode_byte_level = false;
   ParseNormalizer(Member(tokenizer, "normalizer"), where, spec);
@@ -227,13 +264,13 @@ TokenizerSpec ParseTokenizerJson(const json& tokenizer, const std::string& where
   const json& added = Member(tokenizer, "added_tokens");
   if (!added.is_array() && !added.is_null()) Fail(where, ": \"added_tokens\" must be a list");
   for (const json& entry : added) {
-    if (!entry.is_object() || !entry.contains("id") || !entry["id"].is_number_integer() ||
-        !entry.contains("content") || !entry["content"].is_string()) {
+    if (!entry.is_object() || !entry.contains("id") || !entry.contains("content") ||
+        !entry["content"].is_string()) {
       Fail(where, ": every added token needs an integer \"id\" and a string \"content\"");
     }
     AddedToken token;
-    token.id = entry["id"].get<int>();
     token.content = entry["content"].get<std::string>();
+    token.id = TokenId(entry["id"], "added token", token.content, where, spec.id_limit);
     token.special = GetBool(entry, "special", false, where);
     token.normalized = GetBool(entry, "normalized", !token.special, where);
     token.lstrip = GetBool(entry, "lstrip", false, where);
@@ -251,7 +288,8 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
   spec.pad_token = ConfigToken(config, "pad_token", where);
   spec.mask_token = ConfigToken(config, "mask_token", where);
   spec.config_unk_token = ConfigToken(config, "unk_token", where);
-  if (auto it = config.find("additional_special_tokens"); it != config.end() && it->is_array()) {
+  if (auto it = config.find("additional_special_tokens"); it != config.end() && !it->is_null()) {
+    if (!it->is_array()) Fail(where, ": \"additional_special_tokens\" must be a list");
     for (const json& value : *it) {
       spec.additional_special_tokens.push_back(
           TokenValue(value, "additional_special_tokens", where));
@@ -265,8 +303,9 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
     } else if (it->is_array()) {
       // A list of named templates; the engine formats plain chats, i.e. "default".
       for (const json& entry : *it) {
-        if (entry.is_object() && entry.value("name", std::string()) == "default") {
-          spec.chat_template = entry.value("template", std::string());
+        if (!entry.is_object()) Fail(where, ": \"chat_template\" list entries must be objects");
+        if (GetString(entry, "name", where) == "default") {
+          spec.chat_template = GetString(entry, "template", where);
         }
       }
     } else {
@@ -275,14 +314,14 @@ void ApplyTokenizerConfig(const json& config, const std::string& where, Tokenize
   }
 }
 
-TokenizerSpec ReadTokenizerFiles(const std::string& path) {
+TokenizerSpec ReadTokenizerFiles(const std::string& path, int id_limit) {
   namespace fs = std::filesystem;
   const fs::path given(path);
   const fs::path file = fs::is_directory(given) ? given / "tokenizer.json" : given;
   if (!fs::exists(file)) {
     Fail(path, ": no tokenizer.json", fs::is_directory(given) ? " in this folder" : "");
   }
-  TokenizerSpec spec = ParseTokenizerJson(ReadJsonFile(file.string()), file.string());
+  TokenizerSpec spec = ParseTokenizerJson(ReadJsonFile(file.string()), file.string(), id_limit);
   const fs::path folder = file.parent_path();
   const fs::path config = folder / "tokenizer_config.json";
   if (fs::exists(config)) {

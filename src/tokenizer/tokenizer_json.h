@@ -21,14 +21,16 @@
 
 namespace polestar {
 
-// `where` names the file in error messages.
-TokenizerSpec ParseTokenizerJson(const nlohmann::json& tokenizer, const std::string& where);
+// `where` names the file in error messages; every id must be below `id_limit` (the model's
+// vocabulary size where known).
+TokenizerSpec ParseTokenizerJson(const nlohmann::json& tokenizer, const std::string& where,
+                                 int id_limit = kMaxTokenIds);
 // Special tokens, clean_up_tokenization_spaces and chat_template from tokenizer_config.json.
 void ApplyTokenizerConfig(const nlohmann::json& config, const std::string& where,
                           TokenizerSpec& spec);
 // `path` is a folder with tokenizer.json (tokenizer_config.json and chat_template.jinja are
 // read when present) or a tokenizer.json file.
-TokenizerSpec ReadTokenizerFiles(const std::string& path);
+TokenizerSpec ReadTokenizerFiles(const std::string& path, int id_limit = kMaxTokenIds);
 
 // A tokenizer from a GGUF file's tokenizer.ggml.* keys (model "gpt2", i.e. byte-level BPE);
 // `where` names the file in messages.
