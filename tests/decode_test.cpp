@@ -211,8 +211,8 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
   o = {};
   o.gen_length = 32;
   o.block_length = 8;
-  o.steps = 64;
-  expect_error(o, "--steps must lie in [1, 32] (got 64)");
+  o.steps = 2000;
+  expect_error(o, "--steps must lie in [1, 512] (got 2000)");
   // Every number out of its range or not finite is an error naming the option, never a
   // rule quietly switched off.
   const double nan = std::numeric_limits<double>::quiet_NaN();

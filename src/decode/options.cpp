@@ -63,8 +63,8 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   if (gen_length % block != 0) {
     Fail("--block-length ", block, " does not divide --gen-length ", gen_length);
   }
-  // More steps than positions would only add steps that commit nothing.
-  RequireIn(steps, "--steps", {1, double(gen_length)});
+  // Bounded by the context: a schedule allocates and may run a step per step.
+  RequireIn(steps, "--steps", {1, double(config.max_positions)});
   if (steps % BlockCount() != 0) {
     Fail("--steps ", steps, " is not divisible by the number of blocks (", BlockCount(), ")");
   }

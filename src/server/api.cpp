@@ -562,7 +562,8 @@ json RequestFromQuery(const std::multimap<std::string, std::string>& params) {
             using T = std::remove_reference_t<decltype(std::declval<DecodeOptions&>().*member)>;
             if constexpr (std::is_same_v<T, int> || std::is_same_v<T, uint64_t>) {
               body[key] = number(true);
-            } else if constexpr (std::is_same_v<T, double>) {
+            } else if constexpr (std::is_same_v<T, double> ||
+                                 std::is_same_v<T, std::optional<double>>) {
               body[key] = number(false);
             } else if constexpr (std::is_same_v<T, bool>) {
               body[key] = boolean();
