@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/dtype.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 #include "test_support.h"
 
 namespace polestar {
@@ -110,9 +112,102 @@ TEST(CliBundledModel, IsTheDefaultAndSolvesItsHeldOutTasks) {
   EXPECT_GE(polestar["accuracy"].get<double>(), vanilla["accuracy"].get<double>() - 0.05);
   EXPECT_LT(polestar["nfe_mean"].get<double>(), 32.0 / 4);
 
-  const CliResult sum = Polestar("generate -p 'Compute 362 + 376.' --gen-length 32 --block-length 8 --steps 32 -t 1");
+  // The first command a new user types: the model's own generation defaults apply.
+  const CliResult sum = Polestar("generate -p 'Compute 755 + 136.' -t 1");
   EXPECT_EQ(sum.exit_code, 0) << sum.output;
-  EXPECT_THAT(sum.output, HasSubstr("0738\n"));
+  EXPECT_THAT(sum.output, HasSubstr("0891\n"));
+}
+
+TEST(CliModelDefaults, GenerationConfigSetsTheDefaultsFlagsOverrideAndHelpShows) {
+  // The bundled model's generation_config.json says 32 / 8 / 32.
+  CliResult help = Polestar("generate --help");
+  EXPECT_THAT(help.output, HasSubstr("--gen-length INT=32 "));
+  EXPECT_THAT(help.output, HasSubstr("--steps,--diffusion-steps INT=32\n"));
+  // A model folder without one: the built-in defaults.
+  const std::string tiny = testing::FixtureDir("llada-tiny");
+  help = Polestar("generate -m " + Quote(tiny) + " --help");
+  EXPECT_THAT(help.output, HasSubstr("--gen-length INT=128 "));
+
+  testing::Checkpoint checkpoint = testing::LoadCheckpoint("llada-tiny");
+  const std::string dir = testing::WriteCheckpoint(checkpoint, testing::TempDir() + "/model");
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"max_new_tokens": 16, "block_length": 4, "steps": 8, "threshold": 0.5,
+            "bos_token_id": 1, "transformers_version": "4.46.3", "top_p": null})";
+  help = Polestar("serve -m " + Quote(dir) + " --help");
+  EXPECT_THAT(help.output, HasSubstr("--gen-length INT=16 "));
+  EXPECT_THAT(help.output, HasSubstr("--block-length,--diffusion-block-length INT=4\n"));
+  auto nfe_and_length = [&](const std::string& flags) {
+    const CliResult r = Polestar("generate -m " + Quote(dir) + " --prompt-ids 1,2,3 --json" + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json j = nlohmann::json::parse(r.output);
+    return std::pair<int, size_t>(j["nfe"], j["generated"].size());
+  };
+  const auto [nfe, length] = nfe_and_length("");
+  EXPECT_EQ(length, 16u);
+  EXPECT_LE(nfe, 8);  // threshold 0.5 commits at least the 2 tokens a step of 8 steps asks
+  EXPECT_EQ(nfe_and_length(" --gen-length 8 --block-length 8 --steps 8").second, 8u);
+
+  std::ofstream(dir + "/generation_config.json") << R"({"steps": "many"})";
+  CliResult r = Polestar("generate -m " + Quote(dir) + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr(dir + "/generation_config.json: 'steps'"));
+  std::ofstream(dir + "/generation_config.json") << R"({"threshold": 0})";
+  r = Polestar("generate -m " + Quote(dir) + " --prompt-ids 1,2,3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--threshold must lie in (0, 1] (got 0)"));
+}
+
+// Numbers that would silently mean something else are errors naming the flag.
+TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
+  const std::string tiny = Quote(testing::FixtureDir("llada-tiny"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--threshold -1", "--threshold must lie in (0, 1] (got -1)"},
+      {"--threshold 0", "--threshold must lie in (0, 1] (got 0)"},
+      {"--threshold nan", "--threshold must lie in (0, 1] (got nan)"},
+      {"--factor -1", "--factor must lie in (0, inf) (got -1)"},
+      {"--factor 0", "--factor must lie in (0, inf) (got 0)"},
+      {"--temperature nan", "--temperature must lie in [0, inf) (got nan)"},
+      {"--cfg-scale nan", "--cfg-scale must lie in [0, inf) (got nan)"},
+      {"--alpha nan", "--alpha must lie in [0, inf) (got nan)"},
+      {"--tau-s nan", "--tau-s must lie in (0, 1] (got nan)"},
+      {"--policy polestar --tau-s 2", "--tau-s must lie in (0, 1] (got 2)"},
+      {"--seed -1", "--seed must be an integer in [0, 18446744073709551615] (got '-1')"},
+      {"--seed 18446744073709551616", "--seed must be an integer"},
+      {"-t -1", "--threads: Value -1 not in range 0 to 1024"},
+      {"--steps 100000", "--steps must lie in [1, 512] (got 100000)"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const CliResult r = Polestar("generate -m " + tiny + " --prompt-ids 1,2,3 " + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_THAT(r.output, HasSubstr(message)) << flags;
+  }
+  for (const std::string& items : {"--per-task 0", "--per-task -3", "--limit 0"}) {
+    const CliResult r = Polestar("eval --suite tiny " + items);
+    EXPECT_NE(r.exit_code, 0) << items;
+    EXPECT_THAT(r.output, HasSubstr("Value ")) << items;  // CLI11: must be positive
+  }
+  // -n is not an item count (nor anything else): eval has --per-task and --limit.
+  EXPECT_THAT(Polestar("eval --suite tiny -n 20").output, HasSubstr("-n"));
+  EXPECT_NE(Polestar("eval --suite tiny -n 20").exit_code, 0);
+}
+
+// An output that is one of the inputs is refused before anything is written.
+TEST(CliErrors, OutputsNeverDestroyInputs) {
+  const std::string dir = testing::WriteCheckpoint(testing::LoadCheckpoint("llada-tiny"),
+                                                   testing::TempDir() + "/model");
+  const std::string weights = dir + "/model.safetensors";
+  const auto size = std::filesystem::file_size(weights);
+  CliResult r = Polestar("convert -m " + Quote(dir) + " -o " + Quote(weights) + " --type q8_0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("the output is one of the inputs"));
+  EXPECT_EQ(std::filesystem::file_size(weights), size);
+  EXPECT_NO_THROW(Model::Load(dir));
+  // Through a second name of the same file, too.
+  std::filesystem::create_symlink(weights, dir + "/alias.gguf");
+  r = Polestar("convert -m " + Quote(dir) + " -o " + Quote(dir + "/alias.gguf"));
+  EXPECT_THAT(r.output, HasSubstr("the output is one of the inputs"));
+  EXPECT_EQ(std::filesystem::file_size(weights), size);
+
 }
 
 TEST(CliErrors, MissingModel) {

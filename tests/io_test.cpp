@@ -11,6 +11,8 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "io/atomic_file.h"
+#include "io/gguf.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
@@ -31,6 +33,11 @@ void ExpectError(Fn&& fn, const std::vector<std::string>& parts) {
   } catch (const Error& e) {
     for (const std::string& part : parts) EXPECT_THAT(e.what(), HasSubstr(part));
   }
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
@@ -178,6 +185,45 @@ std::string WriteModel(const Checkpoint& checkpoint, const std::string& name = "
 }
 
 TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) { return checkpoint.Tensor(name); }
+
+TEST(AtomicFile, TheDestinationIsTheOldFileOrTheWholeNewOne) {
+  const std::string dir = testing::TempDir();
+  const std::string path = dir + "/out.bin";
+  WriteBytes(path, "old contents");
+  {
+    AtomicFile file(path);
+    file.Write("new, but never committed");
+    // An exception here (disk full, a bad tensor) unwinds without Commit.
+  }
+  EXPECT_EQ(ReadBytes(path), "old contents");
+  {
+    AtomicFile file(path);
+    file.Write("new ");
+    file.Write("contents");
+    EXPECT_EQ(ReadBytes(path), "old contents");  // nothing shows until the file is whole
+    file.Commit();
+  }
+  EXPECT_EQ(ReadBytes(path), "new contents");
+  size_t entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) entries += entry.is_regular_file();
+  EXPECT_EQ(entries, 1u);  // no temporary file left behind
+  ExpectError([&] { AtomicFile(dir + "/missing/out.bin"); }, {dir + "/missing/out.bin", "cannot create"});
+}
+
+TEST(AtomicFile, AFailedGgufConversionLeavesNoFile) {
+  const std::string out = testing::TempDir() + "/model.gguf";
+  {
+    GgufWriter writer;
+    writer.AddTensor("a", DType::kF32, {4});
+    writer.AddTensor("b", DType::kF32, {4});
+    writer.Open(out);
+    const float values[4] = {1, 2, 3, 4};
+    writer.WriteTensorData(reinterpret_cast<const uint8_t*>(values), sizeof(values));
+    // The second tensor never comes: the conversion failed.
+  }
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(fs::is_empty(testing::TempDir()));
+}
 
 TEST(ModelLoad, FixtureCopyLoads) {  // the control for the broken cases below
   auto model = Model::Load(WriteModel(LoadFixture("llada-tiny")));

@@ -232,7 +232,8 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
 
   // Fill the form as a person would, and press Generate.
   const json form = {
-      {"prompt", prompt}, {"max_tokens", "32"}, {"block_length", "8"}, {"policy", "vanilla"}};
+      {"mode", "completions"}, {"prompt", prompt},        {"max_tokens", "32"},
+      {"block_length", "8"},   {"policy", "vanilla"}};
   for (const auto& [id, value] : form.items()) {
     browser.Evaluate(page,
                      "document.getElementById(" + json(id).dump() + ").value = " + value.dump());

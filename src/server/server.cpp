@@ -268,7 +268,16 @@ json Server::Impl::ModelEntry() const {
             {"n_params", model->ParameterCount()},
             {"n_ctx", c.max_positions},
             {"mask_id", c.mask_id},
-            {"source", model->source()}}}};
+            {"source", model->source()},
+            // What a request that names no decoding field gets (the page starts from these).
+            {"defaults",
+             {{"policy", options.defaults.policy},
+              {"max_tokens", options.defaults.gen_length},
+              {"block_length", options.defaults.block_length},
+              {"steps", options.defaults.steps},
+              {"threshold", options.defaults.threshold ? nlohmann::json(*options.defaults.threshold)
+                                                       : nlohmann::json()},
+              {"temperature", options.defaults.temperature}}}}}};
 }
 
 void Server::Impl::Models(const http::Request&, http::ResponseWriter& writer) {

@@ -28,7 +28,7 @@ void PrintTotalsLine(const char* name, const bench::Totals& t, const std::string
 
 }  // namespace
 
-void AddEvalCommand(CLI::App& app) {
+void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand(
       "eval", "Run a suite's test split through one policy: accuracy, NFE, TPF, TPS per task");
   auto args = std::make_shared<EvalArgs>();
@@ -40,6 +40,7 @@ void AddEvalCommand(CLI::App& app) {
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
+  args->options = defaults;
   AddDecodeFlags(cmd, args->options);
   cmd->footer(
       "--seed also picks the tiny suite's test items. Unless given: --gen-length/--block-length "

@@ -55,7 +55,7 @@ std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& g
 
 }  // namespace
 
-void AddGenerateCommand(CLI::App& app) {
+void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a diffusion LM");
   auto args = std::make_shared<GenerateArgs>();
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file (default: the bundled polestar-tiny)");
@@ -72,6 +72,7 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--visual,--diffusion-visual", args->visual, "show the canvas as it fills");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
+  args->options = defaults;
   AddDecodeFlags(cmd, args->options);
   cmd->callback([args, prompt, ids] {
     SetThreadCount(args->threads);

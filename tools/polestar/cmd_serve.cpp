@@ -22,7 +22,7 @@ struct ServeArgs {
 
 }  // namespace
 
-void AddServeCommand(CLI::App& app) {
+void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto args = std::make_shared<ServeArgs>();
   ServerOptions& s = args->server;
@@ -53,6 +53,7 @@ void AddServeCommand(CLI::App& app) {
   cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
                   "longest prompt accepted (0: the context)");
   cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");
+  s.defaults = defaults;
   AddDecodeFlags(cmd, s.defaults);
   cmd->callback([args] {
     // Ctrl-C and SIGTERM may arrive on any thread (libraries such as OpenBLAS start their

@@ -13,7 +13,7 @@
 
 namespace polestar::cli {
 
-void AddTasksEvalCommand(CLI::App& app) {
+void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("tasks-eval", "Held-out accuracy per task of a polestar-tiny model");
   struct Args {
     std::string model;
@@ -35,6 +35,7 @@ void AddTasksEvalCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "print JSON instead of a table");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024))->capture_default_str();
+  args->decode = defaults;
   AddDecodeFlags(cmd, args->decode);
   cmd->callback([args] {
     SetThreadCount(args->threads);

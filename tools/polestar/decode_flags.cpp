@@ -1,9 +1,11 @@
 #include "decode_flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 
 #include "base/error.h"
+#include "io/json_file.h"
 
 namespace polestar::cli {
 
@@ -64,6 +66,67 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--drift-metric", o.drift_metric, "Polestar: kl | cosine")->capture_default_str();
   cmd->add_option("--nvfp4", o.nvfp4_hidden, "Polestar: NVFP4 residual hidden-state cache (true/false)")->capture_default_str();
   cmd->add_option("--overlap", o.overlap, "Polestar: auxiliary work on a worker thread (true/false)")->capture_default_str();
+}
+
+namespace {
+
+bool IsDecodeFlag(const std::string& name) {
+  CLI::App parser;
+  DecodeOptions unused;
+  AddDecodeFlags(&parser, unused);
+  const CLI::Option* option = parser.get_option_no_throw("--" + name);
+  return option != nullptr && !option->get_lnames().empty() && option->get_lnames().front() != "help";
+}
+
+}  // namespace
+
+DecodeOptions ModelDecodeDefaults(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  DecodeOptions options;
+  const fs::path path = fs::path(model_path) / "generation_config.json";
+  std::error_code ec;
+  if (!fs::is_directory(model_path, ec) || !fs::exists(path, ec)) return options;
+  const nlohmann::json config = ReadJsonFile(path.string());
+  if (!config.is_object()) Fail(path.string(), ": not a JSON object");
+  if (config.contains("max_new_tokens") && config.contains("gen_length")) {
+    Fail(path.string(), ": give gen_length or max_new_tokens, not both");
+  }
+  for (const auto& [key, value] : config.items()) {
+    std::string flag = key == "max_new_tokens" ? "gen-length" : key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (value.is_null() || !IsDecodeFlag(flag)) continue;
+    if (value.is_object() || value.is_array()) {
+      Fail(path.string(), ": '", key, "' must be a number, a string or a boolean");
+    }
+    try {
+      SetDecodeOption(options, flag, value.is_string() ? value.get<std::string>() : value.dump());
+    } catch (const Error& e) {
+      Fail(path.string(), ": '", key, "': ", e.what());
+    }
+  }
+  return options;
+}
+
+DecodeOptions CommandLineDecodeDefaults(int argc, const char* const* argv) {
+  if (argc < 2) return {};
+  const std::string command = argv[1];
+  if (command != "generate" && command != "eval" && command != "serve" && command != "tasks-eval") {
+    return {};
+  }
+  std::string model;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "-m" || arg == "--model") && i + 1 < argc) model = argv[i + 1];
+    if (arg.rfind("--model=", 0) == 0) model = arg.substr(8);
+  }
+  if (model.empty()) {
+    try {
+      model = DefaultModelPath();
+    } catch (const Error&) {
+      return {};  // the command reports the missing model itself
+    }
+  }
+  return ModelDecodeDefaults(model);
 }
 
 std::string DefaultModelPath() {

@@ -9,7 +9,22 @@
 
 namespace polestar::cli {
 
+// Registers the decoding flags on `cmd`, bound to `options`; their defaults (shown by --help)
+// are the values `options` holds now.
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& options);
+
+// The decoding defaults of a model: the built-in ones, overridden by the model folder's
+// generation_config.json (Hugging Face's file for generation defaults) where it names a
+// decoding option by its HTTP field name ("gen_length", "block_length", "steps",
+// "threshold", ...; "max_new_tokens" as gen_length). Other keys (bos_token_id,
+// transformers_version, ...) belong to Hugging Face and are ignored, as are null values.
+// Throws Error naming the file and key for a bad value.
+DecodeOptions ModelDecodeDefaults(const std::string& model_path);
+
+// The decoding defaults for a command line: those of the model its -m/--model names, or
+// of the bundled model when it names none and the command uses one (generate, eval, serve,
+// tasks-eval). Read before the flags are registered, so --help shows the values a run would use.
+DecodeOptions CommandLineDecodeDefaults(int argc, const char* const* argv);
 
 // The bundled model (models/polestar-tiny), found from the working directory or the source
 // tree this binary was built from; used when -m is omitted.
