@@ -186,6 +186,18 @@ TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
     EXPECT_NE(r.exit_code, 0) << items;
     EXPECT_THAT(r.output, HasSubstr("Value ")) << items;  // CLI11: must be positive
   }
+  // The other commands' numbers, NaN and wrapped negatives included.
+  for (const auto& [command, message] : std::vector<std::pair<std::string, std::string>>{
+           {"serve --timeout nan", "--timeout: Value nan not in range 0 to 1e+09"},
+           {"make-random-model --scale inf -o " + Quote(testing::TempDir()), "--scale: Value inf"},
+           {"train --out " + Quote(testing::TempDir()) + " --lr nan", "--lr: Value nan"},
+           {"tasks --n -3", "--n: Value -3 not in range"},
+           {"tasks --task add --seed -1", "--seed must be an integer in [0, 18446744073709551615]"},
+           {"serve --port 70000", "--port: Value 70000 not in range 0 to 65535"}}) {
+    const CliResult r = Polestar(command);
+    EXPECT_NE(r.exit_code, 0) << command;
+    EXPECT_THAT(r.output, HasSubstr(message)) << command;
+  }
   // -n is not an item count (nor anything else): eval has --per-task and --limit.
   EXPECT_THAT(Polestar("eval --suite tiny -n 20").output, HasSubstr("-n"));
   EXPECT_NE(Polestar("eval --suite tiny -n 20").exit_code, 0);

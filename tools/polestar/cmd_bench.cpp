@@ -80,15 +80,25 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--like", so.like, "--scale: model shape (llada-1b, llada-8b, dream-7b, ...)")
       ->capture_default_str();
   cmd->add_option("--layer-scale", so.layer_scale, "--scale: multiply the shape's layer count")
+      ->check(Within(1e-3, 64))
       ->capture_default_str();
   cmd->add_option("--random-model", so.model_dir,
                   "--scale: checkpoint folder (written there when absent; default /tmp/polestar-random-LIKE)");
-  cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")->capture_default_str();
-  cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")->capture_default_str();
+  cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--tokens-per-step", so.tokens_per_step,
-                  "--scale: the forced commit schedule's tokens per step")->capture_default_str();
-  cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per forced run")->capture_default_str();
+                  "--scale: the forced commit schedule's tokens per step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per forced run")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--scale-max-steps", so.max_steps, "--scale: steps per forced run at most (0: no limit)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--scale-policies", args->scale_policies, "--scale: policies run with the forced schedule")
       ->capture_default_str();

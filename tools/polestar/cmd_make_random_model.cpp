@@ -6,6 +6,7 @@
 #include "base/parallel.h"
 #include "bench/random_model.h"
 #include "commands.h"
+#include "decode_flags.h"
 
 namespace polestar::cli {
 
@@ -26,19 +27,25 @@ void AddMakeRandomModelCommand(CLI::App& app) {
   cmd->add_option("--like", args->like, "shape to copy: " + shapes)->capture_default_str();
   cmd->add_option("--scale", args->scale,
                   "multiply the layer count (per-layer shapes stay real), e.g. 0.25")
+      ->check(Within(1e-3, 64))
       ->capture_default_str();
   cmd->add_option("-o,--output", args->out, "output folder")->required();
   cmd->add_option("--dtype", args->dtype, "bf16 or f32")
       ->check(CLI::IsMember({"bf16", "f32"}))
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "weight seed")->capture_default_str();
-  cmd->add_option("--layers", args->layers, "override: layer count (before --scale)");
-  cmd->add_option("--width", args->width, "override: hidden width");
-  cmd->add_option("--heads", args->heads, "override: attention heads");
-  cmd->add_option("--kv-heads", args->kv_heads, "override: key/value heads");
-  cmd->add_option("--ffn", args->ffn, "override: SwiGLU inner width");
-  cmd->add_option("--vocab", args->vocab, "override: vocabulary (special ids are moved below it)");
-  cmd->add_option("--max-shard-gb", args->max_shard_gb, "shard size limit")->capture_default_str();
+  AddUint64Option(cmd, "--seed", args->seed, "weight seed");
+  cmd->add_option("--layers", args->layers, "override: layer count (before --scale)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--width", args->width, "override: hidden width")->check(CLI::Range(2, 65536));
+  cmd->add_option("--heads", args->heads, "override: attention heads")->check(CLI::Range(1, 1024));
+  cmd->add_option("--kv-heads", args->kv_heads, "override: key/value heads")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--ffn", args->ffn, "override: SwiGLU inner width")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", args->vocab, "override: vocabulary (special ids are moved below it)")
+      ->check(CLI::Range(8, 1 << 24));
+  cmd->add_option("--max-shard-gb", args->max_shard_gb, "shard size limit")
+      ->check(Within(1e-3, 1e6))
+      ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
   cmd->callback([args] {

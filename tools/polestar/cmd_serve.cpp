@@ -41,7 +41,7 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
       ->capture_default_str();
   cmd->add_option("--timeout", s.timeout_seconds,
                   "seconds a request may take, queue included (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(Within(0, 1e9))
       ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
   cmd->add_option("--cors", s.cors_origin,

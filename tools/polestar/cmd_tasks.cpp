@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "decode_flags.h"
 #include "base/error.h"
 #include "tasks/tasks.h"
 #include "tokenizer/model_tokenizer.h"
@@ -23,9 +24,9 @@ void AddTasksCommand(CLI::App& app) {
   auto args = std::make_shared<Args>();
   cmd->add_option("--task", args->task, "task name (without it: list the tasks)");
   cmd->add_option("--split", args->split, "train or test")->check(CLI::IsMember({"train", "test"}))->capture_default_str();
-  cmd->add_option("-n,--n", args->n, "number of items")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "generator seed")->capture_default_str();
-  cmd->add_option("--start", args->start, "index of the first item")->capture_default_str();
+  cmd->add_option("-n,--n", args->n, "number of items")->check(CLI::Range(1, 1000000))->capture_default_str();
+  AddUint64Option(cmd, "--seed", args->seed, "generator seed");
+  AddUint64Option(cmd, "--start", args->start, "index of the first item");
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->add_flag("--chat", args->chat, "print the prompt in the chat template");
   cmd->add_option("--tokenizer", args->tokenizer,

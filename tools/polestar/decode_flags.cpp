@@ -9,6 +9,35 @@
 
 namespace polestar::cli {
 
+CLI::Validator Within(double low, double high) {
+  return CLI::Validator(
+      [low, high](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "'" + text + "' is not a number";
+        if (value >= low && value <= high) return "";
+        return Cat("Value ", text, " not in range ", low, " to ", high);
+      },
+      Cat("NUMBER in [", low, ", ", high, "]"));
+}
+
+CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& target,
+                             const std::string& help) {
+  const std::string flag = names.substr(0, names.find(','));
+  return cmd
+      ->add_option_function<std::string>(
+          names,
+          [&target, flag](const std::string& text) {
+            uint64_t value = 0;
+            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+            if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
+              Fail(flag, " must be an integer in [0, 18446744073709551615] (got '", text, "')");
+            }
+            target = value;
+          },
+          help)
+      ->default_str(std::to_string(target));
+}
+
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--policy", o.policy, std::string("decoding policy: ") + KnownPolicies())
       ->capture_default_str();
@@ -22,19 +51,7 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option_function<double>(
       "--factor", [&o](double v) { o.factor = v; }, "factor commit rule (Fast-dLLM), > 0");
   cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")->capture_default_str();
-  // Parsed here: CLI11 wraps "-1" and saturates overflowing values into a uint64_t.
-  cmd->add_option_function<std::string>(
-         "--seed,-s",
-         [&o](const std::string& text) {
-           uint64_t value = 0;
-           const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-           if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-             Fail("--seed must be an integer in [0, 18446744073709551615] (got '", text, "')");
-           }
-           o.seed = value;
-         },
-         "random seed")
-      ->default_str(std::to_string(o.seed));
+  AddUint64Option(cmd, "--seed,-s", o.seed, "random seed");
   cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")->capture_default_str();
   cmd->add_option("--alg", o.alg, "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
   cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")->capture_default_str();

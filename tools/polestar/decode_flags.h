@@ -9,6 +9,15 @@
 
 namespace polestar::cli {
 
+// A CLI11 check that a number lies in [low, high]. CLI::Range lets NaN through (every
+// comparison with NaN is false); this does not, nor infinities outside the bounds.
+CLI::Validator Within(double low, double high);
+
+// Adds an unsigned 64-bit option parsed strictly: CLI11 would wrap "-1" and saturate values
+// past 2^64 - 1 into a uint64_t silently.
+CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& target,
+                             const std::string& help);
+
 // Registers the decoding flags on `cmd`, bound to `options`; their defaults (shown by --help)
 // are the values `options` holds now.
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& options);
