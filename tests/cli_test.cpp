@@ -193,7 +193,9 @@ TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
            {"train --out " + Quote(testing::TempDir()) + " --lr nan", "--lr: Value nan"},
            {"tasks --n -3", "--n: Value -3 not in range"},
            {"tasks --task add --seed -1", "--seed must be an integer in [0, 18446744073709551615]"},
-           {"serve --port 70000", "--port: Value 70000 not in range 0 to 65535"}}) {
+           {"serve --port 70000", "--port: Value 70000 not in range 0 to 65535"},
+           {"generate -p \"$(printf '\\377\\376')\"", "--prompt: the text is not valid UTF-8"},
+           {"tokenize -m " + Quote(testing::SourceDir() + "/models/polestar-tiny") + " --text \"$(printf '\\303')\"", "--text: the text is not valid UTF-8"}}) {
     const CliResult r = Polestar(command);
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_THAT(r.output, HasSubstr(message)) << command;

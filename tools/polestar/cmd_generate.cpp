@@ -59,12 +59,13 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a diffusion LM");
   auto args = std::make_shared<GenerateArgs>();
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file (default: the bundled polestar-tiny)");
-  auto* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text (chat template applied unless --raw)");
+  auto* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text (chat template applied unless --raw)")
+                     ->check(Utf8Text());
   auto* ids = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids: 1,2,3");
   prompt->excludes(ids);
   cmd->add_flag("--raw", args->raw, "tokenize the prompt as is, without the chat template");
   cmd->add_option("--chat-template", args->chat_template, "llada | chatml (default: from the model)");
-  cmd->add_option("--system", args->system, "system message");
+  cmd->add_option("--system", args->system, "system message")->check(Utf8Text());
   cmd->add_option("--stop-at-eos", args->stop_at_eos, "cut the text at the first EOS / end of turn")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");

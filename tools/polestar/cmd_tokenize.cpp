@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "commands.h"
+#include "decode_flags.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,7 +57,7 @@ void AddTokenizeCommand(CLI::App& app) {
   cmd->add_option("-m,--model", args->model,
                   "model folder with tokenizer.json, or a tokenizer.json")
       ->required();
-  auto* text = cmd->add_option("--text", args->text, "text to encode; prints the ids");
+  auto* text = cmd->add_option("--text", args->text, "text to encode; prints the ids")->check(Utf8Text());
   auto* jsonl = cmd->add_option("--input-jsonl", args->input_jsonl,
                                 "file of {\"text\": ...} lines (- for stdin); prints "
                                 "{\"text\": ..., \"ids\": [...]} lines");
@@ -67,7 +68,7 @@ void AddTokenizeCommand(CLI::App& app) {
   cmd->add_flag("--chat", args->chat, "encode each text as a user turn in the model's chat format");
   cmd->add_option("--chat-template", args->chat_template,
                   "chat format instead of the model's own: llada or chatml (implies --chat)");
-  cmd->add_option("--system", args->system, "system message for --chat");
+  cmd->add_option("--system", args->system, "system message for --chat")->check(Utf8Text());
   cmd->add_flag("--skip-special", args->skip_special, "leave special tokens out of --decode text");
   cmd->callback([args, text, jsonl, decode] {
     if (text->count() + jsonl->count() + decode->count() == 0) {

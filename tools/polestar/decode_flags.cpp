@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "io/json_file.h"
+#include "tokenizer/unicode.h"
 
 namespace polestar::cli {
 
@@ -18,6 +19,14 @@ CLI::Validator Within(double low, double high) {
         return Cat("Value ", text, " not in range ", low, " to ", high);
       },
       Cat("NUMBER in [", low, ", ", high, "]"));
+}
+
+CLI::Validator Utf8Text() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return unicode::IsValidUtf8(text) ? "" : "the text is not valid UTF-8";
+      },
+      "UTF-8");
 }
 
 CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& target,

@@ -13,6 +13,10 @@ namespace polestar::cli {
 // comparison with NaN is false); this does not, nor infinities outside the bounds.
 CLI::Validator Within(double low, double high);
 
+// A CLI11 check that text is valid UTF-8: the tokenizers take Unicode text, and invalid bytes
+// would otherwise be replaced silently.
+CLI::Validator Utf8Text();
+
 // Adds an unsigned 64-bit option parsed strictly: CLI11 would wrap "-1" and saturate values
 // past 2^64 - 1 into a uint64_t silently.
 CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& target,
