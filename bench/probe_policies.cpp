@@ -77,19 +77,21 @@ int Run(const std::string& dir) {
       }
     }
     const int prompts = int(reference["prompts"].size());
-    nlohmann::json result = {{"name", row.name},
-                             {"policy", row.options.policy},
-                             {"threshold", row.options.threshold ? nlohmann::json(*row.options.threshold) : nlohmann::json()},
-                             {"block_length", row.options.block_length},
-                             {"gamma", row.options.gamma},
-                             {"prompts", prompts},
-                             {"accuracy", double(correct) / prompts},
-                             {"nfe", nfe},
-                             {"tpf_all_positions", double(positions) / nfe},
-                             {"tpf_non_eos", double(non_eos) / nfe},
-                             {"rows_computed", rows_computed},
-                             {"refreshes", refreshes},
-                             {"seconds", seconds}};
+    nlohmann::json result = {
+        {"name", row.name},
+        {"policy", row.options.policy},
+        {"threshold",
+         row.options.threshold ? nlohmann::json(*row.options.threshold) : nlohmann::json()},
+        {"block_length", row.options.block_length},
+        {"gamma", row.options.gamma},
+        {"prompts", prompts},
+        {"accuracy", double(correct) / prompts},
+        {"nfe", nfe},
+        {"tpf_all_positions", double(positions) / nfe},
+        {"tpf_non_eos", double(non_eos) / nfe},
+        {"rows_computed", rows_computed},
+        {"refreshes", refreshes},
+        {"seconds", seconds}};
     std::printf("%s\n", result.dump().c_str());
     results.push_back(result);
   }

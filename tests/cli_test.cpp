@@ -99,7 +99,10 @@ TEST(CliForward, LogitsMatchTheReference) {
 TEST(CliBundledModel, IsTheDefaultAndSolvesItsHeldOutTasks) {
   auto eval = [](const std::string& policy) {
     std::string out;
-    EXPECT_EQ(testing::RunCli("eval --suite tiny --per-task 10 --seed 4242 -t 1 --json -q --policy " + policy, &out), 0)
+    EXPECT_EQ(
+        testing::RunCli(
+            "eval --suite tiny --per-task 10 --seed 4242 -t 1 --json -q --policy " + policy, &out),
+        0)
         << out;
     return nlohmann::json::parse(out)["summary"];
   };
@@ -137,7 +140,8 @@ TEST(CliModelDefaults, GenerationConfigSetsTheDefaultsFlagsOverrideAndHelpShows)
   EXPECT_THAT(help.output, HasSubstr("--gen-length INT=16 "));
   EXPECT_THAT(help.output, HasSubstr("--block-length,--diffusion-block-length INT=4\n"));
   auto nfe_and_length = [&](const std::string& flags) {
-    const CliResult r = Polestar("generate -m " + Quote(dir) + " --prompt-ids 1,2,3 --json" + flags);
+    const CliResult r =
+        Polestar("generate -m " + Quote(dir) + " --prompt-ids 1,2,3 --json" + flags);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const nlohmann::json j = nlohmann::json::parse(r.output);
     return std::pair<int, size_t>(j["nfe"], j["generated"].size());
@@ -195,7 +199,9 @@ TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
            {"tasks --task add --seed -1", "--seed must be an integer in [0, 18446744073709551615]"},
            {"serve --port 70000", "--port: Value 70000 not in range 0 to 65535"},
            {"generate -p \"$(printf '\\377\\376')\"", "--prompt: the text is not valid UTF-8"},
-           {"tokenize -m " + Quote(testing::SourceDir() + "/models/polestar-tiny") + " --text \"$(printf '\\303')\"", "--text: the text is not valid UTF-8"}}) {
+           {"tokenize -m " + Quote(testing::SourceDir() + "/models/polestar-tiny") +
+                " --text \"$(printf '\\303')\"",
+            "--text: the text is not valid UTF-8"}}) {
     const CliResult r = Polestar(command);
     EXPECT_NE(r.exit_code, 0) << command;
     EXPECT_THAT(r.output, HasSubstr(message)) << command;
@@ -221,7 +227,6 @@ TEST(CliErrors, OutputsNeverDestroyInputs) {
   r = Polestar("convert -m " + Quote(dir) + " -o " + Quote(dir + "/alias.gguf"));
   EXPECT_THAT(r.output, HasSubstr("the output is one of the inputs"));
   EXPECT_EQ(std::filesystem::file_size(weights), size);
-
 }
 
 TEST(CliErrors, MissingModel) {

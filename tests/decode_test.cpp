@@ -4,18 +4,18 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <tuple>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "decode/generate.h"
-#include "model/forward.h"
 #include "decode/sampling.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "model/forward.h"
 #include "test_support.h"
 
 namespace polestar {
@@ -165,10 +165,12 @@ TEST(Choices, LladaConfidenceIsTheFloat64SoftmaxOfTheArgmax) {
 TEST(Choices, DreamMarginAndEntropyConfidences) {
   Rng rng(1);
   const std::vector<float> logits = {0.0f, std::log(3.0f), std::log(6.0f)};  // probs 0.1, 0.3, 0.6
-  const TokenChoice margin = ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kMargin, rng);
+  const TokenChoice margin =
+      ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kMargin, rng);
   EXPECT_EQ(margin.token, 2);
   EXPECT_NEAR(margin.confidence, 0.3, 1e-6);
-  const TokenChoice entropy = ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
+  const TokenChoice entropy =
+      ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
   EXPECT_NEAR(entropy.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6), 1e-5);
 }
 
@@ -176,7 +178,8 @@ TEST(Choices, TemperatureSamplingFollowsTheDistribution) {
   Rng rng(7);
   const std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
   int ones = 0;
-  for (int i = 0; i < 4000; ++i) ones += ChooseLlada(logits, /*excluded=*/-1, 1.0, false, rng).token;
+  for (int i = 0; i < 4000; ++i)
+    ones += ChooseLlada(logits, /*excluded=*/-1, 1.0, false, rng).token;
   EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
 }
 
@@ -302,8 +305,9 @@ TEST(Termination, NonFiniteLogitsAreAnErrorNotTokens) {
       std::numeric_limits<float>::quiet_NaN();
   const std::string dir = testing::WriteCheckpoint(checkpoint, testing::TempDir());
   std::string out;
-  EXPECT_EQ(testing::RunCli("generate -m " + dir + " --prompt-ids 1,2,3 --gen-length 8 "
-                            "--block-length 8 --steps 8",
+  EXPECT_EQ(testing::RunCli("generate -m " + dir +
+                                " --prompt-ids 1,2,3 --gen-length 8 "
+                                "--block-length 8 --steps 8",
                             &out, /*merge_stderr=*/true),
             1);
   EXPECT_NE(out.find("non-finite logit"), std::string::npos) << out;

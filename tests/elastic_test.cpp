@@ -3,13 +3,12 @@
 // accuracy / NFE comparison with Fast-dLLM dual cache on the trained probe.
 #include <gtest/gtest.h>
 
-#include <optional>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include "base/parallel.h"

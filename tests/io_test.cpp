@@ -184,7 +184,9 @@ std::string WriteModel(const Checkpoint& checkpoint, const std::string& name = "
   return testing::WriteCheckpoint(checkpoint, testing::TempDir() + "/" + name);
 }
 
-TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) { return checkpoint.Tensor(name); }
+TensorToWrite& Find(Checkpoint& checkpoint, const std::string& name) {
+  return checkpoint.Tensor(name);
+}
 
 TEST(AtomicFile, TheDestinationIsTheOldFileOrTheWholeNewOne) {
   const std::string dir = testing::TempDir();
@@ -207,7 +209,8 @@ TEST(AtomicFile, TheDestinationIsTheOldFileOrTheWholeNewOne) {
   size_t entries = 0;
   for (const auto& entry : fs::directory_iterator(dir)) entries += entry.is_regular_file();
   EXPECT_EQ(entries, 1u);  // no temporary file left behind
-  ExpectError([&] { AtomicFile(dir + "/missing/out.bin"); }, {dir + "/missing/out.bin", "cannot create"});
+  ExpectError([&] { AtomicFile(dir + "/missing/out.bin"); },
+              {dir + "/missing/out.bin", "cannot create"});
 }
 
 TEST(AtomicFile, AFailedGgufConversionLeavesNoFile) {

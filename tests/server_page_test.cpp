@@ -231,9 +231,11 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
       << "the page did not load or did not reach /v1/models";
 
   // Fill the form as a person would, and press Generate.
-  const json form = {
-      {"mode", "completions"}, {"prompt", prompt},        {"max_tokens", "32"},
-      {"block_length", "8"},   {"policy", "vanilla"}};
+  const json form = {{"mode", "completions"},
+                     {"prompt", prompt},
+                     {"max_tokens", "32"},
+                     {"block_length", "8"},
+                     {"policy", "vanilla"}};
   for (const auto& [id, value] : form.items()) {
     browser.Evaluate(page,
                      "document.getElementById(" + json(id).dump() + ").value = " + value.dump());

@@ -41,7 +41,9 @@ std::string ModelId(const std::string& model_dir) {
   return Cat(dir.string(), " (", bytes, " bytes)");
 }
 
-void WriteText(const std::string& path, const std::string& text) { WriteFileAtomically(path, text); }
+void WriteText(const std::string& path, const std::string& text) {
+  WriteFileAtomically(path, text);
+}
 
 }  // namespace
 
@@ -72,7 +74,8 @@ RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOpt
 }
 
 BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRequest& request) {
-  if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
+  if (suite.items.empty())
+    Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
   ResultStore store(request.out_dir);
   if (store.skipped_lines() > 0) {
     std::fprintf(stderr, "%s: skipped %d unreadable line(s) (an interrupted write?)\n",

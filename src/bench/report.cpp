@@ -7,9 +7,9 @@
 #include <fstream>
 #include <map>
 
-#include "io/atomic_file.h"
 #include "base/error.h"
 #include "bench/machine.h"
+#include "io/atomic_file.h"
 
 namespace polestar::bench {
 namespace {

@@ -7,13 +7,13 @@
 #include <fstream>
 #include <map>
 
-#include "io/atomic_file.h"
 #include "base/error.h"
 #include "bench/random_model.h"
 #include "bench/report.h"
 #include "decode/generate.h"
 #include "decode/policy.h"
 #include "drift/drift.h"
+#include "io/atomic_file.h"
 #include "model/forward.h"
 
 namespace polestar::bench {

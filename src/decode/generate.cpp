@@ -175,8 +175,9 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         const double p_transfer = last ? 1.0 : 1.0 - double(timesteps[size_t(step) + 1]) / double(timesteps[size_t(step)]);
         for (size_t i = 0; i < masked.size(); ++i) {
           if (std::uniform_real_distribution<double>(0, 1)(rng) < p_transfer) {
-            choices.push_back(ChooseDream(row_logits(masked[i]), config.mask_id, options.temperature, options.top_p,
-                                          options.top_k, DreamConfidence::kProbability, rng));
+            choices.push_back(ChooseDream(row_logits(masked[i]), config.mask_id,
+                                          options.temperature, options.top_p, options.top_k,
+                                          DreamConfidence::kProbability, rng));
             selected.push_back(i);
           } else {
             choices.push_back({});
@@ -185,8 +186,9 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       } else {
         for (int p : masked) {
           choices.push_back(config.arch == Arch::kDream
-                                ? ChooseDream(row_logits(p), config.mask_id, options.temperature, options.top_p,
-                                              options.top_k, rule.dream_confidence, rng)
+                                ? ChooseDream(row_logits(p), config.mask_id, options.temperature,
+                                              options.top_p, options.top_k, rule.dream_confidence,
+                                              rng)
                                 : ChooseLlada(row_logits(p), config.mask_id, options.temperature,
                                               options.remasking == "random", rng));
           confidence.push_back(choices.back().confidence);

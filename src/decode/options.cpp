@@ -26,7 +26,9 @@ struct Interval {
     return (low_open ? v > low : v >= low) && (high_open ? v < high : v <= high);
   }
   std::string Text() const {
-    auto bound = [](double b) { return std::isinf(b) ? std::string(b < 0 ? "-inf" : "inf") : Cat(b); };
+    auto bound = [](double b) {
+      return std::isinf(b) ? std::string(b < 0 ? "-inf" : "inf") : Cat(b);
+    };
     return Cat(low_open ? "(" : "[", bound(low), ", ", bound(high), high_open ? ")" : "]");
   }
 };
@@ -34,8 +36,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 void RequireIn(double value, const char* flag, Interval range) {
   if (range.Contains(value)) return;
-  const bool integral = std::isfinite(value) && std::fabs(value) < 1e15 && value == std::floor(value);
-  Fail(flag, " must lie in ", range.Text(), " (got ", integral ? Cat(int64_t(value)) : Cat(value), ")");
+  const bool integral =
+      std::isfinite(value) && std::fabs(value) < 1e15 && value == std::floor(value);
+  Fail(flag, " must lie in ", range.Text(), " (got ", integral ? Cat(int64_t(value)) : Cat(value),
+       ")");
 }
 
 }  // namespace

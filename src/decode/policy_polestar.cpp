@@ -444,9 +444,10 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       std::span<const float> logits(&result.logits[index * config.vocab], size_t(config.vocab));
       const TokenChoice choice =
           config.arch == Arch::kDream
-              ? ChooseDream(logits, config.mask_id, options_.temperature, options_.top_p, options_.top_k,
-                            DreamConfidence::kProbability, rng_)
-              : ChooseLlada(logits, config.mask_id, options_.temperature, options_.remasking == "random", rng_);
+              ? ChooseDream(logits, config.mask_id, options_.temperature, options_.top_p,
+                            options_.top_k, DreamConfidence::kProbability, rng_)
+              : ChooseLlada(logits, config.mask_id, options_.temperature,
+                            options_.remasking == "random", rng_);
       if (choice.confidence >= options_.tau_s) {
         commits.push_back({p, choice.token});
         ++added;

@@ -41,7 +41,8 @@ TokenChoice ChooseLlada(std::span<const float> logits, int excluded, double temp
       double u = Uniform(rng);
       u = std::max(u, 1e-300);
       const double score = double(logits[i]) - temperature * std::log(-std::log(u));
-      if (score > best && int(i) != excluded) {  // the draw is made anyway: the stream stays aligned
+      if (score > best &&
+          int(i) != excluded) {  // the draw is made anyway: the stream stays aligned
         best = score;
         choice.token = int(i);
       }

@@ -38,7 +38,8 @@ void AtomicFile::Commit() {
   const int flush_error = errno;
   const bool closed = std::fclose(file_) == 0;
   file_ = nullptr;
-  if (!flushed || !closed) Fail(path_, ": write failed: ", std::strerror(flushed ? errno : flush_error));
+  if (!flushed || !closed)
+    Fail(path_, ": write failed: ", std::strerror(flushed ? errno : flush_error));
   if (std::rename(temporary_.c_str(), path_.c_str()) != 0) {
     Fail(path_, ": cannot replace: ", std::strerror(errno));
   }

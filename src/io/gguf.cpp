@@ -7,8 +7,8 @@
 #include <limits>
 #include <set>
 
-#include "io/atomic_file.h"
 #include "base/error.h"
+#include "io/atomic_file.h"
 
 namespace polestar {
 namespace {

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "io/atomic_file.h"
 #include "base/error.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 
 namespace polestar {

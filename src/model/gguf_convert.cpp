@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "io/atomic_file.h"
 #include "base/error.h"
 #include "base/parallel.h"
+#include "io/atomic_file.h"
 #include "io/gguf.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"

@@ -43,8 +43,10 @@ void FailOnUnusedTensors(const TensorStore& store, const std::set<std::string>& 
   std::string listed;
   for (size_t i = 0; i < std::min<size_t>(unused.size(), 3); ++i)
     listed += (i ? ", '" : "'") + unused[i] + "'";
-  Fail(store.origin(), ": ", unused.size(), " tensor(s) are not part of the model its config describes (",
-       listed, unused.size() > 3 ? ", ..." : "", "): does the config's layer count or layout match the checkpoint?");
+  Fail(store.origin(), ": ", unused.size(),
+       " tensor(s) are not part of the model its config describes (", listed,
+       unused.size() > 3 ? ", ..." : "",
+       "): does the config's layer count or layout match the checkpoint?");
 }
 
 WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t rows, int64_t cols) {
@@ -91,7 +93,8 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
     return *bound.insert(name).first;
   };
   embedding_ = BindMatrix(store_, use(names.embedding), c.vocab, c.width);
-  lm_head_ = c.tied_embeddings ? embedding_ : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
+  lm_head_ =
+      c.tied_embeddings ? embedding_ : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
   final_norm_ = BindVector(store_, use(names.final_norm), c.width);
   for (int l = 0; l < c.layers; ++l) {
     auto name = [&](const std::string& leaf) { return use(LayerName(names, l, leaf)); };

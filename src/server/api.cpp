@@ -178,7 +178,8 @@ void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json
               ReadInt(v, name, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
         } else if constexpr (std::is_same_v<T, uint64_t>) {
           options.*member = uint64_t(ReadInt(v, name, 0, std::numeric_limits<int64_t>::max()));
-        } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>) {
+        } else if constexpr (std::is_same_v<T, double> ||
+                             std::is_same_v<T, std::optional<double>>) {
           options.*member = ReadNumber(v, name);
         } else if constexpr (std::is_same_v<T, bool>) {
           options.*member = ReadBool(v, name);

@@ -197,10 +197,9 @@ void Trainer::SaveCheckpoint() const {
   WriteFileAtomically(meta_path, options_.Fingerprint() + "\n");
   const int64_t n = int64_t(model_.params().size());
   // Atomic: an interrupted save leaves the old checkpoint.
-  WriteSafetensors(CheckpointPath(), {F32Tensor("params", {n}, model_.params()),
-                                      F32Tensor("adam_m", {n}, adam_m_),
-                                      F32Tensor("adam_v", {n}, adam_v_),
-                                      I64Tensor("step", {1}, {step_})});
+  WriteSafetensors(CheckpointPath(),
+                   {F32Tensor("params", {n}, model_.params()), F32Tensor("adam_m", {n}, adam_m_),
+                    F32Tensor("adam_v", {n}, adam_v_), I64Tensor("step", {1}, {step_})});
 }
 
 void Trainer::LoadParams(const std::string& path) {

@@ -97,7 +97,8 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--scale-blocks", so.blocks, "--scale: blocks decoded per forced run")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--scale-max-steps", so.max_steps, "--scale: steps per forced run at most (0: no limit)")
+  cmd->add_option("--scale-max-steps", so.max_steps,
+                  "--scale: steps per forced run at most (0: no limit)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--scale-policies", args->scale_policies, "--scale: policies run with the forced schedule")
@@ -147,8 +148,8 @@ void AddBenchCommand(CLI::App& app) {
     if (args->dry_run) {
       for (const bench::GridPoint& p : points) {
         const DecodeOptions o = bench::ResolvePoint(request.base, request.explicit_keys, p, suite, SetDecodeOption);
-        std::printf("%-50s gen %d block %d steps %d threshold %g\n", p.Label().c_str(), o.gen_length,
-                    o.block_length, o.steps, o.threshold.value_or(0));
+        std::printf("%-50s gen %d block %d steps %d threshold %g\n", p.Label().c_str(),
+                    o.gen_length, o.block_length, o.steps, o.threshold.value_or(0));
       }
       std::printf("%zu points x %zu items\n", points.size(), suite.items.size());
       return;

@@ -52,7 +52,8 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     const std::string& model_dir = so.model_dir;
     auto model = Model::Load(model_dir);
     const bench::BenchSuite suite = bench::LoadBenchSuite(so, model->config());
-    if (suite.items.empty()) Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
+    if (suite.items.empty())
+      Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
     const bench::GridPoint point{args->options.policy, {}};
     const DecodeOptions options = bench::ResolvePoint(args->options, GivenDecodeFlags(cmd), point,
                                                       suite, SetDecodeOption);

@@ -3,8 +3,8 @@
 #include <numeric>
 
 #include "base/error.h"
-#include "io/atomic_file.h"
 #include "commands.h"
+#include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 

@@ -59,7 +59,8 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a diffusion LM");
   auto args = std::make_shared<GenerateArgs>();
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file (default: the bundled polestar-tiny)");
-  auto* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text (chat template applied unless --raw)")
+  auto* prompt = cmd->add_option("-p,--prompt", args->prompt,
+                                 "prompt text (chat template applied unless --raw)")
                      ->check(Utf8Text());
   auto* ids = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids: 1,2,3");
   prompt->excludes(ids);

@@ -40,7 +40,8 @@ void AddMakeRandomModelCommand(CLI::App& app) {
   cmd->add_option("--heads", args->heads, "override: attention heads")->check(CLI::Range(1, 1024));
   cmd->add_option("--kv-heads", args->kv_heads, "override: key/value heads")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--ffn", args->ffn, "override: SwiGLU inner width")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ffn", args->ffn, "override: SwiGLU inner width")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--vocab", args->vocab, "override: vocabulary (special ids are moved below it)")
       ->check(CLI::Range(8, 1 << 24));
   cmd->add_option("--max-shard-gb", args->max_shard_gb, "shard size limit")

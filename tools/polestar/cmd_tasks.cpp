@@ -1,11 +1,11 @@
 // polestar tasks: prints items of the verifiable task suite (src/tasks/tasks.h).
 #include <cstdio>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "base/error.h"
 #include "commands.h"
 #include "decode_flags.h"
-#include "base/error.h"
 #include "tasks/tasks.h"
 #include "tokenizer/model_tokenizer.h"
 #include "train/bpe.h"
@@ -24,7 +24,9 @@ void AddTasksCommand(CLI::App& app) {
   auto args = std::make_shared<Args>();
   cmd->add_option("--task", args->task, "task name (without it: list the tasks)");
   cmd->add_option("--split", args->split, "train or test")->check(CLI::IsMember({"train", "test"}))->capture_default_str();
-  cmd->add_option("-n,--n", args->n, "number of items")->check(CLI::Range(1, 1000000))->capture_default_str();
+  cmd->add_option("-n,--n", args->n, "number of items")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   AddUint64Option(cmd, "--seed", args->seed, "generator seed");
   AddUint64Option(cmd, "--start", args->start, "index of the first item");
   cmd->add_flag("--json", args->json, "one JSON object per line");

@@ -30,11 +30,14 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   args->decode.steps = 32;
   cmd->add_option("-m,--model", args->model, "model folder (config, weights, tokenizer)")->required();
   cmd->add_option("--tasks", args->tasks, "tasks (default: all)");
-  cmd->add_option("--items", args->items, "test items per task")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--items", args->items, "test items per task")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   AddUint64Option(cmd, "--item-seed", args->item_seed, "seed of the test items");
   cmd->add_flag("--json", args->json, "print JSON instead of a table");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
-      ->check(CLI::Range(0, 1024))->capture_default_str();
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
   args->decode = defaults;
   AddDecodeFlags(cmd, args->decode);
   cmd->callback([args] {

@@ -57,7 +57,8 @@ void AddTokenizeCommand(CLI::App& app) {
   cmd->add_option("-m,--model", args->model,
                   "model folder with tokenizer.json, or a tokenizer.json")
       ->required();
-  auto* text = cmd->add_option("--text", args->text, "text to encode; prints the ids")->check(Utf8Text());
+  auto* text =
+      cmd->add_option("--text", args->text, "text to encode; prints the ids")->check(Utf8Text());
   auto* jsonl = cmd->add_option("--input-jsonl", args->input_jsonl,
                                 "file of {\"text\": ...} lines (- for stdin); prints "
                                 "{\"text\": ..., \"ids\": [...]} lines");

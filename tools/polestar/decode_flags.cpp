@@ -37,7 +37,8 @@ CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& 
           names,
           [&target, flag](const std::string& text) {
             uint64_t value = 0;
-            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+            const auto [end, error] =
+                std::from_chars(text.data(), text.data() + text.size(), value);
             if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
               Fail(flag, " must be an integer in [0, 18446744073709551615] (got '", text, "')");
             }
@@ -50,7 +51,8 @@ CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& 
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--policy", o.policy, std::string("decoding policy: ") + KnownPolicies())
       ->capture_default_str();
-  cmd->add_option("--gen-length", o.gen_length, "generated positions (canvas length)")->capture_default_str();
+  cmd->add_option("--gen-length", o.gen_length, "generated positions (canvas length)")
+      ->capture_default_str();
   cmd->add_option("--block-length,--diffusion-block-length", o.block_length,
                   "semi-autoregressive block length (0: one block)")->capture_default_str();
   cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")->capture_default_str();
@@ -101,7 +103,8 @@ bool IsDecodeFlag(const std::string& name) {
   DecodeOptions unused;
   AddDecodeFlags(&parser, unused);
   const CLI::Option* option = parser.get_option_no_throw("--" + name);
-  return option != nullptr && !option->get_lnames().empty() && option->get_lnames().front() != "help";
+  return option != nullptr && !option->get_lnames().empty() &&
+         option->get_lnames().front() != "help";
 }
 
 }  // namespace
