@@ -74,7 +74,9 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
                 0);
       const nlohmann::json got = nlohmann::json::parse(out);
       EXPECT_EQ(got["tokens"].get<std::vector<int>>(), ReadIds(tensors, run + ".tokens"));
-      if (params.contains("nfe")) EXPECT_EQ(got["nfe"].get<int>(), params["nfe"].get<int>());
+      if (params.contains("nfe")) {
+        EXPECT_EQ(got["nfe"].get<int>(), params["nfe"].get<int>());
+      }
       ++runs;
     }
   }
