@@ -22,9 +22,13 @@ stage_done "Release"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPOLESTAR_WERROR=ON \
   -DPOLESTAR_SANITIZE=address,undefined -DPOLESTAR_BUILD_BENCH=OFF
 cmake --build build-asan -j"$jobs"
+# Excluded under ASan: Server.NoMemoryGrowthAcrossManyRequests measures resident memory, which
+# ASan's quarantine and allocator grow by design (by 200 MB; 23 MB without the quarantine);
+# LeakSanitizer checks every test here for leaks, and the Release run covers that test.
 ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 3000
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 3000 \
+  -E '^Server\.NoMemoryGrowthAcrossManyRequests$'
 stage_done "AddressSanitizer + UndefinedBehaviorSanitizer"
 
 # Excluded under TSan: ProbeCheckpoint decodes 360 prompts on the calling thread only (no
