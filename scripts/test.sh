@@ -31,12 +31,10 @@ ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1 \
   -E '^Server\.NoMemoryGrowthAcrossManyRequests$'
 stage_done "AddressSanitizer + UndefinedBehaviorSanitizer"
 
-# Excluded under TSan: ProbeCheckpoint decodes 360 prompts on the calling thread only (no
-# overlap worker) and takes too long instrumented; the Release and ASan runs cover it.
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
   -DPOLESTAR_SANITIZE=thread -DPOLESTAR_BUILD_BENCH=OFF
 cmake --build build-tsan -j"$jobs" --target server_test polestar_test
 TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1" \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 3000 \
-  -L '^(server_test|polestar_test)$' -E '^ProbeCheckpoint\.'
+  -L '^(server_test|polestar_test)$'
 stage_done "ThreadSanitizer"
