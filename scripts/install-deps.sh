@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev        # reference GEMM in the matmul benchmark and the trainer's big products
-  libomp-dev             # OpenMP threads (gcc ships libgomp; clang fuzz builds need libomp)
+  libomp-dev             # OpenMP threads (gcc ships libgomp; clang's fuzz and TSan builds use libomp)
+  clang libclang-rt-dev  # fuzz targets (libFuzzer) and the ThreadSanitizer build (runtimes)
   nlohmann-json3-dev     # config.json, tokenizer.json, JSON output
   libcli11-dev           # the polestar command line
   libcpp-httplib-dev     # polestar serve

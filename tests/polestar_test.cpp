@@ -178,6 +178,27 @@ TEST(StandingTest, PolestarRefreshingEverythingReproducesVanilla) {
   }
 }
 
+// The overlap worker clusters each layer on its own thread while the forward goes on; the
+// result must not change (scripts/test.sh also runs this under ThreadSanitizer).
+TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
+    SCOPED_TRACE(fixture);
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+    DecodeOptions serial;
+    serial.policy = "polestar";
+    serial.gen_length = 32;
+    serial.block_length = 8;
+    serial.steps = 32;
+    DecodeOptions overlap = serial;
+    overlap.overlap = true;
+    const GenerationResult expected = Generate(*model, prompt, serial);
+    const GenerationResult result = Generate(*model, prompt, overlap);
+    EXPECT_EQ(result.tokens, expected.tokens);
+    EXPECT_EQ(result.nfe, expected.nfe);
+  }
+}
+
 struct ProbeScore {
   double accuracy = 0, tpf = 0;
 };

@@ -1,5 +1,7 @@
 #include "ops/ops.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -13,9 +15,13 @@
 namespace polestar {
 
 // Lives here, in a file built without AVX2 flags, so the check itself runs on any CPU.
+// F16C is read from CPUID (leaf 1, ECX): clang's __builtin_cpu_supports does not know it.
 bool avx2::Supported() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                                __builtin_cpu_supports("f16c");
+  static const bool supported = [] {
+    unsigned eax, ebx, ecx, edx;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  }();
   return supported;
 }
 

@@ -22,7 +22,8 @@ void DequantizeRow(const WeightView& w, int64_t n, float* out) {
   const uint8_t* row = w.Row(n);
   switch (w.dtype) {
     case DType::kF32:
-      std::memcpy(out, row, size_t(w.cols) * 4);
+      // An empty row may have null pointers, which memcpy must not get even for 0 bytes.
+      if (w.cols > 0) std::memcpy(out, row, size_t(w.cols) * 4);
       return;
     case DType::kBF16:
       for (int64_t i = 0; i < w.cols; ++i) {

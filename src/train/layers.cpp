@@ -113,7 +113,18 @@ namespace {
 
 // The per-(sequence, head) kernels keep every inner loop a contiguous multiply-add over one
 // index (no float reductions), so they vectorise; built for AVX2 with a generic fallback.
+// A ThreadSanitizer build has no clones: their ifunc resolvers run while the dynamic loader
+// relocates the program, before TSan's runtime starts, and clang 14 instruments them (a crash).
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define POLESTAR_TRAIN_NO_CLONES
+#endif
+#endif
+#ifdef POLESTAR_TRAIN_NO_CLONES
+#define POLESTAR_TRAIN_SIMD
+#else
 #define POLESTAR_TRAIN_SIMD __attribute__((target_clones("arch=haswell", "default")))
+#endif
 
 // Copies column block [L, D] (row stride `stride`) transposed into t[D, L].
 void Transpose(const float* __restrict__ x, int64_t len, int64_t stride, int head_dim,
