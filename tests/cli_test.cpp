@@ -185,8 +185,8 @@ TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
     EXPECT_NE(r.exit_code, 0) << flags;
     EXPECT_THAT(r.output, HasSubstr(message)) << flags;
   }
-  for (const std::string& items : {"--per-task 0", "--per-task -3", "--limit 0"}) {
-    const CliResult r = Polestar("eval --suite tiny " + items);
+  for (const char* items : {"--per-task 0", "--per-task -3", "--limit 0"}) {
+    const CliResult r = Polestar(std::string("eval --suite tiny ") + items);
     EXPECT_NE(r.exit_code, 0) << items;
     EXPECT_THAT(r.output, HasSubstr("Value ")) << items;  // CLI11: must be positive
   }
