@@ -34,7 +34,9 @@ stage_done "AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++ \
   -DPOLESTAR_SANITIZE=thread -DPOLESTAR_BUILD_BENCH=OFF
 cmake --build build-tsan -j"$jobs" --target server_test polestar_test
+# Excluded under TSan, as under ASan: the resident-memory test (TSan's allocator and shadow
+# memory grow RSS by design; it grew 4.3 MB over 1200 requests against a 4 MB bar).
 TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 second_deadlock_stack=1" \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" --timeout 3000 \
-  -L '^(server_test|polestar_test)$'
+  -L '^(server_test|polestar_test)$' -E '^Server\.NoMemoryGrowthAcrossManyRequests$'
 stage_done "ThreadSanitizer"
