@@ -2,6 +2,8 @@
 // files, the Pareto front on hand-made points, the CSV/Markdown shapes, random checkpoints that
 // load and decode, the forced commit schedule, and eval on the llada-probe stand-in suite
 // against its PyTorch reference outputs.
+#include "bench/bench.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
-#include "bench/bench.h"
 #include "bench/random_model.h"
 #include "bench/report.h"
 #include "bench/scale.h"
@@ -118,11 +119,12 @@ TEST(Grid, PointsGetSuiteAndPolicyDefaultsUnlessGiven) {
   EXPECT_EQ(dual.threshold, 0.9);
   const DecodeOptions vanilla = ResolvePoint(base, {}, {"vanilla", {}}, suite, TestSetter);
   EXPECT_FALSE(vanilla.threshold.has_value());  // one token a step
-  const DecodeOptions set = ResolvePoint(base, {"block-length"}, {"fast-dllm-prefix", {{"threshold", "0.7"}}},
-                                         suite, TestSetter);
+  const DecodeOptions set = ResolvePoint(
+      base, {"block-length"}, {"fast-dllm-prefix", {{"threshold", "0.7"}}}, suite, TestSetter);
   EXPECT_EQ(set.block_length, 32);  // given on the command line: kept
   EXPECT_EQ(set.threshold, 0.7);
-  const DecodeOptions gen = ResolvePoint(base, {}, {"vanilla", {{"gen-length", "64"}}}, suite, TestSetter);
+  const DecodeOptions gen =
+      ResolvePoint(base, {}, {"vanilla", {{"gen-length", "64"}}}, suite, TestSetter);
   EXPECT_EQ(gen.steps, 64);  // follows the point's gen length
 }
 
@@ -131,15 +133,16 @@ TEST(Grid, PointsGetSuiteAndPolicyDefaultsUnlessGiven) {
 TEST(Report, ParetoFrontOnHandMadePoints) {
   // (x, y) both maximised. (1, 90) and (3, 80) and (4, 60) are the front; (2, 70) is dominated
   // by (3, 80); (3, 75) by (3, 80) (equal x, lower y); (4, 60) and (4, 60) tie and both stay.
-  const std::vector<std::pair<double, double>> points = {{1, 90}, {2, 70}, {3, 80}, {3, 75}, {4, 60}, {4, 60}, {0.5, 90}};
+  const std::vector<std::pair<double, double>> points = {{1, 90}, {2, 70}, {3, 80},  {3, 75},
+                                                         {4, 60}, {4, 60}, {0.5, 90}};
   const std::vector<bool> front = ParetoFront(points);
   EXPECT_EQ(front, (std::vector<bool>{true, false, true, false, true, true, false}));
   EXPECT_TRUE(ParetoFront({}).empty());
   EXPECT_EQ(ParetoFront({{1, 1}}), std::vector<bool>{true});
 }
 
-ResultRow HandRow(const std::string& policy, const std::string& settings, double accuracy, double tpf,
-                  double tps) {
+ResultRow HandRow(const std::string& policy, const std::string& settings, double accuracy,
+                  double tpf, double tps) {
   ResultRow r;
   r.key = "k" + policy;
   r.policy = policy;
@@ -160,17 +163,22 @@ ResultRow HandRow(const std::string& policy, const std::string& settings, double
 }
 
 TEST(Report, CsvHasOneHeaderAndOneLinePerRowWithQuoting) {
-  const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
-                                       HandRow("polestar", "threshold=0.9 name=\"a,b\"", 0.75, 3, 20)};
+  const std::vector<ResultRow> rows = {
+      HandRow("vanilla", "defaults", 0.8, 1, 5),
+      HandRow("polestar", "threshold=0.9 name=\"a,b\"", 0.75, 3, 20)};
   const std::string csv = CsvTable(rows);
   std::vector<std::string> lines;
   std::istringstream in(csv);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0],
-            "policy,settings,items,accuracy,flexible_extract,strict_match,nfe_mean,tpf_until_eos,tpf_non_eos,"
-            "tpf_all_positions,tps_until_eos,tps_non_eos,rows_per_token,peak_rss_mb,cache_mb,seconds,key");
-  EXPECT_EQ(lines[1], "vanilla,defaults,10,0.8000,0.8000,0.4000,32.00,1.000,1.000,2.000,5.00,5.00,100.0,3.0,1.0,0.00,kvanilla");
+            "policy,settings,items,accuracy,flexible_extract,strict_match,nfe_mean,tpf_until_eos,"
+            "tpf_non_eos,"
+            "tpf_all_positions,tps_until_eos,tps_non_eos,rows_per_token,peak_rss_mb,cache_mb,"
+            "seconds,key");
+  EXPECT_EQ(lines[1],
+            "vanilla,defaults,10,0.8000,0.8000,0.4000,32.00,1.000,1.000,2.000,5.00,5.00,100.0,3.0,"
+            "1.0,0.00,kvanilla");
   EXPECT_EQ(lines[2].substr(0, 41), "polestar,\"threshold=0.9 name=\"\"a,b\"\"\",10,");
   EXPECT_EQ(CsvField("plain"), "plain");
 }
@@ -179,7 +187,8 @@ TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
   const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
                                        HandRow("fast-dllm-dual", "defaults", 0.7, 2, 4),
                                        HandRow("polestar", "defaults", 0.75, 3, 20)};
-  const std::string md = MarkdownReport(rows, {"gsm8k on m", "polestar bench ...", "cpu", Protocol::kUntilEos});
+  const std::string md =
+      MarkdownReport(rows, {"gsm8k on m", "polestar bench ...", "cpu", Protocol::kUntilEos});
   std::vector<std::string> table;
   std::istringstream in(md);
   for (std::string line; std::getline(in, line);) {
@@ -190,7 +199,9 @@ TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
   EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 14);
   // Vanilla is the most accurate, so on both fronts; dual is dominated by polestar (TPF) and
   // vanilla (TPS).
-  EXPECT_EQ(table[2], "| vanilla | defaults | 10 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 100 | 3.0 | 1.0 | **TPF, TPS** |");
+  EXPECT_EQ(table[2],
+            "| vanilla | defaults | 10 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 100 | 3.0 | 1.0 "
+            "| **TPF, TPS** |");
   EXPECT_TRUE(table[3].ends_with("| 1.0 |  |")) << table[3];
   EXPECT_NE(table[4].find("**TPF, TPS**"), std::string::npos);
   EXPECT_NE(table[5].find("strict_match"), std::string::npos);
@@ -204,11 +215,13 @@ TEST(Report, PlotWritesSvgAndPng) {
   const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
                                        HandRow("polestar", "threshold=0.9", 0.75, 3, 20),
                                        HandRow("polestar", "threshold=0.8", 0.75, 3, 20)};
-  const std::vector<std::string> files = WritePlot(rows, {"t", "c", "m", Protocol::kNonEos}, dir + "/pareto");
+  const std::vector<std::string> files =
+      WritePlot(rows, {"t", "c", "m", Protocol::kNonEos}, dir + "/pareto");
   std::ifstream dat(dir + "/pareto.dat");
   std::vector<std::string> polestar_lines;
   for (std::string line; std::getline(dat, line);) {
-    if (line.find("threshold=0.") != std::string::npos && line[0] != '#') polestar_lines.push_back(line);
+    if (line.find("threshold=0.") != std::string::npos && line[0] != '#')
+      polestar_lines.push_back(line);
   }
   ASSERT_GE(polestar_lines.size(), 2u);
   EXPECT_EQ(polestar_lines[0], "3.0000 20.0000 75.000 \"threshold=0.9\" 75.000 75.000");
@@ -269,7 +282,8 @@ TEST(Suite, ProbeCodecEncodesLikeTheReference) {
   const nlohmann::json reference = ReadJsonFile(ProbeDir() + "/reference.json");
   for (int i = 0; i < 5; ++i) {
     const nlohmann::json& p = reference["prompts"][size_t(i)];
-    EXPECT_EQ(codec.EncodeText(p["prompt"].get<std::string>()), p["prompt_ids"].get<std::vector<int>>());
+    EXPECT_EQ(codec.EncodeText(p["prompt"].get<std::string>()),
+              p["prompt_ids"].get<std::vector<int>>());
   }
   EXPECT_EQ(codec.Decode(codec.EncodeText("R123>")), "R123>");  // the padding is no character
   EXPECT_THROW(codec.EncodeText("A12#"), Error);
@@ -282,11 +296,13 @@ TEST(Eval, ProbeSuiteMatchesThePyTorchReference) {
   const BenchSuite suite = ProbeSuite(*model, 6);
   ASSERT_EQ(suite.items.size(), 6u);
   EXPECT_EQ(suite.full_size, 120u);
-  const DecodeOptions options = ResolvePoint(DecodeOptions{}, {}, {"fast-dllm-dual", {}}, suite, TestSetter);
+  const DecodeOptions options =
+      ResolvePoint(DecodeOptions{}, {}, {"fast-dllm-dual", {}}, suite, TestSetter);
   const nlohmann::json reference = ReadJsonFile(ProbeDir() + "/reference.json");
   const nlohmann::json& expected = reference["policies"]["dual@0.9"]["per_prompt"];
   std::vector<ItemRecord> records;
-  const RunSummary summary = RunSuite(*model, suite, options, [&](size_t, const ItemRecord& r) { records.push_back(r); });
+  const RunSummary summary =
+      RunSuite(*model, suite, options, [&](size_t, const ItemRecord& r) { records.push_back(r); });
   int correct = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     EXPECT_EQ(records[i].nfe, expected[i]["nfe"].get<int>()) << i;
@@ -323,8 +339,8 @@ std::string WriteByteLevelModel(const std::string& dir) {
   }
   nlohmann::json added = nlohmann::json::array();
   int id = 256;
-  for (const char* token : {"<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>",
-                            "<|eot_id|>", "<|mdm_mask|>"}) {
+  for (const char* token : {"<|startoftext|>", "<|endoftext|>", "<|start_header_id|>",
+                            "<|end_header_id|>", "<|eot_id|>", "<|mdm_mask|>"}) {
     added.push_back({{"id", id++}, {"content", token}, {"special", true}, {"normalized", false}});
   }
   const nlohmann::json tokenizer = {
@@ -337,8 +353,9 @@ std::string WriteByteLevelModel(const std::string& dir) {
   const nlohmann::json config = {
       {"bos_token", "<|startoftext|>"},
       {"eos_token", "<|endoftext|>"},
-      {"chat_template", "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-                        "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"}};
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+       "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"}};
   std::ofstream(dir + "/tokenizer_config.json") << config.dump();
   return dir;
 }
@@ -406,7 +423,8 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   std::vector<int> expected = {256, 258, 'u', 's', 'e', 'r', 259, '\n', '\n'};
   expected.insert(expected.end(), first.prompt.begin(), first.prompt.end());
   expected.push_back(260);
-  EXPECT_EQ(std::vector<int>(suite.items[0].prompt.begin(), suite.items[0].prompt.begin() + int64_t(expected.size())),
+  EXPECT_EQ(std::vector<int>(suite.items[0].prompt.begin(),
+                             suite.items[0].prompt.begin() + int64_t(expected.size())),
             expected);
   EXPECT_EQ(suite.items[2].task, TaskNames()[1]);
   // The answer before the first EOS is graded by the task's grader.
@@ -477,11 +495,12 @@ TEST(Bench, RerunSkipsFinishedRunsAndReusesDecodedItems) {
 TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
   const std::string dir = testing::TempDir();
   std::string out;
-  const std::string args = "bench -m " + ProbeDir() + " --suite probe --limit 2 -t 1 -q -o " + dir +
-                           " --policies fast-dllm-dual,polestar --grid 'threshold=0.9;block_length=8'";
+  const std::string args =
+      "bench -m " + ProbeDir() + " --suite probe --limit 2 -t 1 -q -o " + dir +
+      " --policies fast-dllm-dual,polestar --grid 'threshold=0.9;block_length=8'";
   ASSERT_EQ(testing::RunCli(args, &out, true), 0) << out;
-  for (const char* f : {"results.jsonl", "items.jsonl", "results.csv", "results.md", "run.json", "pareto.svg",
-                        "pareto.png", "pareto.gp"}) {
+  for (const char* f : {"results.jsonl", "items.jsonl", "results.csv", "results.md", "run.json",
+                        "pareto.svg", "pareto.png", "pareto.gp"}) {
     EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
   }
   const std::string md = [&] {
@@ -495,15 +514,21 @@ TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
   // The CLI's setter knows every decoding flag and rejects others.
   EXPECT_NE(testing::RunCli(args + " --grid 'nonsense=1'", &out, true), 0);
   EXPECT_NE(out.find("unknown decoding setting 'nonsense'"), std::string::npos) << out;
-  ASSERT_EQ(testing::RunCli("bench -m " + ProbeDir() + " --suite probe --dry-run --grid "
-                            "'policy=polestar;diffusion-steps=16;early_commit=false,true'", &out), 0);
+  ASSERT_EQ(testing::RunCli("bench -m " + ProbeDir() +
+                                " --suite probe --dry-run --grid "
+                                "'policy=polestar;diffusion-steps=16;early_commit=false,true'",
+                            &out),
+            0);
   EXPECT_NE(out.find("polestar steps=16 early-commit=false"), std::string::npos) << out;
   EXPECT_NE(out.find("2 points x 120 items"), std::string::npos) << out;
 }
 
 TEST(Eval, CliPrintsPerTaskAndOverallJson) {
   std::string out;
-  ASSERT_EQ(testing::RunCli("eval -m " + ProbeDir() + " --suite probe --policy polestar --limit 4 -t 1 -q --json", &out), 0)
+  ASSERT_EQ(testing::RunCli("eval -m " + ProbeDir() +
+                                " --suite probe --policy polestar --limit 4 -t 1 -q --json",
+                            &out),
+            0)
       << out;
   const nlohmann::json j = nlohmann::json::parse(out);
   EXPECT_EQ(j["summary"]["items"], 4);
@@ -544,7 +569,8 @@ TEST(RandomModel, WritesACheckpointThatLoadsAndDecodes) {
   // Same seed, same bytes.
   const std::string again = testing::TempDir() + "/again";
   WriteRandomModel(again, options);
-  std::ifstream a(dir + "/model.safetensors", std::ios::binary), b(again + "/model.safetensors", std::ios::binary);
+  std::ifstream a(dir + "/model.safetensors", std::ios::binary),
+      b(again + "/model.safetensors", std::ios::binary);
   EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b)));
 }
 
@@ -575,7 +601,8 @@ TEST(RandomModel, ShardsLargeCheckpointsAndRefusesRealOnes) {
 TEST(Scale, ForcedScheduleStepsPerBlock) {
   EXPECT_EQ(ForcedStepsPerBlock(32, 4), 8);
   EXPECT_EQ(ForcedStepsPerBlock(8, 2), 4);
-  EXPECT_EQ(ForcedStepsPerBlock(5, 2), 2);  // 5 -> 3 -> all 3 (the factor rule's last-but-one quirk)
+  EXPECT_EQ(ForcedStepsPerBlock(5, 2),
+            2);  // 5 -> 3 -> all 3 (the factor rule's last-but-one quirk)
   EXPECT_EQ(ForcedStepsPerBlock(8, 1), 7);  // ... and with one token a step, 2 -> 0
   EXPECT_EQ(ForcedStepsPerBlock(8, 8), 1);
 }

@@ -109,8 +109,9 @@ TEST(CliBundledModel, IsTheDefaultAndSolvesItsHeldOutTasks) {
   const nlohmann::json vanilla = eval("vanilla");
   EXPECT_EQ(vanilla["items"], 100);
   EXPECT_EQ(vanilla["nfe_mean"], 32.0);  // one token per step
-  EXPECT_GE(vanilla["accuracy"], 0.9);  // 0.97 when written; the card: 0.974 on 500 items
-  for (const auto& [task, score] : vanilla["per_task"].items()) EXPECT_GE(score["accuracy"], 0.6) << task;
+  EXPECT_GE(vanilla["accuracy"], 0.9);   // 0.97 when written; the card: 0.974 on 500 items
+  for (const auto& [task, score] : vanilla["per_task"].items())
+    EXPECT_GE(score["accuracy"], 0.6) << task;
   const nlohmann::json polestar = eval("polestar");
   EXPECT_GE(polestar["accuracy"].get<double>(), vanilla["accuracy"].get<double>() - 0.05);
   EXPECT_LT(polestar["nfe_mean"].get<double>(), 32.0 / 4);

@@ -47,24 +47,28 @@ std::string RunFlags(const std::string& run, const nlohmann::json& p) {
   std::string policy = "vanilla";
   if (run.rfind("prefix", 0) == 0) policy = "fast-dllm-prefix";
   if (run.rfind("dual", 0) == 0) policy = "fast-dllm-dual";
-  std::string flags = " --policy " + policy + " --gen-length " + std::to_string(p["gen_length"].get<int>()) +
-                      " --steps " + std::to_string(p["steps"].get<int>()) + " --block-length " +
+  std::string flags = " --policy " + policy + " --gen-length " +
+                      std::to_string(p["gen_length"].get<int>()) + " --steps " +
+                      std::to_string(p["steps"].get<int>()) + " --block-length " +
                       std::to_string(p.value("block_length", 0));
   if (p.contains("threshold") && !p["threshold"].is_null()) {
     flags += " --threshold " + std::to_string(p["threshold"].get<double>());
   }
-  if (p.contains("alg")) flags += " --alg " + p["alg"].get<std::string>() + " --eps " + std::to_string(p["eps"].get<double>());
+  if (p.contains("alg"))
+    flags += " --alg " + p["alg"].get<std::string>() + " --eps " +
+             std::to_string(p["eps"].get<double>());
   return flags;
 }
 
 TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   int runs = 0;
-  for (const char* fixture : {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny",
-                              "gguf-llada-q8_0", "gguf-llada-f16", "gguf-llada-q4_k_m",
-                              "gguf-dream-q8_0"}) {
+  for (const char* fixture :
+       {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny", "gguf-llada-q8_0",
+        "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0"}) {
     const std::string dir = testing::FixtureDir(fixture);
     // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights.
-    const std::string model = std::string(fixture).rfind("gguf-", 0) == 0 ? dir + "/model.gguf" : dir;
+    const std::string model =
+        std::string(fixture).rfind("gguf-", 0) == 0 ? dir + "/model.gguf" : dir;
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
@@ -72,8 +76,8 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
     for (const auto& [run, params] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       std::string out;
-      ASSERT_EQ(testing::RunCli("generate -t 1 -m " + model + " --prompt-ids " + Join(prompt) + " --json" +
-                                    RunFlags(run, params),
+      ASSERT_EQ(testing::RunCli("generate -t 1 -m " + model + " --prompt-ids " + Join(prompt) +
+                                    " --json" + RunFlags(run, params),
                                 &out),
                 0);
       const nlohmann::json got = nlohmann::json::parse(out);
@@ -177,7 +181,8 @@ TEST(Choices, DreamMarginAndEntropyConfidences) {
   EXPECT_NEAR(margin.confidence, 0.3, 1e-6);
   const TokenChoice entropy =
       ChooseDream(logits, /*excluded=*/-1, 0, 1.0, 0, DreamConfidence::kNegEntropy, rng);
-  EXPECT_NEAR(entropy.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6), 1e-5);
+  EXPECT_NEAR(entropy.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6),
+              1e-5);
 }
 
 TEST(Choices, TemperatureSamplingFollowsTheDistribution) {

@@ -1,6 +1,7 @@
-// Elastic-Cache: refreshing everything reproduces vanilla; a trigger that never fires leaves only the sliding window's rows; a
-// firing at layer 0 recomputes layer 1 for every row from the documented inputs; and the
-// accuracy / NFE comparison with Fast-dLLM dual cache on the trained probe.
+// Elastic-Cache: refreshing everything reproduces vanilla; a trigger that never fires leaves only
+// the sliding window's rows; a firing at layer 0 recomputes layer 1 for every row from the
+// documented inputs; and the accuracy / NFE comparison with Fast-dLLM dual cache on the trained
+// probe.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,8 +194,16 @@ struct TwoSteps {
   }
   DecodeContext Context(const std::vector<int>& canvas, int step, int committed) {
     const int prompt_length = int(kPrompt.size());
-    return {model, options, canvas, prompt_length, model.config().mask_id,
-            Block{0, prompt_length, int(canvas.size())}, step, committed, cache, forward};
+    return {model,
+            options,
+            canvas,
+            prompt_length,
+            model.config().mask_id,
+            Block{0, prompt_length, int(canvas.size())},
+            step,
+            committed,
+            cache,
+            forward};
   }
   static std::vector<int> BlankCanvas(const Model& model, const DecodeOptions& options) {
     std::vector<int> canvas(kPrompt);

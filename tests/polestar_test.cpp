@@ -53,12 +53,12 @@ TEST(Nvfp4, CodesFollowTheFormatDefinitions) {
     EXPECT_EQ(E2M1ToFloat(code), magnitudes[code]);
     EXPECT_EQ(E2M1ToFloat(uint8_t(code | 8)), -magnitudes[code]);
   }
-  EXPECT_EQ(FloatToE2M1(2.5f), 4);   // tie between 2 (code 4) and 3 (code 5): even code
-  EXPECT_EQ(FloatToE2M1(5.0f), 6);   // tie between 4 and 6: code 6 (value 4)
-  EXPECT_EQ(FloatToE2M1(100.0f), 7); // saturates at 6
+  EXPECT_EQ(FloatToE2M1(2.5f), 4);    // tie between 2 (code 4) and 3 (code 5): even code
+  EXPECT_EQ(FloatToE2M1(5.0f), 6);    // tie between 4 and 6: code 6 (value 4)
+  EXPECT_EQ(FloatToE2M1(100.0f), 7);  // saturates at 6
   EXPECT_EQ(FloatToE2M1(-1.0f), 8 | 2);
-  EXPECT_EQ(E4M3ToFloat(0x38), 1.0f);            // exponent 7 = bias
-  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);          // largest finite
+  EXPECT_EQ(E4M3ToFloat(0x38), 1.0f);                  // exponent 7 = bias
+  EXPECT_EQ(E4M3ToFloat(0x7e), 448.0f);                // largest finite
   EXPECT_EQ(E4M3ToFloat(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
   EXPECT_TRUE(std::isnan(E4M3ToFloat(0x7f)));
   EXPECT_EQ(FloatToE4M3(1.0f), 0x38);
@@ -82,7 +82,8 @@ TEST(Nvfp4, RepresentableRowsRoundTripExactlyAndOthersStayClose) {
   Nvfp4Row q2 = QuantizeNvfp4(smooth.data(), 40, s2);
   std::vector<float> back2(40);
   DequantizeNvfp4(q2, 40, s2, back2.data());
-  for (size_t i = 0; i < 40; ++i) EXPECT_NEAR(back2[i], smooth[i], 0.26);  // half of the widest gap (2 -> 3, scaled 1/6)
+  for (size_t i = 0; i < 40; ++i)
+    EXPECT_NEAR(back2[i], smooth[i], 0.26);  // half of the widest gap (2 -> 3, scaled 1/6)
 }
 
 TEST(PolestarCommit, DriftGateFollowsAlphaTimesSquaredDistanceToTauS) {
@@ -90,9 +91,9 @@ TEST(PolestarCommit, DriftGateFollowsAlphaTimesSquaredDistanceToTauS) {
   EXPECT_FALSE(PassesDriftGate(0.80, 0.099, 0.7, 0.9, 10, 2.0));
   EXPECT_TRUE(PassesDriftGate(0.80, 0.101, 0.7, 0.9, 10, 2.0));
   EXPECT_TRUE(PassesDriftGate(0.89, 0.0011, 0.7, 0.9, 10, 2.0));
-  EXPECT_FALSE(PassesDriftGate(0.70, 1.0, 0.7, 0.9, 10, 2.0));   // floor is exclusive
-  EXPECT_FALSE(PassesDriftGate(0.90, 1.0, 0.7, 0.9, 10, 2.0));   // tau_s is exclusive
-  EXPECT_FALSE(PassesDriftGate(0.85, 2.0, 0.7, 0.9, 10, 2.0));   // the cap
+  EXPECT_FALSE(PassesDriftGate(0.70, 1.0, 0.7, 0.9, 10, 2.0));  // floor is exclusive
+  EXPECT_FALSE(PassesDriftGate(0.90, 1.0, 0.7, 0.9, 10, 2.0));  // tau_s is exclusive
+  EXPECT_FALSE(PassesDriftGate(0.85, 2.0, 0.7, 0.9, 10, 2.0));  // the cap
   EXPECT_TRUE(PassesDriftGate(0.71, 0.39, 0.7, 0.9, 10, 2.0) == (0.39 >= 10 * 0.19 * 0.19));
 }
 
@@ -148,7 +149,9 @@ TEST(PolestarCache, PacketPropagationEqualsAFullRecomputeOfThoseRows) {
   const int64_t kv = int64_t(c.kv_heads) * c.head_dim;
   for (int p : {4, 5, 6, 18, 19, 8, 11}) {
     for (int64_t j = 0; j < c.width; ++j) {
-      ASSERT_NEAR(cache.hidden(1)[p * c.width + j], reference_cache.hidden(1)[p * c.width + j], 1e-5) << p;
+      ASSERT_NEAR(cache.hidden(1)[p * c.width + j], reference_cache.hidden(1)[p * c.width + j],
+                  1e-5)
+          << p;
     }
     for (int64_t j = 0; j < kv; ++j) {
       ASSERT_NEAR(cache.keys(1)[p * kv + j], reference_cache.keys(1)[p * kv + j], 1e-5) << p;
@@ -173,7 +176,8 @@ TEST(StandingTest, PolestarRefreshingEverythingReproducesVanilla) {
       polestar.refresh_all = true;
       polestar.early_commit = false;
       polestar.suffix_commit = false;
-      EXPECT_EQ(Generate(*model, prompt, polestar).tokens, Generate(*model, prompt, vanilla).tokens);
+      EXPECT_EQ(Generate(*model, prompt, polestar).tokens,
+                Generate(*model, prompt, vanilla).tokens);
     }
   }
 }
@@ -225,7 +229,8 @@ ProbeScore RunProbe(const Model& model, const nlohmann::json& reference, DecodeO
 
 TEST(ProbeCheckpoint, PolestarAgreesWithTheAuthorsCodeInAggregate) {
   auto model = Model::Load(testing::FixtureDir("llada-probe"));
-  const nlohmann::json reference = ReadJsonFile(testing::FixtureDir("llada-probe") + "/reference.json");
+  const nlohmann::json reference =
+      ReadJsonFile(testing::FixtureDir("llada-probe") + "/reference.json");
   DecodeOptions options;
   options.policy = "polestar";
   options.gen_length = 32;

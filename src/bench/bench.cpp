@@ -20,7 +20,8 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool Given(const std::set<std::string>& explicit_keys, const GridPoint& point, const std::string& key) {
+bool Given(const std::set<std::string>& explicit_keys, const GridPoint& point,
+           const std::string& key) {
   if (explicit_keys.count(key) != 0) return true;
   for (const auto& [k, v] : point.settings) {
     if (k == key) return true;
@@ -48,7 +49,8 @@ void WriteText(const std::string& path, const std::string& text) {
 }  // namespace
 
 DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string>& explicit_keys,
-                           const GridPoint& point, const BenchSuite& suite, const OptionSetter& set) {
+                           const GridPoint& point, const BenchSuite& suite,
+                           const OptionSetter& set) {
   DecodeOptions o = base;
   o.policy = point.policy;
   if (!Given(explicit_keys, point, "gen-length")) o.gen_length = suite.gen_length;
@@ -57,14 +59,16 @@ DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string
   if (!Given(explicit_keys, point, "steps")) o.steps = o.gen_length;
   const bool fast_dllm_like =
       o.policy == "fast-dllm-prefix" || o.policy == "fast-dllm-dual" || o.policy == "elastic-cache";
-  if (fast_dllm_like && !Given(explicit_keys, point, "threshold") && !Given(explicit_keys, point, "factor")) {
+  if (fast_dllm_like && !Given(explicit_keys, point, "threshold") &&
+      !Given(explicit_keys, point, "factor")) {
     o.threshold = 0.9;
   }
   return o;
 }
 
 RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOptions& options,
-                    const std::function<void(std::size_t, const ItemRecord&)>& on_item, Clock clock) {
+                    const std::function<void(std::size_t, const ItemRecord&)>& on_item,
+                    Clock clock) {
   std::vector<ItemRecord> records;
   for (size_t i = 0; i < suite.items.size(); ++i) {
     records.push_back(RunItem(model, suite, i, options, clock));
@@ -95,7 +99,10 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   BenchOutcome outcome;
   int64_t to_decode = 0;
   for (const GridPoint& point : request.points) {
-    Planned p{point, ResolvePoint(request.base, request.explicit_keys, point, suite, request.setter), "", {}};
+    Planned p{point,
+              ResolvePoint(request.base, request.explicit_keys, point, suite, request.setter),
+              "",
+              {}};
     // Validate every point before any work, so a typo in the last one fails at once.
     p.options.Validate(model.config(), int(suite.items[0].prompt.size()));
     p.key = RunKey(model_id, selection, OptionsToJson(p.options.Resolved(model.config())));
@@ -103,7 +110,8 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
       ++outcome.runs_skipped;
     } else {
       p.done = store.Items(p.key);
-      to_decode += int64_t(suite.items.size()) - int64_t(std::min(p.done.size(), suite.items.size()));
+      to_decode +=
+          int64_t(suite.items.size()) - int64_t(std::min(p.done.size(), suite.items.size()));
     }
     plan.push_back(std::move(p));
   }
@@ -116,8 +124,9 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
     std::vector<ItemRecord> records;
     try {
       for (size_t i = 0; i < suite.items.size(); ++i) {
-        const auto it = std::find_if(p.done.begin(), p.done.end(),
-                                     [&](const ItemRecord& d) { return d.id == suite.items[i].id; });
+        const auto it = std::find_if(p.done.begin(), p.done.end(), [&](const ItemRecord& d) {
+          return d.id == suite.items[i].id;
+        });
         if (it != p.done.end()) {
           records.push_back(*it);
           continue;
@@ -132,7 +141,8 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
       // One policy that cannot run (not built yet, bad for this model) must not cost the
       // others; the run is retried by the next command.
       outcome.failed.emplace_back(p.point.Label(), e.what());
-      std::fprintf(stderr, "%s%s: %s\n", request.progress ? "\n" : "", p.point.Label().c_str(), e.what());
+      std::fprintf(stderr, "%s%s: %s\n", request.progress ? "\n" : "", p.point.Label().c_str(),
+                   e.what());
       continue;
     }
     const RunSummary summary = Summarize(records, suite.metric_names);
@@ -169,14 +179,13 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   context.clock = request.clock;
   WriteText((dir / "results.csv").string(), CsvTable(outcome.rows));
   std::string markdown = MarkdownReport(outcome.rows, context);
-  for (const auto& [label, error] : outcome.failed) markdown += "\nNot run: " + label + ": " + error + "\n";
+  for (const auto& [label, error] : outcome.failed)
+    markdown += "\nNot run: " + label + ": " + error + "\n";
   WriteText((dir / "results.md").string(), markdown);
-  nlohmann::ordered_json run = {{"machine", request.machine.ToJson()},
-                                {"suite", selection},
-                                {"model", request.model_dir},
-                                {"runs", outcome.rows.size()},
-                                {"runs_skipped", outcome.runs_skipped},
-                                {"items_decoded", outcome.items_decoded}};
+  nlohmann::ordered_json run = {
+      {"machine", request.machine.ToJson()},  {"suite", selection},
+      {"model", request.model_dir},           {"runs", outcome.rows.size()},
+      {"runs_skipped", outcome.runs_skipped}, {"items_decoded", outcome.items_decoded}};
   WriteText((dir / "run.json").string(), run.dump(2) + "\n");
   outcome.files = {(dir / "results.jsonl").string(), (dir / "items.jsonl").string(),
                    (dir / "results.csv").string(), (dir / "results.md").string(),
@@ -190,7 +199,10 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
 }
 
 ProgressBar::ProgressBar(int64_t total, bool enabled)
-    : total_(total), enabled_(enabled && total > 0), tty_(isatty(STDERR_FILENO) != 0), started_(Now()) {}
+    : total_(total),
+      enabled_(enabled && total > 0),
+      tty_(isatty(STDERR_FILENO) != 0),
+      started_(Now()) {}
 
 ProgressBar::~ProgressBar() { Finish(); }
 
@@ -201,7 +213,8 @@ std::string ProgressBar::FormatDuration(double seconds) {
     std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(s / 3600),
                   static_cast<long long>(s % 3600 / 60));
   } else if (s >= 60) {
-    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
   } else {
     std::snprintf(text, sizeof(text), "%llds", static_cast<long long>(s));
   }
@@ -218,7 +231,8 @@ void ProgressBar::Update(int64_t done, const std::string& what) {
   constexpr int kWidth = 24;
   const int filled = int(fraction * kWidth);
   std::string bar = std::string(size_t(filled), '#') + std::string(size_t(kWidth - filled), '.');
-  const std::string eta = done > 0 ? FormatDuration(elapsed / double(done) * double(total_ - done)) : "?";
+  const std::string eta =
+      done > 0 ? FormatDuration(elapsed / double(done) * double(total_ - done)) : "?";
   std::fprintf(stderr, "%s[%s] %lld/%lld items  %s elapsed  ETA %s  %s%s", tty_ ? "\r\033[K" : "",
                bar.c_str(), static_cast<long long>(done), static_cast<long long>(total_),
                FormatDuration(elapsed).c_str(), eta.c_str(), what.c_str(), tty_ ? "" : "\n");

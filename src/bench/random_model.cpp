@@ -76,7 +76,8 @@ std::vector<TensorSpec> TensorsOf(const ModelShape& s) {
       t.push_back({p + "post_attention_layernorm.weight", {s.width}, Fill::kOnes});
     }
   }
-  std::sort(t.begin(), t.end(), [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
+  std::sort(t.begin(), t.end(),
+            [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
   return t;
 }
 
@@ -132,8 +133,8 @@ nlohmann::ordered_json ConfigJson(const ModelShape& s) {
 }
 
 // Fills out[n] (bytes of `dtype`) with values `first`.. of the tensor's stream.
-void FillChunk(const TensorSpec& t, uint64_t seed, size_t tensor_index, int64_t chunk,
-               int64_t n, DType dtype, uint8_t* out) {
+void FillChunk(const TensorSpec& t, uint64_t seed, size_t tensor_index, int64_t chunk, int64_t n,
+               DType dtype, uint8_t* out) {
   constexpr float kHalfRange = 0.02f * 1.7320508f;  // uniform with standard deviation 0.02
   uint64_t state = seed ^ (uint64_t(tensor_index) << 40) ^ uint64_t(chunk) * 0x2545f4914f6cdd1dull;
   for (int64_t i = 0; i < n; ++i) {
@@ -245,7 +246,8 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
          ", kv heads ", s.kv_heads, ", ffn ", s.ffn, ", vocab ", s.vocab, ")");
   }
   if (std::max({s.mask_id, s.eos_id, s.bos_id, s.eot_id}) >= s.vocab) {
-    Fail("model shape ", s.name, ": special token ids must lie below the vocabulary size ", s.vocab);
+    Fail("model shape ", s.name, ": special token ids must lie below the vocabulary size ",
+         s.vocab);
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -262,7 +264,8 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
   }
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind("model", 0) == 0 && (name.ends_with(".safetensors") || name.ends_with(".index.json"))) {
+    if (name.rfind("model", 0) == 0 &&
+        (name.ends_with(".safetensors") || name.ends_with(".index.json"))) {
       fs::remove(entry.path());
     }
   }

@@ -60,7 +60,8 @@ ResultRow ResultRow::FromJson(const nlohmann::json& row) {
   r.items = Need(s, "items").get<int64_t>();
   const nlohmann::json& order = Need(row, "metric_names");
   for (const auto& name : order) {
-    r.metrics.emplace_back(name.get<std::string>(), Need(Need(s, "metrics"), name.get<std::string>().c_str()).get<double>());
+    r.metrics.emplace_back(name.get<std::string>(),
+                           Need(Need(s, "metrics"), name.get<std::string>().c_str()).get<double>());
   }
   const nlohmann::json& task_order = Need(row, "task_names");
   for (const auto& name : task_order) {
@@ -131,8 +132,9 @@ std::string CsvTable(const std::vector<ResultRow>& rows) {
     csv += ',';
     csv += CsvField(m);
   }
-  csv += ",nfe_mean,tpf_until_eos,tpf_non_eos,tpf_all_positions,tps_until_eos,tps_non_eos,"
-         "rows_per_token,peak_rss_mb,cache_mb,seconds,key\n";
+  csv +=
+      ",nfe_mean,tpf_until_eos,tpf_non_eos,tpf_all_positions,tps_until_eos,tps_non_eos,"
+      "rows_per_token,peak_rss_mb,cache_mb,seconds,key\n";
   for (const ResultRow& r : rows) {
     csv += CsvField(r.policy) + "," + CsvField(r.settings) + "," + std::to_string(r.items) + "," +
            Fixed(r.accuracy(), 4);
@@ -158,7 +160,8 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
     by_tps.emplace_back(Tps(r, context.protocol), r.accuracy());
   }
   const std::vector<bool> front_tpf = ParetoFront(by_tpf), front_tps = ParetoFront(by_tps);
-  const std::string primary = rows.empty() || rows[0].metrics.empty() ? "accuracy" : rows[0].metrics[0].first;
+  const std::string primary =
+      rows.empty() || rows[0].metrics.empty() ? "accuracy" : rows[0].metrics[0].first;
   std::string md;
   md += "### " + context.title + "\n\n";
   md += "Command: `" + context.command + "`  \n";
@@ -179,8 +182,11 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
           Fixed(r.rows_per_token, 0) + " | " + Megabytes(r.peak_rss_bytes) + " | " +
           Megabytes(r.cache_bytes) + " | " + (front.empty() ? "" : "**" + front + "**") + " |\n";
   }
-  md += "\nPareto: on the accuracy/TPF or accuracy/TPS front (" + std::string(ProtocolName(context.protocol)) +
-        " counts). TPF and TPS are ratios of sums over the items, TPS on " + (context.clock == Clock::kWall ? std::string("wall-clock") : std::string("process CPU")) + " time; rows/token = (layer, position) "
+  md += "\nPareto: on the accuracy/TPF or accuracy/TPS front (" +
+        std::string(ProtocolName(context.protocol)) +
+        " counts). TPF and TPS are ratios of sums over the items, TPS on " +
+        (context.clock == Clock::kWall ? std::string("wall-clock") : std::string("process CPU")) +
+        " time; rows/token = (layer, position) "
         "rows computed per canvas position; peak RSS includes the mapped weights.\n";
   // Other metrics of the suite (gsm8k: strict_match) and the per-task breakdown.
   if (!rows.empty() && rows[0].metrics.size() > 1) {
@@ -220,7 +226,8 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
   // Data: one gnuplot index per policy, then the two fronts sorted by x.
   std::vector<std::string> policies;
   for (const ResultRow& r : rows) {
-    if (std::find(policies.begin(), policies.end(), r.policy) == policies.end()) policies.push_back(r.policy);
+    if (std::find(policies.begin(), policies.end(), r.policy) == policies.end())
+      policies.push_back(r.policy);
   }
   std::vector<std::pair<double, double>> by_tpf, by_tps;
   for (const ResultRow& r : rows) {
@@ -275,23 +282,27 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
     for (size_t i = 0; i < rows.size(); ++i) {
       const ResultRow& r = rows[i];
       if (r.policy != policy) continue;
-      data += Fixed(by_tpf[i].first, 4) + " " + Fixed(by_tps[i].first, 4) + " " + Fixed(by_tpf[i].second, 3) + " " +
-              GnuplotString(r.settings == "defaults" ? "" : r.settings) + " " + Fixed(label_tpf[i], 3) + " " +
-              Fixed(label_tps[i], 3) + "\n";
+      data += Fixed(by_tpf[i].first, 4) + " " + Fixed(by_tps[i].first, 4) + " " +
+              Fixed(by_tpf[i].second, 3) + " " +
+              GnuplotString(r.settings == "defaults" ? "" : r.settings) + " " +
+              Fixed(label_tpf[i], 3) + " " + Fixed(label_tps[i], 3) + "\n";
     }
     data += "\n\n";
   }
-  auto front_block = [&](const std::vector<std::pair<double, double>>& points, const std::vector<bool>& front,
-                         const char* name) {
+  auto front_block = [&](const std::vector<std::pair<double, double>>& points,
+                         const std::vector<bool>& front, const char* name) {
     std::vector<size_t> members;
     for (size_t i = 0; i < points.size(); ++i) {
       if (front[i]) members.push_back(i);
     }
-    std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return points[a] < points[b]; });
+    std::sort(members.begin(), members.end(),
+              [&](size_t a, size_t b) { return points[a] < points[b]; });
     std::string block = std::string("# Pareto front, ") + name + "\n";
     for (size_t i : members) {
       block += Fixed(points[i].first, 4) + " " + Fixed(points[i].second, 3) + " " +
-               GnuplotString(rows[i].policy + (rows[i].settings == "defaults" ? "" : " " + rows[i].settings)) + "\n";
+               GnuplotString(rows[i].policy +
+                             (rows[i].settings == "defaults" ? "" : " " + rows[i].settings)) +
+               "\n";
     }
     return block + "\n\n";
   };
@@ -300,7 +311,8 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
   // The script names its files relative to its folder, where gnuplot runs, so the folder
   // can be moved and the plot redrawn with `gnuplot NAME.gp` there.
   const std::filesystem::path stem_path(stem);
-  const std::string folder = stem_path.parent_path().empty() ? "." : stem_path.parent_path().string();
+  const std::string folder =
+      stem_path.parent_path().empty() ? "." : stem_path.parent_path().string();
   const std::string name = stem_path.filename().string();
   const std::string data_path = stem + ".dat";
   WriteFileAtomically(data_path, data);
@@ -309,27 +321,31 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
   const size_t policy_count = policies.size();
   const std::string front_tpf_index = std::to_string(policy_count);
   const std::string front_tps_index = std::to_string(policy_count + 1);
-  auto panel = [&](const std::string& x_column, const std::string& label_column, const std::string& xlabel,
-                   const std::string& front_index, double x_max, bool with_key) {
+  auto panel = [&](const std::string& x_column, const std::string& label_column,
+                   const std::string& xlabel, const std::string& front_index, double x_max,
+                   bool with_key) {
     std::string p;
     p += "set xlabel " + GnuplotString(xlabel) + "\n";
     p += "set ylabel \"accuracy (%)\"\n";
     p += "set yrange " + yrange + "\n";
     p += "set xrange [0:" + Fixed(x_max, 4) + "]\n";
     // One legend for both panels, centred below them.
-    p += with_key ? "set key at screen 0.5, screen 0.05 center center horizontal box samplen 2 width 1\n"
-                  : "unset key\n";
+    p += with_key
+             ? "set key at screen 0.5, screen 0.05 center center horizontal box samplen 2 width 1\n"
+             : "unset key\n";
     p += "plot ";
     p += "'" + name + ".dat' index " + front_index +
-         " using 1:2 with lines dashtype 2 linewidth 2 linecolor rgb '#888888' title 'Pareto front (circled)', \\\n";
+         " using 1:2 with lines dashtype 2 linewidth 2 linecolor rgb '#888888' title 'Pareto front "
+         "(circled)', \\\n";
     p += "     '' index " + front_index +
-         " using 1:2 with points pointtype 6 pointsize 3.2 linewidth 1.5 linecolor rgb '#222222' notitle";
+         " using 1:2 with points pointtype 6 pointsize 3.2 linewidth 1.5 linecolor rgb '#222222' "
+         "notitle";
     for (size_t i = 0; i < policy_count; ++i) {
       p += ", \\\n     '' index " + std::to_string(i) + " using " + x_column +
            ":3 with points pointtype 7 pointsize 1.8 linecolor rgb '" +
            PolicyColour(policies[i], i) + "' title " + GnuplotString(policies[i]);
-      p += ", \\\n     '' index " + std::to_string(i) + " using " + x_column +
-           ":" + label_column + ":4 with labels offset char 0.8,0.9 left font ',9' textcolor rgb '" +
+      p += ", \\\n     '' index " + std::to_string(i) + " using " + x_column + ":" + label_column +
+           ":4 with labels offset char 0.8,0.9 left font ',9' textcolor rgb '" +
            PolicyColour(policies[i], i) + "' notitle";
     }
     return p + "\n";
@@ -341,10 +357,12 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
     s += "set grid linecolor rgb '#cccccc' dashtype 3\n";
     s += "set multiplot layout 1,2 title " + GnuplotString(context.title) +
          " font ',13' margins 0.06, 0.98, 0.22, 0.9 spacing 0.07, 0\n";
-    s += panel("1", "5", std::string("tokens per forward (TPF, ") + ProtocolName(context.protocol) + ")",
+    s += panel("1", "5",
+               std::string("tokens per forward (TPF, ") + ProtocolName(context.protocol) + ")",
                front_tpf_index, tpf_max, true);
-    s += panel("2", "6", std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) +
-                        (context.clock == Clock::kCpu ? ", CPU time)" : ")"),
+    s += panel("2", "6",
+               std::string("tokens per second (TPS, ") + ProtocolName(context.protocol) +
+                   (context.clock == Clock::kCpu ? ", CPU time)" : ")"),
                front_tps_index, tps_max, false);
     s += "unset multiplot\n";
     return s;
@@ -360,9 +378,11 @@ std::vector<std::string> WritePlot(const std::vector<ResultRow>& rows, const Rep
             script_for("pngcairo size 1400,560 font 'Helvetica,11' background rgb 'white'",
                        name + ".png"));
   }
-  const std::string command = "cd " + ShellQuote(folder) + " && gnuplot " + ShellQuote(name + ".gp") + " 2>&1";
+  const std::string command =
+      "cd " + ShellQuote(folder) + " && gnuplot " + ShellQuote(name + ".gp") + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) Fail("cannot run gnuplot (install gnuplot-nox); the script is ", script_path);
+  if (pipe == nullptr)
+    Fail("cannot run gnuplot (install gnuplot-nox); the script is ", script_path);
   std::string output;
   char buffer[256];
   while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;

@@ -65,7 +65,8 @@ nlohmann::json ItemRecord::ToJson() const {
           {"cache_bytes", cache_bytes},
           {"peak_rss_bytes", peak_rss_bytes},
           {"metrics", m},
-          {"metric_order", [&] {
+          {"metric_order",
+           [&] {
              std::vector<std::string> names;
              for (const auto& [name, correct] : metrics) names.push_back(name);
              return names;
@@ -115,7 +116,8 @@ ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t inde
   r.non_eos_tokens = g.non_eos_tokens;
   r.cache_bytes = g.cache_bytes;
   const ItemGrade graded = suite.grade(index, g.generated);
-  for (const eval::MetricScore& m : graded.grade.metrics) r.metrics.emplace_back(m.metric, m.correct);
+  for (const eval::MetricScore& m : graded.grade.metrics)
+    r.metrics.emplace_back(m.metric, m.correct);
   r.extracted = graded.grade.extracted;
   r.completion = graded.completion;
   return r;
@@ -147,7 +149,8 @@ nlohmann::ordered_json TotalsJson(const Totals& t, const std::vector<std::string
       {"accuracy", metric_names.empty() ? 0.0 : t.Accuracy(metric_names[0])},
       {"metrics", metrics},
       {"nfe_mean", t.MeanNfe()},
-      {"tpf", {{"until_eos", t.TpfUntilEos()}, {"non_eos", t.TpfNonEos()}, {"all_positions", t.TpfAll()}}},
+      {"tpf",
+       {{"until_eos", t.TpfUntilEos()}, {"non_eos", t.TpfNonEos()}, {"all_positions", t.TpfAll()}}},
       {"tps", {{"until_eos", t.TpsUntilEos()}, {"non_eos", t.TpsNonEos()}}},
       {"rows_per_token", t.RowsPerToken()},
       {"seconds", t.seconds}};
@@ -231,7 +234,8 @@ nlohmann::json OptionsToJson(const DecodeOptions& o) {
 std::string RunKey(const std::string& model_id, const nlohmann::json& selection,
                    const nlohmann::json& options) {
   // nlohmann::json objects are ordered by key, so the dump is canonical.
-  const std::string text = nlohmann::json{{"model", model_id}, {"suite", selection}, {"options", options}}.dump();
+  const std::string text =
+      nlohmann::json{{"model", model_id}, {"suite", selection}, {"options", options}}.dump();
   uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a 64
   for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
   char hex[17];
@@ -243,12 +247,13 @@ ResultStore::ResultStore(std::string dir) : dir_(std::move(dir)) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) Fail(dir_, ": cannot create the output folder (", ec.message(), ")");
-  skipped_lines_ += ReadLines((fs::path(dir_) / "items.jsonl").string(), [&](const nlohmann::json& j) {
-    items_[j["key"].get<std::string>()].push_back(ItemRecord::FromJson(j));
-  });
-  skipped_lines_ += ReadLines((fs::path(dir_) / "results.jsonl").string(), [&](const nlohmann::json& j) {
-    rows_[j["key"].get<std::string>()] = j;
-  });
+  skipped_lines_ +=
+      ReadLines((fs::path(dir_) / "items.jsonl").string(), [&](const nlohmann::json& j) {
+        items_[j["key"].get<std::string>()].push_back(ItemRecord::FromJson(j));
+      });
+  skipped_lines_ +=
+      ReadLines((fs::path(dir_) / "results.jsonl").string(),
+                [&](const nlohmann::json& j) { rows_[j["key"].get<std::string>()] = j; });
 }
 
 std::vector<ItemRecord> ResultStore::Items(const std::string& run_key) const {

@@ -37,10 +37,13 @@ std::string Fixed(double value, int digits) {
 // Prompt ids that are no special token of the model.
 std::vector<int> ScalePrompt(const ModelConfig& config, int length) {
   std::vector<int> prompt;
-  const int span = std::max(2, std::min(config.vocab, config.mask_id > 0 ? config.mask_id : config.vocab) / 2);
+  const int span =
+      std::max(2, std::min(config.vocab, config.mask_id > 0 ? config.mask_id : config.vocab) / 2);
   for (int i = 0; prompt.size() < size_t(length); ++i) {
     const int id = (17 + i * 7919) % span;
-    if (IsEndToken(config, id) || id == config.mask_id || id == config.pad_id || id == config.bos_id) continue;
+    if (IsEndToken(config, id) || id == config.mask_id || id == config.pad_id ||
+        id == config.bos_id)
+      continue;
     prompt.push_back(id);
   }
   return prompt;
@@ -53,7 +56,11 @@ std::vector<int> ScalePrompt(const ModelConfig& config, int length) {
 class RefreshHook final : public LayerHook {
  public:
   RefreshHook(std::vector<int> block, std::vector<int> window, int clusters, int k, int layers)
-      : block_(std::move(block)), window_(std::move(window)), clusters_(clusters), k_(k), layers_(layers) {}
+      : block_(std::move(block)),
+        window_(std::move(window)),
+        clusters_(clusters),
+        k_(k),
+        layers_(layers) {}
 
   void BeforeQueries(LayerRows& rows) override {
     std::vector<int> query = block_;
@@ -80,8 +87,10 @@ struct Geometry {
   // Polestar's window of block b: [start - prefix, start) and [end, end + suffix).
   std::vector<int> Window(int b, int prefix_blocks, int suffix_blocks) const {
     std::vector<int> rows;
-    for (int p = std::max(0, BlockStart(b) - prefix_blocks * block); p < BlockStart(b); ++p) rows.push_back(p);
-    for (int p = BlockStart(b) + block; p < std::min(length, BlockStart(b) + block + suffix_blocks * block); ++p) {
+    for (int p = std::max(0, BlockStart(b) - prefix_blocks * block); p < BlockStart(b); ++p)
+      rows.push_back(p);
+    for (int p = BlockStart(b) + block;
+         p < std::min(length, BlockStart(b) + block + suffix_blocks * block); ++p) {
       rows.push_back(p);
     }
     return rows;
@@ -128,7 +137,8 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   if (g.blocks < 1 || options.base.gen_length % g.block != 0) {
     Fail("--block-length ", g.block, " must divide --gen-length ", options.base.gen_length);
   }
-  if (g.length > config.max_positions) Fail("the scale canvas (", g.length, ") exceeds the model's context");
+  if (g.length > config.max_positions)
+    Fail("the scale canvas (", g.length, ") exceeds the model's context");
   std::vector<int> canvas = ScalePrompt(config, g.prompt);  // [L]
   canvas.resize(size_t(g.length), config.mask_id);
   KvCache cache = MakeCache(model, g.length, true);
@@ -154,7 +164,8 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   const int window_block = std::min(3, g.blocks - 1);
   const int window_begin = std::max(0, g.BlockStart(window_block) - 2 * g.block);
   const int window_end = std::min(g.length, g.BlockStart(window_block) + 2 * g.block);
-  time_plan("windowed pass", {{Range(window_begin, window_end), block_rows(window_block), {}, nullptr}});
+  time_plan("windowed pass",
+            {{Range(window_begin, window_end), block_rows(window_block), {}, nullptr}});
   std::vector<StepPlan> prefix_plans;
   for (int b : {std::max(0, middle - (g.blocks % 2 == 0 ? 1 : 0)), middle}) {
     prefix_plans.push_back({Range(g.BlockStart(b), g.length), block_rows(b), {}, nullptr});
@@ -172,16 +183,19 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   if (std::find(ks.begin(), ks.end(), o.topk_clusters) == ks.end()) ks.push_back(o.topk_clusters);
   std::sort(ks.begin(), ks.end());
   for (int k : ks) {
-    RefreshHook hook(block_rows(middle), window, o.clusters, std::min(k, o.clusters), config.layers);
+    RefreshHook hook(block_rows(middle), window, o.clusters, std::min(k, o.clusters),
+                     config.layers);
     time_plan(RefreshKind(k), {{block_rows(middle), block_rows(middle), {}, &hook}});
   }
 
   // Polestar's overheads, on this cache's rows (prefix and suffix clustered separately).
   const int64_t C = config.width;
-  const int prefix_rows = int(std::count_if(window.begin(), window.end(),
-                                            [&](int p) { return p < g.BlockStart(middle); }));
+  const int prefix_rows = int(
+      std::count_if(window.begin(), window.end(), [&](int p) { return p < g.BlockStart(middle); }));
   const int suffix_rows = int(window.size()) - prefix_rows;
-  const int prefix_clusters = prefix_rows > 0 ? std::clamp(o.clusters * prefix_rows / int(window.size()), 1, o.clusters - 1) : 0;
+  const int prefix_clusters =
+      prefix_rows > 0 ? std::clamp(o.clusters * prefix_rows / int(window.size()), 1, o.clusters - 1)
+                      : 0;
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
   StepTiming kmeans{"k-means (all layers)", 0, {}};
   for (int r = 0; r < options.reps; ++r) {
@@ -189,12 +203,13 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
     for (int l = 0; l < config.layers; ++l) {
       const float* hidden = cache.hidden(l);
       if (prefix_clusters > 0) {
-        SphericalKMeans({hidden + int64_t(window.front()) * C, size_t(prefix_rows) * C}, prefix_rows, C,
-                        prefix_clusters, o.kmeans_iters);
+        SphericalKMeans({hidden + int64_t(window.front()) * C, size_t(prefix_rows) * C},
+                        prefix_rows, C, prefix_clusters, o.kmeans_iters);
       }
       if (suffix_clusters > 0) {
-        SphericalKMeans({hidden + int64_t(window[size_t(prefix_rows)]) * C, size_t(suffix_rows) * C},
-                        suffix_rows, C, suffix_clusters, o.kmeans_iters);
+        SphericalKMeans(
+            {hidden + int64_t(window[size_t(prefix_rows)]) * C, size_t(suffix_rows) * C},
+            suffix_rows, C, suffix_clusters, o.kmeans_iters);
       }
     }
     kmeans.seconds.push_back(ClockSeconds(options.clock) - start);
@@ -205,12 +220,12 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   const int clusters = prefix_clusters + suffix_clusters;
   std::vector<float> centroids(size_t(clusters) * C);  // [K, C]
   for (int c = 0; c < clusters; ++c) {
-    std::copy_n(cache.hidden(0) + int64_t(window[size_t(c) * window.size() / size_t(clusters)]) * C, C,
-                centroids.begin() + int64_t(c) * C);
+    std::copy_n(cache.hidden(0) + int64_t(window[size_t(c) * window.size() / size_t(clusters)]) * C,
+                C, centroids.begin() + int64_t(c) * C);
   }
   std::vector<float> queries(size_t(clusters) * config.heads * config.head_dim);  // [K, H*D]
-  std::vector<float> keys;                                                          // [L, Hkv*D]
-  std::vector<float> probs(size_t(clusters) * config.heads * g.length);            // [K, H, L]
+  std::vector<float> keys;                                                        // [L, Hkv*D]
+  std::vector<float> probs(size_t(clusters) * config.heads * g.length);           // [K, H, L]
   std::vector<float> previous = probs;
   const std::vector<int> positions = Range(0, g.length);
   double drift_sum = 0;  // keeps the KL from being optimised away
@@ -223,7 +238,8 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       AttentionProbabilities(queries.data(), clusters, keys.data(), g.length, config.heads,
                              config.kv_heads, config.head_dim, probs.data());
       for (int64_t row = 0; row < int64_t(clusters) * config.heads; ++row) {
-        drift_sum += KlDivergence(&probs[size_t(row * g.length)], &previous[size_t(row * g.length)], g.length);
+        drift_sum += KlDivergence(&probs[size_t(row * g.length)], &previous[size_t(row * g.length)],
+                                  g.length);
       }
       std::swap(probs, previous);
     }
@@ -260,7 +276,8 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
     auto on_step = [&](const StepEvent& e) {
       stamps.push_back(ClockSeconds(options.clock) - started);
       block_of.push_back(e.block_index);
-      return e.masks_left > masks_at_stop && (options.max_steps <= 0 || int(stamps.size()) < options.max_steps);
+      return e.masks_left > masks_at_stop &&
+             (options.max_steps <= 0 || int(stamps.size()) < options.max_steps);
     };
     try {
       const GenerationResult r = Generate(model, prompt, o, on_step, true);
@@ -275,7 +292,8 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
         const bool starts_block = i == 0 || block_of[i] != block_of[i - 1];
         (starts_block ? start_times : step_times).push_back(dt);
         std::string kind = starts_block ? "block start" : "in-block step";
-        if (i < r.trace.size() && r.trace[i].contains("policy") && r.trace[i]["policy"].contains("pass")) {
+        if (i < r.trace.size() && r.trace[i].contains("policy") &&
+            r.trace[i]["policy"].contains("pass")) {
           kind = r.trace[i]["policy"]["pass"].get<std::string>();
         }
         kinds[kind].push_back(dt);
@@ -305,15 +323,18 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
   };
   const double full = t("full pass");
   if (policy == "vanilla" && full >= 0) return n * per_block * full;
-  if (policy == "fast-dllm-prefix" && full >= 0) return n * (full + (per_block - 1) * t("prefix-cache step"));
-  if (policy == "fast-dllm-dual" && full >= 0) return n * (full + (per_block - 1) * t("dual-cache step"));
+  if (policy == "fast-dllm-prefix" && full >= 0)
+    return n * (full + (per_block - 1) * t("prefix-cache step"));
+  if (policy == "fast-dllm-dual" && full >= 0)
+    return n * (full + (per_block - 1) * t("dual-cache step"));
   if (policy == "polestar" && full >= 0 && t(RefreshKind(options.base.topk_clusters)) >= 0) {
     const int period = options.base.full_refresh_period;
     double starts = 0;
     for (int b = 0; b < g.blocks; ++b) {
       starts += b > 0 && b % period == period - 1 ? t("windowed pass") : full;
     }
-    const double step = t(RefreshKind(options.base.topk_clusters)) + t("proxy attention (all layers)");
+    const double step =
+        t(RefreshKind(options.base.topk_clusters)) + t("proxy attention (all layers)");
     return starts + n * (t("k-means (all layers)") + (per_block - 1) * step);
   }
   if (forced != nullptr && forced->error.empty() && forced->nfe > 0) {
@@ -325,9 +346,12 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
 nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInfo& machine) {
   ScaleOptions options = requested;
   ModelShape shape = ScaledShape(ShapeByName(options.like), options.layer_scale);
-  if (options.model_dir.empty()) options.model_dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
+  if (options.model_dir.empty())
+    options.model_dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
   if (!fs::exists(fs::path(options.model_dir) / "config.json")) {
-    if (options.progress) std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(), options.model_dir.c_str());
+    if (options.progress)
+      std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(),
+                   options.model_dir.c_str());
     RandomModelOptions random;
     random.shape = ShapeByName(options.like);
     random.scale = options.layer_scale;
@@ -337,10 +361,13 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   const ModelConfig& config = model->config();
   if (options.reps < 1) Fail("--reps must be at least 1");
   if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
-  if (options.progress) std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n", options.model_dir.c_str(),
-               config.layers, config.width);
+  if (options.progress)
+    std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n",
+                 options.model_dir.c_str(), config.layers, config.width);
   const std::vector<StepTiming> steps = TimeSteps(*model, options);
-  if (options.progress) std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n", options.tokens_per_step, options.blocks);
+  if (options.progress)
+    std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n",
+                 options.tokens_per_step, options.blocks);
   const std::vector<ForcedRun> forced = RunForcedSchedule(*model, options);
 
   // TPF per policy from a suite run: its row with default settings, else its first row.
@@ -360,37 +387,56 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   const StepTiming* full = FindStep(steps, "full pass");
   nlohmann::ordered_json out;
   out["machine"] = machine.ToJson();
-  out["model"] = {{"folder", options.model_dir}, {"like", options.like}, {"layer_scale", options.layer_scale},
-                  {"layers", config.layers}, {"width", config.width}, {"ffn", config.ffn},
-                  {"heads", config.heads}, {"kv_heads", config.kv_heads}, {"vocab", config.vocab},
+  out["model"] = {{"folder", options.model_dir},
+                  {"like", options.like},
+                  {"layer_scale", options.layer_scale},
+                  {"layers", config.layers},
+                  {"width", config.width},
+                  {"ffn", config.ffn},
+                  {"heads", config.heads},
+                  {"kv_heads", config.kv_heads},
+                  {"vocab", config.vocab},
                   {"parameters", model->ParameterCount()}};
-  out["canvas"] = {{"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
+  out["canvas"] = {
+      {"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
   out["reps"] = options.reps;
   out["clock"] = ClockName(options.clock);
-  std::string md = "### Scale benchmark: " + shape.name + " (random weights, " + std::to_string(config.layers) +
-                   " layers, width " + std::to_string(config.width) + ", " +
+  std::string md = "### Scale benchmark: " + shape.name + " (random weights, " +
+                   std::to_string(config.layers) + " layers, width " +
+                   std::to_string(config.width) + ", " +
                    Fixed(double(model->ParameterCount()) / 1e9, 2) + " B parameters)\n\n";
   md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
-  md += "Canvas: prompt " + std::to_string(g.prompt) + " + gen length " + std::to_string(options.base.gen_length) +
-        ", block " + std::to_string(g.block) + "; median of " + std::to_string(options.reps) + " reps; " +
+  md += "Canvas: prompt " + std::to_string(g.prompt) + " + gen length " +
+        std::to_string(options.base.gen_length) + ", block " + std::to_string(g.block) +
+        "; median of " + std::to_string(options.reps) + " reps; " +
         (options.clock == Clock::kCpu ? "process CPU time" : "wall-clock time") + ".\n\n";
-  md += "| step | rows computed | ms | µs per row | time / full | rows / full |\n|---|--:|--:|--:|--:|--:|\n";
+  md +=
+      "| step | rows computed | ms | µs per row | time / full | rows / full "
+      "|\n|---|--:|--:|--:|--:|--:|\n";
   out["steps"] = nlohmann::json::array();
   for (const StepTiming& s : steps) {
     const double ms = 1e3 * s.Median();
     const bool has_rows = s.rows_computed > 0;
-    md += "| " + s.kind + " | " + (has_rows ? std::to_string(s.rows_computed) : "-") + " | " + Fixed(ms, 1) + " | " +
+    md += "| " + s.kind + " | " + (has_rows ? std::to_string(s.rows_computed) : "-") + " | " +
+          Fixed(ms, 1) + " | " +
           (has_rows ? Fixed(1e6 * s.Median() / double(s.rows_computed), 1) : "-") + " | " +
           Fixed(s.Median() / full->Median(), 3) + " | " +
-          (has_rows ? Fixed(double(s.rows_computed) / double(full->rows_computed), 3) : "-") + " |\n";
-    out["steps"].push_back({{"kind", s.kind}, {"rows_computed", s.rows_computed}, {"median_seconds", s.Median()},
+          (has_rows ? Fixed(double(s.rows_computed) / double(full->rows_computed), 3) : "-") +
+          " |\n";
+    out["steps"].push_back({{"kind", s.kind},
+                            {"rows_computed", s.rows_computed},
+                            {"median_seconds", s.Median()},
                             {"seconds", s.seconds}});
   }
 
-  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) + " tokens per step, block 0";
-  if (options.blocks > 1) md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
+  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) +
+        " tokens per step, block 0";
+  if (options.blocks > 1)
+    md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
   if (options.max_steps > 0) md += ", at most " + std::to_string(options.max_steps) + " steps";
-  md += ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | steps by kind |\n";
+  md +=
+      ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | "
+      "steps by kind |\n";
   md += "|---|--:|--:|--:|--:|--:|--:|---|\n";
   out["forced"] = nlohmann::json::array();
   for (const ForcedRun& r : forced) {
@@ -401,22 +447,33 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
     }
     std::string kinds;
     for (const auto& [kind, entry] : r.step_kinds.items()) {
-      kinds += (kinds.empty() ? "" : ", ") + kind + " " + std::to_string(entry["count"].get<int>()) + " x " +
+      kinds += (kinds.empty() ? "" : ", ") + kind + " " +
+               std::to_string(entry["count"].get<int>()) + " x " +
                Fixed(1e3 * entry["median_seconds"].get<double>(), 0) + " ms";
     }
-    md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" + std::to_string(r.nfe_expected) + ") | " +
-          std::to_string(r.tokens) + " | " + Fixed(r.seconds, 2) + " | " + Fixed(r.tokens / r.seconds, 2) + " | " +
-          Fixed(1e3 * r.start_seconds, 0) + " | " + Fixed(1e3 * r.step_seconds, 0) + " | " + kinds + " |\n";
-    out["forced"].push_back({{"policy", r.policy}, {"nfe", r.nfe}, {"nfe_expected", r.nfe_expected},
-                             {"tokens", r.tokens}, {"seconds", r.seconds}, {"rows_computed", r.rows_computed},
-                             {"tokens_per_second", r.tokens / r.seconds}, {"block_start_seconds", r.start_seconds},
-                             {"step_seconds", r.step_seconds}, {"step_kinds", r.step_kinds}});
+    md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" + std::to_string(r.nfe_expected) +
+          ") | " + std::to_string(r.tokens) + " | " + Fixed(r.seconds, 2) + " | " +
+          Fixed(r.tokens / r.seconds, 2) + " | " + Fixed(1e3 * r.start_seconds, 0) + " | " +
+          Fixed(1e3 * r.step_seconds, 0) + " | " + kinds + " |\n";
+    out["forced"].push_back({{"policy", r.policy},
+                             {"nfe", r.nfe},
+                             {"nfe_expected", r.nfe_expected},
+                             {"tokens", r.tokens},
+                             {"seconds", r.seconds},
+                             {"rows_computed", r.rows_computed},
+                             {"tokens_per_second", r.tokens / r.seconds},
+                             {"block_start_seconds", r.start_seconds},
+                             {"step_seconds", r.step_seconds},
+                             {"step_kinds", r.step_kinds}});
   }
 
-  md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) + " tokens, block " +
-        std::to_string(g.block) + ")";
-  md += options.tpf_from.empty() ? " at the forced TPF" : " at the TPF each policy reached in " + options.tpf_from;
-  md += ":\n\n| policy | TPF all | TPF until EOS | TPF non-EOS | seconds | TPS until EOS | TPS non-EOS |\n";
+  md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) +
+        " tokens, block " + std::to_string(g.block) + ")";
+  md += options.tpf_from.empty() ? " at the forced TPF"
+                                 : " at the TPF each policy reached in " + options.tpf_from;
+  md +=
+      ":\n\n| policy | TPF all | TPF until EOS | TPF non-EOS | seconds | TPS until EOS | TPS "
+      "non-EOS |\n";
   md += "|---|--:|--:|--:|--:|--:|--:|\n";
   out["projection"] = nlohmann::json::array();
   for (const std::string& policy : options.policies) {
@@ -434,17 +491,24 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
     const double seconds = ProjectSeconds(policy, tpf_all, options, steps, run);
     if (seconds <= 0) continue;
     const double nfe = double(options.base.gen_length) / tpf_all;
-    md += "| " + policy + " | " + Fixed(tpf_all, 2) + " | " + Fixed(tpf_eos, 2) + " | " + Fixed(tpf_non_eos, 2) +
-          " | " + Fixed(seconds, 1) + " | " + Fixed(tpf_eos * nfe / seconds, 2) + " | " +
-          Fixed(tpf_non_eos * nfe / seconds, 2) + " |\n";
-    out["projection"].push_back({{"policy", policy}, {"tpf_all", tpf_all}, {"tpf_until_eos", tpf_eos},
-                                 {"tpf_non_eos", tpf_non_eos}, {"seconds", seconds},
+    md += "| " + policy + " | " + Fixed(tpf_all, 2) + " | " + Fixed(tpf_eos, 2) + " | " +
+          Fixed(tpf_non_eos, 2) + " | " + Fixed(seconds, 1) + " | " +
+          Fixed(tpf_eos * nfe / seconds, 2) + " | " + Fixed(tpf_non_eos * nfe / seconds, 2) +
+          " |\n";
+    out["projection"].push_back({{"policy", policy},
+                                 {"tpf_all", tpf_all},
+                                 {"tpf_until_eos", tpf_eos},
+                                 {"tpf_non_eos", tpf_non_eos},
+                                 {"seconds", seconds},
                                  {"tps_until_eos", tpf_eos * nfe / seconds},
                                  {"tps_non_eos", tpf_non_eos * nfe / seconds}});
   }
-  md += "\nProjection: cost model of bench/README.md from the step timings above (Polestar refreshes every "
-        "step, as its trigger does when more than one token commits a step); policies without a model use "
-        "their forced run's block-start and step times.\n";
+  md +=
+      "\nProjection: cost model of bench/README.md from the step timings above (Polestar refreshes "
+      "every "
+      "step, as its trigger does when more than one token commits a step); policies without a "
+      "model use "
+      "their forced run's block-start and step times.\n";
   std::printf("%s", md.c_str());
   if (!options.out_dir.empty()) {
     fs::create_directories(options.out_dir);

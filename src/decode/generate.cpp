@@ -65,7 +65,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
   const DecodeOptions options = requested.Resolved(config);
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab) {
-      Fail("prompt token ", prompt[i], " at position ", i, " is outside the vocabulary of ", config.vocab);
+      Fail("prompt token ", prompt[i], " at position ", i, " is outside the vocabulary of ",
+           config.vocab);
     }
   }
   const CommitRule rule = ChooseRule(options, config);
@@ -127,8 +128,9 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         Fail("decoding made no progress: block ", b, " still has ", block_masked.size(),
              " masks after ", step, " steps");
       }
-      DecodeContext context{model,  options, canvas,          prompt_length,       config.mask_id,
-                            block,  step,    committed_last_step, cache,           forward};
+      DecodeContext context{model,          options, canvas, prompt_length,
+                            config.mask_id, block,   step,   committed_last_step,
+                            cache,          forward};
       StepPlan plan = policy->Plan(context);
       const std::vector<int> masked = policy->CommitCandidates(context, block_masked);
       for (int p : masked) plan.logit_rows.push_back(PredictingRow(config, p));
@@ -148,7 +150,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         PS_CHECK(un.logits.size() == step_result.logits.size());
         const float scale = float(options.cfg_scale);
         for (size_t i = 0; i < un.logits.size(); ++i) {
-          step_result.logits[i] = un.logits[i] + (scale + 1) * (step_result.logits[i] - un.logits[i]);
+          step_result.logits[i] =
+              un.logits[i] + (scale + 1) * (step_result.logits[i] - un.logits[i]);
         }
       }
 
@@ -162,17 +165,21 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       // Token and confidence for every masked position of the block.
       auto row_logits = [&](int position) {
         const int row = PredictingRow(config, position);
-        const auto it = std::lower_bound(step_result.logit_rows.begin(), step_result.logit_rows.end(), row);
+        const auto it =
+            std::lower_bound(step_result.logit_rows.begin(), step_result.logit_rows.end(), row);
         PS_CHECK(it != step_result.logit_rows.end() && *it == row);
         const size_t index = size_t(it - step_result.logit_rows.begin());
-        return std::span<const float>(&step_result.logits[index * config.vocab], size_t(config.vocab));
+        return std::span<const float>(&step_result.logits[index * config.vocab],
+                                      size_t(config.vocab));
       };
       std::vector<TokenChoice> choices;
       std::vector<double> confidence;
       std::vector<size_t> selected;
       if (rule.rule == Rule::kDreamOrigin) {
         const bool last = step >= steps - 1;
-        const double p_transfer = last ? 1.0 : 1.0 - double(timesteps[size_t(step) + 1]) / double(timesteps[size_t(step)]);
+        const double p_transfer =
+            last ? 1.0
+                 : 1.0 - double(timesteps[size_t(step) + 1]) / double(timesteps[size_t(step)]);
         for (size_t i = 0; i < masked.size(); ++i) {
           if (std::uniform_real_distribution<double>(0, 1)(rng) < p_transfer) {
             choices.push_back(ChooseDream(row_logits(masked[i]), config.mask_id,
@@ -195,7 +202,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         }
         switch (rule.rule) {
           case Rule::kFixed:
-            selected = SelectTopK(confidence, size_t(fixed_counts[size_t(std::min(step, steps - 1))]));
+            selected =
+                SelectTopK(confidence, size_t(fixed_counts[size_t(std::min(step, steps - 1))]));
             break;
           case Rule::kThreshold:
             selected = SelectThreshold(confidence, *options.threshold);
@@ -204,7 +212,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
             selected = SelectFactor(confidence, *options.factor);
             break;
           case Rule::kDreamSchedule: {
-            const size_t count = size_t(DreamTransferCount(int(masked.size()), step, steps, timesteps));
+            const size_t count =
+                size_t(DreamTransferCount(int(masked.size()), step, steps, timesteps));
             selected = options.alg_temp > 0
                            ? SampleWithoutReplacement(confidence, options.alg_temp, count, rng)
                            : SelectTopK(confidence, count);
@@ -238,7 +247,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       for (size_t i : selected) commits.push_back({masked[i], choices[i].token});
       std::vector<Candidate> candidates;
       for (size_t i = 0; i < masked.size(); ++i) {
-        if (rule.rule != Rule::kDreamOrigin) candidates.push_back({masked[i], choices[i].token, choices[i].confidence});
+        if (rule.rule != Rule::kDreamOrigin)
+          candidates.push_back({masked[i], choices[i].token, choices[i].confidence});
       }
       policy->AfterStep(context, step_result, candidates, commits);
 
@@ -258,7 +268,8 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
       }
       if (on_step) {
         int masks_left = 0;
-        for (int p = prompt_length; p < length; ++p) masks_left += canvas[size_t(p)] == config.mask_id;
+        for (int p = prompt_length; p < length; ++p)
+          masks_left += canvas[size_t(p)] == config.mask_id;
         StepEvent event{result.nfe, b, canvas, committed, masks_left, elapsed()};
         if (!on_step(event)) {
           result.cancelled = true;

@@ -82,7 +82,8 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   }
   if (!alg.empty() && alg != "origin" && alg != "maskgit_plus" && alg != "topk_margin" &&
       alg != "entropy" && alg != "confidence_threshold") {
-    Fail("unknown --alg '", alg, "' (origin, maskgit_plus, topk_margin, entropy, confidence_threshold)");
+    Fail("unknown --alg '", alg,
+         "' (origin, maskgit_plus, topk_margin, entropy, confidence_threshold)");
   }
   if (!alg.empty() && config.arch != Arch::kDream) {
     Fail("--alg selects a Dream sampler; this is a ", ArchName(config.arch), " model");

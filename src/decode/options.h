@@ -11,7 +11,8 @@
 namespace polestar {
 
 struct DecodeOptions {
-  std::string policy = "vanilla";  // vanilla | fast-dllm-prefix | fast-dllm-dual | elastic-cache | polestar
+  std::string policy =
+      "vanilla";  // vanilla | fast-dllm-prefix | fast-dllm-dual | elastic-cache | polestar
   int gen_length = 128;
   int block_length = 32;  // 0: one block over the whole canvas
   int steps = 128;        // total over all blocks (LLaDA generate.py convention)
@@ -50,12 +51,12 @@ struct DecodeOptions {
   int window_suffix_blocks = 1;
   int full_refresh_period = 4;
   int tau_upd = 2;
-  bool polestar_cache = true;    // drift-aware sparse refresh
-  bool early_commit = true;      // Polestar-Commit early commit
-  bool suffix_commit = true;     // commit refreshed suffix positions
+  bool polestar_cache = true;       // drift-aware sparse refresh
+  bool early_commit = true;         // Polestar-Commit early commit
+  bool suffix_commit = true;        // commit refreshed suffix positions
   std::string drift_metric = "kl";  // kl | cosine
-  bool nvfp4_hidden = false;     // hidden-state cache as centroid + NVFP4 residual
-  bool overlap = false;          // auxiliary work on a worker thread
+  bool nvfp4_hidden = false;        // hidden-state cache as centroid + NVFP4 residual
+  bool overlap = false;             // auxiliary work on a worker thread
 
   // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
   // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).

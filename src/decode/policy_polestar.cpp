@@ -29,9 +29,9 @@
 //     the critical path (a layer's selection needs them) and stay synchronous.
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -53,9 +53,9 @@ struct LayerClusters {
   std::vector<float> members;         // [K]
   std::vector<float> previous_proxy;  // [K, H, L] proxy attention the last time it ran
   // NVFP4 store of the window's hidden states (when enabled).
-  std::vector<float> base;            // [K, C] centroids at clustering time
+  std::vector<float> base;  // [K, C] centroids at clustering time
   float tensor_scale = 1;
-  std::vector<Nvfp4Row> residuals;    // [L], rows outside the window empty
+  std::vector<Nvfp4Row> residuals;  // [L], rows outside the window empty
 };
 
 enum class Mode { kBlockStart, kDecode, kRefresh };
@@ -154,7 +154,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       stats_["pass"] = "full";
       return plan;
     }
-    mode_ = trigger && options_.polestar_cache && total_clusters_ > 0 ? Mode::kRefresh : Mode::kDecode;
+    mode_ =
+        trigger && options_.polestar_cache && total_clusters_ > 0 ? Mode::kRefresh : Mode::kDecode;
     plan.input_rows = block_rows_;
     stats_["pass"] = mode_ == Mode::kRefresh ? "refresh" : "block";
     if (mode_ == Mode::kRefresh) stats_["refreshed_rows"] = nlohmann::json::array();
@@ -188,8 +189,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       for (const Candidate& candidate : candidates) {
         const size_t offset = size_t(candidate.position - context.block.start);
         if (taken[offset]) continue;
-        if (PassesDriftGate(candidate.confidence, delta[offset], options_.early_floor, options_.tau_s,
-                            options_.alpha, options_.drift_cap)) {
+        if (PassesDriftGate(candidate.confidence, delta[offset], options_.early_floor,
+                            options_.tau_s, options_.alpha, options_.drift_cap)) {
           commits.push_back({candidate.position, candidate.token});
           ++early;
         }
@@ -198,7 +199,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     block_commits_last_step_ = int(commits.size());
 
     int suffix = 0;
-    if (mode_ == Mode::kRefresh && options_.suffix_commit) suffix = SuffixCommits(context, result, commits);
+    if (mode_ == Mode::kRefresh && options_.suffix_commit)
+      suffix = SuffixCommits(context, result, commits);
     stats_["early_commits"] = early;
     stats_["suffix_commits"] = suffix;
     if (!delta.empty()) stats_["drift_delta"] = delta;
@@ -214,7 +216,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     // (sum h_new - sum h_old) / members and re-quantise their NVFP4 residuals.
     LayerClusters& lc = layers_[size_t(layer)];
     const int64_t C = model_.config().width;
-    std::vector<float> old_row(static_cast<size_t>(C));  // [C]
+    std::vector<float> old_row(static_cast<size_t>(C));    // [C]
     std::vector<double> shift(size_t(lc.count) * C, 0.0);  // [K, C]
     std::vector<bool> moved(static_cast<size_t>(lc.count), false);
     for (size_t i = 0; i < fresh.size(); ++i) {
@@ -224,14 +226,16 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       const int position[1] = {p};
       Read(layer, position, old_row.data());
       const float* new_row = x + int64_t(i) * C;
-      for (int64_t j = 0; j < C; ++j) shift[size_t(label * C + j)] += double(new_row[j]) - old_row[size_t(j)];
+      for (int64_t j = 0; j < C; ++j)
+        shift[size_t(label * C + j)] += double(new_row[j]) - old_row[size_t(j)];
       moved[size_t(label)] = true;
       if (options_.nvfp4_hidden) StoreResidual(lc, p, new_row);
     }
     for (int c = 0; c < lc.count; ++c) {
       if (!moved[size_t(c)] || lc.members[size_t(c)] <= 0) continue;
       for (int64_t j = 0; j < C; ++j) {
-        lc.centroids[size_t(c * C + j)] += float(shift[size_t(c * C + j)] / (lc.members[size_t(c)] + 1e-6));
+        lc.centroids[size_t(c * C + j)] +=
+            float(shift[size_t(c * C + j)] / (lc.members[size_t(c)] + 1e-6));
       }
     }
   }
@@ -260,7 +264,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
         double total = 0;
         for (int h = 0; h < config.heads; ++h) {
           const float* now = &proxy[size_t((int64_t(c) * config.heads + h) * length)];
-          const float* before = &lc.previous_proxy[size_t((int64_t(c) * config.heads + h) * length)];
+          const float* before =
+              &lc.previous_proxy[size_t((int64_t(c) * config.heads + h) * length)];
           total += options_.drift_metric == "kl" ? KlDivergence(now, before, length)
                                                  : 1.0 - CosineSimilarity(now, before, length);
         }
@@ -287,7 +292,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       packet_rows_ = selected;
       for (int r : selected) {
         const int predicted = config.shift_logits ? r + 1 : r;
-        if (predicted >= block_end_ && predicted < int(length) && canvas_[size_t(predicted)] == config.mask_id) {
+        if (predicted >= block_end_ && predicted < int(length) &&
+            canvas_[size_t(predicted)] == config.mask_id) {
           rows.logit_rows->push_back(r);
         }
       }
@@ -305,7 +311,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     for (size_t i = 0; i < query_rows.size(); ++i) {
       const int p = query_rows[i];
       if (p < block_start_ || p >= block_end_) continue;
-      std::memcpy(&current[size_t(p - block_start_) * row_size], probs + int64_t(i) * row_size, row_size * 4);
+      std::memcpy(&current[size_t(p - block_start_) * row_size], probs + int64_t(i) * row_size,
+                  row_size * 4);
     }
     token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
     if (token_drift_valid_) {
@@ -314,7 +321,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
         double total = 0;
         for (int h = 0; h < config.heads; ++h) {
           const int64_t offset = int64_t(b) * row_size + int64_t(h) * length;
-          total += KlDivergence(&current[size_t(offset)], &previous_attention_[size_t(offset)], length);
+          total +=
+              KlDivergence(&current[size_t(offset)], &previous_attention_[size_t(offset)], length);
         }
         token_drift_[size_t(b)] = total / config.heads;
       }
@@ -382,7 +390,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       if (end <= begin || k == 0) return;
       std::span<const float> points(hidden + int64_t(begin) * C, size_t(end - begin) * C);
       const Clustering part = SphericalKMeans(points, end - begin, C, k, options_.kmeans_iters);
-      std::copy(part.centroids.begin(), part.centroids.end(), lc.centroids.begin() + int64_t(first_label) * C);
+      std::copy(part.centroids.begin(), part.centroids.end(),
+                lc.centroids.begin() + int64_t(first_label) * C);
       for (int i = 0; i < end - begin; ++i) {
         lc.labels[size_t(begin + i)] = first_label + part.labels[size_t(i)];
         lc.members[size_t(first_label + part.labels[size_t(i)])] += 1;
@@ -424,7 +433,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int64_t kv_width = int64_t(config.kv_heads) * config.head_dim;
     std::vector<float> queries(size_t(lc.count) * config.heads * config.head_dim);  // [K, H*D]
     forward_->ProjectQueries(layer, lc.centroids.data(), lc.count, queries.data());
-    std::vector<float> keys(cache_->keys(layer), cache_->keys(layer) + length * kv_width);  // [L, Hkv*D]
+    std::vector<float> keys(cache_->keys(layer),
+                            cache_->keys(layer) + length * kv_width);  // [L, Hkv*D]
     const std::vector<int> positions = Range(0, int(length));
     UndoRope(keys.data(), positions, config.kv_heads, model_.rope(), config.rope_interleaved);
     proxy.resize(size_t(lc.count) * config.heads * length);
@@ -432,12 +442,14 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
                            config.kv_heads, config.head_dim, proxy.data());
   }
 
-  int SuffixCommits(const DecodeContext& context, const StepResult& result, std::vector<Commit>& commits) {
+  int SuffixCommits(const DecodeContext& context, const StepResult& result,
+                    std::vector<Commit>& commits) {
     const ModelConfig& config = model_.config();
     int added = 0;
     for (int r : packet_rows_) {
       const int p = config.shift_logits ? r + 1 : r;
-      if (p < block_end_ || p >= int(canvas_.size()) || canvas_[size_t(p)] != config.mask_id) continue;
+      if (p < block_end_ || p >= int(canvas_.size()) || canvas_[size_t(p)] != config.mask_id)
+        continue;
       const auto it = std::lower_bound(result.logit_rows.begin(), result.logit_rows.end(), r);
       if (it == result.logit_rows.end() || *it != r) continue;
       const size_t index = size_t(it - result.logit_rows.begin());

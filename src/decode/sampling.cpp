@@ -73,7 +73,8 @@ TokenChoice ChooseDream(std::span<const float> logits_in, int excluded, double t
   if (top_p > 0 && top_p < 1) {
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return logits[a] > logits[b]; });
     std::vector<float> sorted(n);
     for (size_t i = 0; i < n; ++i) sorted[i] = logits[order[i]];
     const float max_logit = sorted[0];
@@ -214,7 +215,8 @@ std::vector<size_t> SampleWithoutReplacement(std::span<const double> confidence,
   double max_value = -INFINITY;
   for (double c : confidence) max_value = std::max(max_value, c / temperature);
   for (size_t i = 0; i < weight.size(); ++i) {
-    weight[i] = std::isfinite(confidence[i]) ? std::exp(confidence[i] / temperature - max_value) : 0.0;
+    weight[i] =
+        std::isfinite(confidence[i]) ? std::exp(confidence[i] / temperature - max_value) : 0.0;
   }
   std::vector<size_t> chosen;
   for (size_t draw = 0; draw < k; ++draw) {

@@ -60,9 +60,8 @@ void ReadSafetensorsFile(const std::string& path, TensorStore& store) {
     if (name == "__metadata__") continue;
     const std::string where = path + ": tensor '" + name + "'";
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
-        !info.contains("data_offsets") || !info["dtype"].is_string() ||
-        !info["shape"].is_array() || !info["data_offsets"].is_array() ||
-        info["data_offsets"].size() != 2) {
+        !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
+        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2) {
       Fail(where, ": entry needs string dtype, array shape and two data_offsets");
     }
     TensorRef tensor;
@@ -90,8 +89,8 @@ void ReadSafetensorsFile(const std::string& path, TensorStore& store) {
     }
     const uint64_t expected = elements * uint64_t(BlockBytes(tensor.dtype));
     if (end - begin != expected) {
-      Fail(where, ": ", end - begin, " bytes do not match dtype ", dtype, " and shape (",
-           expected, " bytes expected)");
+      Fail(where, ": ", end - begin, " bytes do not match dtype ", dtype, " and shape (", expected,
+           " bytes expected)");
     }
     tensor.data = buffer + begin;
     tensor.bytes = end - begin;
@@ -125,7 +124,8 @@ TensorStore ReadSafetensorsDir(const std::string& dir) {
         Fail(index.string(), ": weight_map entry for '", tensor, "' is not a file name");
       }
       const std::string name = shard;
-      if (name.find('/') != std::string::npos) Fail(index.string(), ": shard name ", name, " has a path");
+      if (name.find('/') != std::string::npos)
+        Fail(index.string(), ": shard name ", name, " has a path");
       shards.insert(name);
     }
     store.set_origin(std::to_string(shards.size()) + " safetensors shards in " + dir);
@@ -136,7 +136,8 @@ TensorStore ReadSafetensorsDir(const std::string& dir) {
     }
     for (const auto& [tensor, shard] : json["weight_map"].items()) {
       const TensorRef* found = store.Find(tensor);
-      if (found == nullptr) Fail(index.string(), ": tensor ", tensor, " is not in shard ", shard.get<std::string>());
+      if (found == nullptr)
+        Fail(index.string(), ": tensor ", tensor, " is not in shard ", shard.get<std::string>());
     }
   } else if (fs::exists(single)) {
     store.set_origin(single.string());

@@ -49,7 +49,8 @@ void FailOnUnusedTensors(const TensorStore& store, const std::set<std::string>& 
        "): does the config's layer count or layout match the checkpoint?");
 }
 
-WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t rows, int64_t cols) {
+WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t rows,
+                      int64_t cols) {
   const TensorRef& t = store.Get(name);
   if (t.shape != std::vector<int64_t>{rows, cols}) {
     Fail(store.origin(), ": tensor '", name, "' has shape ", ShapeText(t.shape), ", expected [",
@@ -74,7 +75,8 @@ std::vector<float> BindVector(const TensorStore& store, const std::string& name,
     Fail(store.origin(), ": tensor '", name, "' has shape ", ShapeText(t.shape), ", expected [",
          size, "]");
   }
-  if (!IsMatrixType(t.dtype)) Fail(store.origin(), ": tensor '", name, "' has type ", DTypeName(t.dtype));
+  if (!IsMatrixType(t.dtype))
+    Fail(store.origin(), ": tensor '", name, "' has type ", DTypeName(t.dtype));
   WeightView view{t.dtype, t.data, 1, size, int64_t(t.bytes)};
   std::vector<float> values(static_cast<size_t>(size));
   DequantizeRow(view, 0, values.data());

@@ -26,7 +26,9 @@ std::string Utf8(int codepoint) {
 
 bool IsLetter(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+bool IsSpace(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 bool IsOther(char c) { return !IsLetter(c) && !IsDigit(c) && !IsSpace(c); }
 
 bool HasDigit(const std::string& symbol) {
@@ -34,9 +36,8 @@ bool HasDigit(const std::string& symbol) {
 }
 
 const std::vector<std::string>& SpecialTokens() {
-  static const std::vector<std::string> specials = {kEosToken,         kBosToken,
-                                                    kMaskToken,        kStartHeaderToken,
-                                                    kEndHeaderToken,   kEotToken};
+  static const std::vector<std::string> specials = {kEosToken,         kBosToken,       kMaskToken,
+                                                    kStartHeaderToken, kEndHeaderToken, kEotToken};
   return specials;
 }
 
@@ -212,7 +213,8 @@ BpeTokenizer BpeTokenizer::Load(const std::string& dir) {
 void BpeTokenizer::Finish() {
   ids_.clear();
   for (size_t i = 0; i < vocab_.size(); ++i) {
-    if (!ids_.emplace(vocab_[i], int(i)).second) Fail("tokenizer: duplicate token '", vocab_[i], "'");
+    if (!ids_.emplace(vocab_[i], int(i)).second)
+      Fail("tokenizer: duplicate token '", vocab_[i], "'");
   }
   merge_rank_.clear();
   for (size_t i = 0; i < merges_.size(); ++i) merge_rank_[merges_[i]] = int(i);
@@ -269,7 +271,8 @@ std::vector<int> BpeTokenizer::Encode(std::string_view text) const {
 std::string BpeTokenizer::Decode(const std::vector<int>& ids) const {
   static const std::map<std::string, unsigned char> byte_of = [] {
     std::map<std::string, unsigned char> m;
-    for (int b = 0; b < 256; ++b) m[ByteChar(static_cast<unsigned char>(b))] = static_cast<unsigned char>(b);
+    for (int b = 0; b < 256; ++b)
+      m[ByteChar(static_cast<unsigned char>(b))] = static_cast<unsigned char>(b);
     return m;
   }();
   std::string text;
@@ -340,8 +343,8 @@ void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) cons
   write("tokenizer.json", TokenizerJson());
   ordered_json decoder = ordered_json::object();
   for (const std::string& special : specials_) {
-    decoder[std::to_string(TokenId(special))] = {{"content", special}, {"lstrip", false},
-                                                 {"normalized", false}, {"rstrip", false},
+    decoder[std::to_string(TokenId(special))] = {{"content", special},   {"lstrip", false},
+                                                 {"normalized", false},  {"rstrip", false},
                                                  {"single_word", false}, {"special", true}};
   }
   // LLaDA-8B-Instruct's template: BOS once, every turn trimmed and closed with <|eot_id|>,
@@ -350,7 +353,8 @@ void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) cons
       "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
       "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
       "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-      "{% endif %}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}";
+      "{% endif %}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' "
+      "}}";
   const ordered_json config = {{"add_bos_token", false},
                                {"add_eos_token", false},
                                {"added_tokens_decoder", decoder},

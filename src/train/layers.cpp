@@ -19,15 +19,15 @@ void LinearForward(const float* x, int64_t m, int64_t k, const float* w, int64_t
 void LinearBackward(const float* dy, const float* x, const float* w, int64_t m, int64_t k,
                     int64_t n, float* dx, float* dw, bool accumulate_dx) {
   if (dx != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(k), int(n), 1.0f, dy,
-                int(n), w, int(k), accumulate_dx ? 1.0f : 0.0f, dx, int(k));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(k), int(n), 1.0f, dy, int(n),
+                w, int(k), accumulate_dx ? 1.0f : 0.0f, dx, int(k));
   }
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(n), int(k), int(m), 1.0f, dy, int(n), x,
               int(k), 1.0f, dw, int(k));
 }
 
-void RmsNormForward(const float* x, int64_t m, int64_t c, const float* weight, float eps,
-                    float* y, float* inv_rms) {
+void RmsNormForward(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* y,
+                    float* inv_rms) {
   ParallelFor(m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * c;
@@ -235,8 +235,8 @@ void AttentionBackward(const float* dout, const float* qkv, const float* probs,
       dp.resize(size_t(len));
       const int64_t at = base * stride + h * head_dim;
       HeadBackward(dout + base * width + h * head_dim, width, qkv + at, qkv + at + width,
-                   qkv + at + 2 * width, probs + offsets[b] + h * len * len, len, stride,
-                   head_dim, scale, vt.data(), dp.data(), dqkv + at, dqkv + at + width,
+                   qkv + at + 2 * width, probs + offsets[b] + h * len * len, len, stride, head_dim,
+                   scale, vt.data(), dp.data(), dqkv + at, dqkv + at + width,
                    dqkv + at + 2 * width);
     }
   });

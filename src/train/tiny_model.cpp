@@ -116,8 +116,9 @@ void TinyModel::Init(uint64_t seed) {
       std::fill(p, p + t.size(), 1.0f);
       continue;
     }
-    const bool output = t.name.ends_with("attn_out.weight") ||
-                        (t.name.ends_with("ff_out.weight") && t.name.find("blocks") != std::string::npos);
+    const bool output =
+        t.name.ends_with("attn_out.weight") ||
+        (t.name.ends_with("ff_out.weight") && t.name.find("blocks") != std::string::npos);
     for (int64_t i = 0; i < t.size(); ++i) p[i] = normal(engine) * (output ? out_scale : 1.0f);
   }
 }
@@ -176,11 +177,11 @@ double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logi
     a.inv1.resize(size_t(M));         // [M]
     a.qkv.resize(size_t(M * 3 * C));  // [M, 3C] rotated q | rotated k | v
     a.probs.resize(size_t(probs_size));
-    a.attn.resize(size_t(M * C));     // [M, C]
-    a.h2.resize(size_t(M * C));       // [M, C]
-    a.inv2.resize(size_t(M));         // [M]
-    a.gu.resize(size_t(M * 2 * F));   // [M, 2F] gate | up
-    a.act.resize(size_t(M * F));      // [M, F]
+    a.attn.resize(size_t(M * C));            // [M, C]
+    a.h2.resize(size_t(M * C));              // [M, C]
+    a.inv2.resize(size_t(M));                // [M]
+    a.gu.resize(size_t(M * 2 * F));          // [M, 2F] gate | up
+    a.act.resize(size_t(M * F));             // [M, F]
     std::vector<float> proj(size_t(M * C));  // [M, C]
 
     RmsNormForward(x.data(), M, C, P + o.attn_norm, c.rms_eps, a.h1.data(), a.inv1.data());
@@ -212,7 +213,8 @@ double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logi
   logits_.resize(size_t(R * V));  // [R, V], then dlogits in place
   LinearForward(h_target_.data(), R, C, P + lm_head_, V, logits_.data());
   if (logits_out != nullptr) *logits_out = logits_;
-  const double loss = CrossEntropy(logits_.data(), R, V, batch.targets, batch.weights, logits_.data());
+  const double loss =
+      CrossEntropy(logits_.data(), R, V, batch.targets, batch.weights, logits_.data());
   if (grads == nullptr) return loss;
 
   // Backward.
@@ -226,12 +228,12 @@ double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logi
     for (int64_t j = 0; j < C; ++j) dh_[size_t(row * C + j)] += dh_target_[size_t(i * C + j)];
   }
   dx_.assign(size_t(M * C), 0.0f);  // [M, C] gradient of the residual stream
-  RmsNormBackward(dh_.data(), x_final_.data(), P + final_norm_, inv_final_.data(), M, C,
-                  dx_.data(), G + final_norm_);
-  dact_.resize(size_t(M * F));       // [M, F]
-  dgu_.resize(size_t(M * 2 * F));    // [M, 2F]
-  dattn_.resize(size_t(M * C));      // [M, C]
-  dqkv_.resize(size_t(M * 3 * C));   // [M, 3C]
+  RmsNormBackward(dh_.data(), x_final_.data(), P + final_norm_, inv_final_.data(), M, C, dx_.data(),
+                  G + final_norm_);
+  dact_.resize(size_t(M * F));      // [M, F]
+  dgu_.resize(size_t(M * 2 * F));   // [M, 2F]
+  dattn_.resize(size_t(M * C));     // [M, C]
+  dqkv_.resize(size_t(M * 3 * C));  // [M, 3C]
   for (int l = c.layers - 1; l >= 0; --l) {
     const LayerOffsets& o = layers_[size_t(l)];
     LayerActs& a = acts_[size_t(l)];
@@ -244,7 +246,8 @@ double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logi
     // x_mid = x + attention(rope(rmsnorm(x) W_qkv^T)) W_o^T
     LinearBackward(dx_.data(), a.attn.data(), P + o.attn_out, M, C, C, dattn_.data(),
                    G + o.attn_out);
-    AttentionBackward(dattn_.data(), a.qkv.data(), a.probs.data(), batch.starts, H, D, dqkv_.data());
+    AttentionBackward(dattn_.data(), a.qkv.data(), a.probs.data(), batch.starts, H, D,
+                      dqkv_.data());
     Rope(dqkv_.data(), M, 3 * C, H, batch.positions, rope_, true);
     Rope(dqkv_.data() + C, M, 3 * C, H, batch.positions, rope_, true);
     LinearBackward(dqkv_.data(), a.h1.data(), P + o.qkv, M, C, 3 * C, dh_.data(), G + o.qkv);

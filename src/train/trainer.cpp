@@ -24,13 +24,27 @@ namespace polestar::train {
 namespace fs = std::filesystem;
 
 std::string TrainOptions::Fingerprint() const {
-  nlohmann::ordered_json j = {
-      {"layers", layers}, {"width", width}, {"heads", heads}, {"ffn", ffn},
-      {"bpe_merges", bpe_merges}, {"tasks", tasks}, {"gen_length", gen_length},
-      {"batch", batch}, {"mask_eps", mask_eps}, {"stratified_t", true}, {"steps", steps}, {"lr", lr},
-      {"min_lr_ratio", min_lr_ratio}, {"weight_decay", weight_decay}, {"beta1", beta1},
-      {"beta2", beta2}, {"adam_eps", adam_eps}, {"clip", clip}, {"warmup", warmup},
-      {"seed", seed}, {"init_from", init_from}};
+  nlohmann::ordered_json j = {{"layers", layers},
+                              {"width", width},
+                              {"heads", heads},
+                              {"ffn", ffn},
+                              {"bpe_merges", bpe_merges},
+                              {"tasks", tasks},
+                              {"gen_length", gen_length},
+                              {"batch", batch},
+                              {"mask_eps", mask_eps},
+                              {"stratified_t", true},
+                              {"steps", steps},
+                              {"lr", lr},
+                              {"min_lr_ratio", min_lr_ratio},
+                              {"weight_decay", weight_decay},
+                              {"beta1", beta1},
+                              {"beta2", beta2},
+                              {"adam_eps", adam_eps},
+                              {"clip", clip},
+                              {"warmup", warmup},
+                              {"seed", seed},
+                              {"init_from", init_from}};
   return j.dump();
 }
 
@@ -43,7 +57,8 @@ std::vector<std::string> SelectedTasks(const TrainOptions& options) {
 std::vector<std::string> DistinctTasks(const std::vector<std::string>& tasks) {
   std::vector<std::string> distinct;
   for (const std::string& task : tasks) {
-    if (std::find(distinct.begin(), distinct.end(), task) == distinct.end()) distinct.push_back(task);
+    if (std::find(distinct.begin(), distinct.end(), task) == distinct.end())
+      distinct.push_back(task);
   }
   return distinct;
 }
@@ -265,13 +280,15 @@ void Trainer::Evaluate(int items) {
   std::string line = Cat("eval step ", step_, ":");
   int correct = 0, total = 0;
   for (const TaskScore& s : scores) {
-    csv << step_ << "," << s.task << "," << s.correct << "," << s.total << "," << s.accuracy() << "\n";
+    csv << step_ << "," << s.task << "," << s.correct << "," << s.total << "," << s.accuracy()
+        << "\n";
     line += Cat(" ", s.task, " ", int(std::lround(100 * s.accuracy())), "%");
     correct += s.correct;
     total += s.total;
   }
   if (!options_.quiet) {
-    std::fprintf(stderr, "%s | overall %.1f%%\n", line.c_str(), total ? 100.0 * correct / total : 0.0);
+    std::fprintf(stderr, "%s | overall %.1f%%\n", line.c_str(),
+                 total ? 100.0 * correct / total : 0.0);
   }
 }
 
@@ -283,7 +300,8 @@ void Trainer::Run() {
     std::ifstream in(csv_path);
     std::string line;
     while (std::getline(in, line)) {
-      if (line.starts_with("step") || (!line.empty() && std::stoll(line) <= step_)) kept.push_back(line);
+      if (line.starts_with("step") || (!line.empty() && std::stoll(line) <= step_))
+        kept.push_back(line);
     }
   }
   {

@@ -57,17 +57,20 @@ policy reached on a suite (--tpf-from results.jsonl). Writes scale.json and scal
 }  // namespace
 
 void AddBenchCommand(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Accuracy-throughput benchmark over a grid of policies and settings");
+  auto* cmd = app.add_subcommand(
+      "bench", "Accuracy-throughput benchmark over a grid of policies and settings");
   auto args = std::make_shared<BenchArgs>();
   AddSuiteFlags(cmd, args->suite);
   cmd->add_option("--policies", args->policies, "comma-separated policies")->capture_default_str();
-  cmd->add_option("--grid", args->grids, "grid spec \"key=v1,v2;key2=...\" (repeatable; see below)");
+  cmd->add_option("--grid", args->grids,
+                  "grid spec \"key=v1,v2;key2=...\" (repeatable; see below)");
   cmd->add_option("-o,--output", args->out, "output folder (default: bench/out/SUITE)");
   cmd->add_option("--protocol", args->protocol, "token count of the plot: until-eos | non-eos")
       ->capture_default_str();
-  cmd->add_option("--clock", args->clock,
-                  "time TPS and step timings on the wall clock or the process's CPU time (steadier on a "
-                  "shared machine with -t 1)")
+  cmd->add_option(
+         "--clock", args->clock,
+         "time TPS and step timings on the wall clock or the process's CPU time (steadier on a "
+         "shared machine with -t 1)")
       ->capture_default_str();
   cmd->add_flag("--no-plot", args->no_plot, "skip gnuplot");
   cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit");
@@ -82,8 +85,9 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--layer-scale", so.layer_scale, "--scale: multiply the shape's layer count")
       ->check(Within(1e-3, 64))
       ->capture_default_str();
-  cmd->add_option("--random-model", so.model_dir,
-                  "--scale: checkpoint folder (written there when absent; default /tmp/polestar-random-LIKE)");
+  cmd->add_option(
+      "--random-model", so.model_dir,
+      "--scale: checkpoint folder (written there when absent; default /tmp/polestar-random-LIKE)");
   cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -101,7 +105,8 @@ void AddBenchCommand(CLI::App& app) {
                   "--scale: steps per forced run at most (0: no limit)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--scale-policies", args->scale_policies, "--scale: policies run with the forced schedule")
+  cmd->add_option("--scale-policies", args->scale_policies,
+                  "--scale: policies run with the forced schedule")
       ->capture_default_str();
   cmd->add_option("--tpf-from", args->tpf_from, "--scale: results.jsonl whose TPF to project from");
   AddDecodeFlags(cmd, args->options);
@@ -123,8 +128,8 @@ void AddBenchCommand(CLI::App& app) {
       bench::RunScaleBenchmark(options, machine);
       return;
     }
-    std::vector<bench::GridPoint> points = bench::ExpandGrids(
-        bench::SplitList(args->policies, ',', "--policies"), args->grids);
+    std::vector<bench::GridPoint> points =
+        bench::ExpandGrids(bench::SplitList(args->policies, ',', "--policies"), args->grids);
     for (bench::GridPoint& p : points) {
       for (auto& [key, value] : p.settings) key = CanonicalDecodeFlag(key);
     }
@@ -139,7 +144,9 @@ void AddBenchCommand(CLI::App& app) {
     request.base = args->options;
     request.explicit_keys = GivenDecodeFlags(cmd);
     request.setter = SetDecodeOption;
-    request.out_dir = args->out.empty() ? (std::filesystem::path("bench") / "out" / suite.name).string() : args->out;
+    request.out_dir = args->out.empty()
+                          ? (std::filesystem::path("bench") / "out" / suite.name).string()
+                          : args->out;
     request.machine = machine;
     request.protocol = bench::ProtocolFromName(args->protocol);
     request.clock = bench::ClockFromName(args->clock);
@@ -147,7 +154,8 @@ void AddBenchCommand(CLI::App& app) {
     request.progress = !args->quiet;
     if (args->dry_run) {
       for (const bench::GridPoint& p : points) {
-        const DecodeOptions o = bench::ResolvePoint(request.base, request.explicit_keys, p, suite, SetDecodeOption);
+        const DecodeOptions o =
+            bench::ResolvePoint(request.base, request.explicit_keys, p, suite, SetDecodeOption);
         std::printf("%-50s gen %d block %d steps %d threshold %g\n", p.Label().c_str(),
                     o.gen_length, o.block_length, o.steps, o.threshold.value_or(0));
       }

@@ -22,8 +22,8 @@ struct EvalArgs {
 
 void PrintTotalsLine(const char* name, const bench::Totals& t, const std::string& metric) {
   std::printf("%-12s %6lld  %7.1f%%  %7.1f  %8.2f  %8.2f  %8.1f  %8.1f\n", name,
-              static_cast<long long>(t.items), 100 * t.Accuracy(metric), t.MeanNfe(), t.TpfUntilEos(),
-              t.TpfNonEos(), t.TpsUntilEos(), t.TpsNonEos());
+              static_cast<long long>(t.items), 100 * t.Accuracy(metric), t.MeanNfe(),
+              t.TpfUntilEos(), t.TpfNonEos(), t.TpsUntilEos(), t.TpsNonEos());
 }
 
 }  // namespace
@@ -55,25 +55,28 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     if (suite.items.empty())
       Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
     const bench::GridPoint point{args->options.policy, {}};
-    const DecodeOptions options = bench::ResolvePoint(args->options, GivenDecodeFlags(cmd), point,
-                                                      suite, SetDecodeOption);
+    const DecodeOptions options =
+        bench::ResolvePoint(args->options, GivenDecodeFlags(cmd), point, suite, SetDecodeOption);
     std::vector<bench::ItemRecord> records;
     bench::ProgressBar progress(int64_t(suite.items.size()), !args->quiet);
-    const bench::RunSummary summary =
-        bench::RunSuite(*model, suite, options, [&](std::size_t done, const bench::ItemRecord& r) {
+    const bench::RunSummary summary = bench::RunSuite(
+        *model, suite, options,
+        [&](std::size_t done, const bench::ItemRecord& r) {
           if (args->items) records.push_back(r);
           progress.Update(int64_t(done), r.id);
         },
         bench::ClockFromName(args->clock));
     progress.Finish();
     if (args->json) {
-      nlohmann::ordered_json out = {{"model", model_dir},
-                                    {"suite", suite.selection},
-                                    {"options", bench::OptionsToJson(options.Resolved(model->config()))},
-                                    {"summary", summary.ToJson()}};
+      nlohmann::ordered_json out = {
+          {"model", model_dir},
+          {"suite", suite.selection},
+          {"options", bench::OptionsToJson(options.Resolved(model->config()))},
+          {"summary", summary.ToJson()}};
       if (args->items) {
         out["items"] = nlohmann::ordered_json::array();
-        for (const bench::ItemRecord& r : records) out["items"].push_back(nlohmann::ordered_json(r.ToJson()));
+        for (const bench::ItemRecord& r : records)
+          out["items"].push_back(nlohmann::ordered_json(r.ToJson()));
       }
       std::printf("%s\n", out.dump().c_str());
       return;
@@ -83,7 +86,8 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
                 options.policy.c_str(), metric.c_str());
     std::printf("%-12s %6s  %8s  %7s  %8s  %8s  %8s  %8s\n", "task", "items", "accuracy", "NFE",
                 "TPF<eos", "TPF!eos", "TPS<eos", "TPS!eos");
-    for (const auto& [task, totals] : summary.per_task) PrintTotalsLine(task.c_str(), totals, metric);
+    for (const auto& [task, totals] : summary.per_task)
+      PrintTotalsLine(task.c_str(), totals, metric);
     if (summary.per_task.size() > 1) PrintTotalsLine("overall", summary.overall, metric);
     for (size_t m = 1; m < suite.metric_names.size(); ++m) {
       std::printf("%s: %.1f%%\n", suite.metric_names[m].c_str(),

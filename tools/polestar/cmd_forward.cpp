@@ -18,7 +18,8 @@ void AddForwardCommand(CLI::App& app) {
   auto args = std::make_shared<Args>();
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file")->required();
   cmd->add_option("--input", args->input, "safetensors with I64 input_ids [1, L]")->required();
-  cmd->add_option("--output", args->output, "safetensors to write F32 logits [1, L, V]")->required();
+  cmd->add_option("--output", args->output, "safetensors to write F32 logits [1, L, V]")
+      ->required();
   cmd->callback([args] {
     auto model = Model::Load(args->model);
     FailIfOutputIsAnInput(args->output, {args->input});
@@ -28,7 +29,8 @@ void AddForwardCommand(CLI::App& app) {
     const TensorRef* ids = input.Find("input_ids");
     if (ids == nullptr) ids = input.Find("forward.input_ids");
     if (ids == nullptr) Fail(args->input, ": no tensor input_ids (or forward.input_ids)");
-    if (ids->dtype != DType::kI64 || ids->shape.size() != 2 || ids->shape[0] != 1 || ids->shape[1] < 1) {
+    if (ids->dtype != DType::kI64 || ids->shape.size() != 2 || ids->shape[0] != 1 ||
+        ids->shape[1] < 1) {
       Fail(args->input, ": input_ids must be I64 of shape [1, L]");
     }
     const ModelConfig& c = model->config();
@@ -40,7 +42,9 @@ void AddForwardCommand(CLI::App& app) {
     for (int64_t i = 0; i < length; ++i) {
       int64_t id;
       std::memcpy(&id, ids->data + 8 * i, 8);
-      if (id < 0 || id >= c.vocab) Fail(args->input, ": token id ", id, " at position ", i, " is outside the vocabulary of ", c.vocab);
+      if (id < 0 || id >= c.vocab)
+        Fail(args->input, ": token id ", id, " at position ", i, " is outside the vocabulary of ",
+             c.vocab);
       canvas[size_t(i)] = int(id);
     }
     KvCache cache = MakeCache(*model, length, false);

@@ -44,7 +44,8 @@ std::string RenderCanvas(const Tokenizer* tokenizer, std::span<const int> genera
 }
 
 // Generated ids up to (not including) the first end token, when stopping at EOS.
-std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& generated, bool stop) {
+std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& generated,
+                            bool stop) {
   std::vector<int> ids;
   for (int id : generated) {
     if (stop && IsEndToken(config, id)) break;
@@ -58,14 +59,16 @@ std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& g
 void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd = app.add_subcommand("generate", "Generate text with a diffusion LM");
   auto args = std::make_shared<GenerateArgs>();
-  cmd->add_option("-m,--model", args->model, "model folder or .gguf file (default: the bundled polestar-tiny)");
+  cmd->add_option("-m,--model", args->model,
+                  "model folder or .gguf file (default: the bundled polestar-tiny)");
   auto* prompt = cmd->add_option("-p,--prompt", args->prompt,
                                  "prompt text (chat template applied unless --raw)")
                      ->check(Utf8Text());
   auto* ids = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids: 1,2,3");
   prompt->excludes(ids);
   cmd->add_flag("--raw", args->raw, "tokenize the prompt as is, without the chat template");
-  cmd->add_option("--chat-template", args->chat_template, "llada | chatml (default: from the model)");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "llada | chatml (default: from the model)");
   cmd->add_option("--system", args->system, "system message")->check(Utf8Text());
   cmd->add_option("--stop-at-eos", args->stop_at_eos, "cut the text at the first EOS / end of turn")
       ->capture_default_str();
@@ -78,7 +81,8 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   AddDecodeFlags(cmd, args->options);
   cmd->callback([args, prompt, ids] {
     SetThreadCount(args->threads);
-    if (prompt->count() == 0 && ids->count() == 0) Fail("give a prompt with -p TEXT or --prompt-ids 1,2,3");
+    if (prompt->count() == 0 && ids->count() == 0)
+      Fail("give a prompt with -p TEXT or --prompt-ids 1,2,3");
     const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
     auto model = Model::Load(model_path);
     const ModelConfig& config = model->config();
@@ -92,7 +96,8 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
         std::vector<ChatMessage> messages;
         if (!args->system.empty()) messages.push_back({"system", args->system});
         messages.push_back({"user", args->prompt});
-        prompt_ids = ApplyChatTemplate(*tokenizer, messages, ChatTemplateFor(*tokenizer, args->chat_template));
+        prompt_ids = ApplyChatTemplate(*tokenizer, messages,
+                                       ChatTemplateFor(*tokenizer, args->chat_template));
       }
     } else {
       prompt_ids = ParseIdList(args->prompt_ids, "--prompt-ids");
@@ -110,10 +115,11 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
         for (int p : e.committed) fresh.push_back(p - int(prompt_ids.size()));
         if (tty) {
           std::fprintf(stderr, "\x1b[2J\x1b[H%s\n\n\x1b[2mstep %d  masks left %d  %.1f s\x1b[0m\n",
-                       RenderCanvas(tokenizer.get(), generated, config.mask_id, fresh).c_str(), e.nfe,
-                       e.masks_left, e.seconds);
+                       RenderCanvas(tokenizer.get(), generated, config.mask_id, fresh).c_str(),
+                       e.nfe, e.masks_left, e.seconds);
         } else {
-          std::fprintf(stderr, "step %d: committed %zu, masks left %d\n", e.nfe, e.committed.size(), e.masks_left);
+          std::fprintf(stderr, "step %d: committed %zu, masks left %d\n", e.nfe, e.committed.size(),
+                       e.masks_left);
         }
         return true;
       };
@@ -121,16 +127,20 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
     const GenerationResult r = Generate(*model, prompt_ids, args->options, on_step, args->trace);
     const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
     std::string text;
-    if (tokenizer != nullptr) text = tokenizer->Decode(visible, {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+    if (tokenizer != nullptr)
+      text = tokenizer->Decode(visible,
+                               {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
     if (args->json) {
-      nlohmann::json out = {
-          {"tokens", r.tokens},
-          {"generated", r.generated},
-          {"nfe", r.nfe},
-          {"tpf", {{"until_eos", r.TpfUntilEos()}, {"non_eos", r.TpfNonEos()}, {"all_positions", r.TpfAllPositions()}}},
-          {"tps", {{"until_eos", r.TpsUntilEos()}, {"non_eos", r.TpsNonEos()}}},
-          {"rows_computed", r.rows_computed},
-          {"seconds", r.seconds}};
+      nlohmann::json out = {{"tokens", r.tokens},
+                            {"generated", r.generated},
+                            {"nfe", r.nfe},
+                            {"tpf",
+                             {{"until_eos", r.TpfUntilEos()},
+                              {"non_eos", r.TpfNonEos()},
+                              {"all_positions", r.TpfAllPositions()}}},
+                            {"tps", {{"until_eos", r.TpsUntilEos()}, {"non_eos", r.TpsNonEos()}}},
+                            {"rows_computed", r.rows_computed},
+                            {"seconds", r.seconds}};
       if (tokenizer != nullptr) out["text"] = text;
       if (args->trace) out["trace"] = r.trace;
       std::printf("%s\n", out.dump().c_str());

@@ -63,7 +63,8 @@ void AddMakeRandomModelCommand(CLI::App& app) {
       s.vocab = args->vocab;
       if (s.vocab < 8) Fail("--vocab must be at least 8");
       // The four special ids go to the top of the smaller vocabulary.
-      s.mask_id = s.vocab - 1, s.eos_id = s.vocab - 2, s.bos_id = s.vocab - 3, s.eot_id = s.vocab - 4;
+      s.mask_id = s.vocab - 1, s.eos_id = s.vocab - 2, s.bos_id = s.vocab - 3,
+      s.eot_id = s.vocab - 4;
     }
     if (args->layers > 0 || args->width > 0 || args->heads > 0 || args->kv_heads > 0 ||
         args->ffn > 0 || args->vocab > 0) {

@@ -23,7 +23,9 @@ void AddTasksCommand(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("--task", args->task, "task name (without it: list the tasks)");
-  cmd->add_option("--split", args->split, "train or test")->check(CLI::IsMember({"train", "test"}))->capture_default_str();
+  cmd->add_option("--split", args->split, "train or test")
+      ->check(CLI::IsMember({"train", "test"}))
+      ->capture_default_str();
   cmd->add_option("-n,--n", args->n, "number of items")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
@@ -31,9 +33,10 @@ void AddTasksCommand(CLI::App& app) {
   AddUint64Option(cmd, "--start", args->start, "index of the first item");
   cmd->add_flag("--json", args->json, "one JSON object per line");
   cmd->add_flag("--chat", args->chat, "print the prompt in the chat template");
-  cmd->add_option("--tokenizer", args->tokenizer,
-                  "with --json: add prompt_ids / answer_ids encoded by this model folder's tokenizer "
-                  "(the trainer's encoder and the engine's tokenizer must agree)");
+  cmd->add_option(
+      "--tokenizer", args->tokenizer,
+      "with --json: add prompt_ids / answer_ids encoded by this model folder's tokenizer "
+      "(the trainer's encoder and the engine's tokenizer must agree)");
   cmd->callback([args] {
     if (args->task.empty()) {
       for (const std::string& task : TaskNames()) {

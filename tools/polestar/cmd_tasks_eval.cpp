@@ -14,7 +14,8 @@
 namespace polestar::cli {
 
 void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
-  auto* cmd = app.add_subcommand("tasks-eval", "Held-out accuracy per task of a polestar-tiny model");
+  auto* cmd =
+      app.add_subcommand("tasks-eval", "Held-out accuracy per task of a polestar-tiny model");
   struct Args {
     std::string model;
     std::vector<std::string> tasks;
@@ -28,7 +29,8 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   args->decode.gen_length = 32;
   args->decode.block_length = 8;
   args->decode.steps = 32;
-  cmd->add_option("-m,--model", args->model, "model folder (config, weights, tokenizer)")->required();
+  cmd->add_option("-m,--model", args->model, "model folder (config, weights, tokenizer)")
+      ->required();
   cmd->add_option("--tasks", args->tasks, "tasks (default: all)");
   cmd->add_option("--items", args->items, "test items per task")
       ->check(CLI::Range(1, 100000))
@@ -46,8 +48,8 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     const BpeTokenizer tokenizer = BpeTokenizer::Load(args->model);
     const std::vector<std::string> tasks = args->tasks.empty() ? TaskNames() : args->tasks;
     for (const std::string& task : tasks) CheckTaskName(task);
-    const auto scores = train::EvaluateTasks(*model, tokenizer, tasks, args->items,
-                                             args->item_seed, args->decode);
+    const auto scores =
+        train::EvaluateTasks(*model, tokenizer, tasks, args->items, args->item_seed, args->decode);
     int correct = 0, total = 0;
     double forwards = 0;
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
@@ -55,8 +57,11 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
       correct += s.correct;
       total += s.total;
       forwards += s.forwards * s.total;
-      out.push_back({{"task", s.task}, {"correct", s.correct}, {"total", s.total},
-                     {"accuracy", s.accuracy()}, {"nfe", s.forwards}});
+      out.push_back({{"task", s.task},
+                     {"correct", s.correct},
+                     {"total", s.total},
+                     {"accuracy", s.accuracy()},
+                     {"nfe", s.forwards}});
       if (!args->json) {
         std::printf("%-8s %5.1f%%  (%d/%d)  nfe %.1f\n", s.task.c_str(), 100 * s.accuracy(),
                     s.correct, s.total, s.forwards);
@@ -64,7 +69,8 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     }
     const double overall = total ? double(correct) / total : 0.0;
     if (args->json) {
-      std::printf("%s\n", nlohmann::ordered_json({{"tasks", out}, {"accuracy", overall},
+      std::printf("%s\n", nlohmann::ordered_json({{"tasks", out},
+                                                  {"accuracy", overall},
                                                   {"nfe", total ? forwards / total : 0.0}})
                               .dump()
                               .c_str());

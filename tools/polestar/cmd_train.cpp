@@ -25,7 +25,9 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_option("--merges", o->bpe_merges, "BPE merges of the tokenizer")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  cmd->add_option("--tasks", o->tasks, "tasks to train on (default: all); a task named k times is drawn k times as often");
+  cmd->add_option(
+      "--tasks", o->tasks,
+      "tasks to train on (default: all); a task named k times is drawn k times as often");
   cmd->add_option("--gen-length", o->gen_length, "answer canvas (answer + EOS padding)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

@@ -54,46 +54,78 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   cmd->add_option("--gen-length", o.gen_length, "generated positions (canvas length)")
       ->capture_default_str();
   cmd->add_option("--block-length,--diffusion-block-length", o.block_length,
-                  "semi-autoregressive block length (0: one block)")->capture_default_str();
-  cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")->capture_default_str();
+                  "semi-autoregressive block length (0: one block)")
+      ->capture_default_str();
+  cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")
+      ->capture_default_str();
   cmd->add_option_function<double>(
       "--threshold", [&o](double v) { o.threshold = v; },
       "confidence threshold commit (Fast-dLLM), in (0, 1], e.g. 0.9");
   cmd->add_option_function<double>(
       "--factor", [&o](double v) { o.factor = v; }, "factor commit rule (Fast-dLLM), > 0");
-  cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")->capture_default_str();
+  cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")
+      ->capture_default_str();
   AddUint64Option(cmd, "--seed,-s", o.seed, "random seed");
-  cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")->capture_default_str();
-  cmd->add_option("--alg", o.alg, "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
-  cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")->capture_default_str();
-  cmd->add_option("--alg-temp,--diffusion-alg-temp", o.alg_temp, "Dream: order sampling temperature");
-  cmd->add_option("--cfg-scale,--diffusion-cfg-scale", o.cfg_scale, "classifier-free guidance scale");
+  cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")
+      ->capture_default_str();
+  cmd->add_option(
+      "--alg", o.alg,
+      "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
+  cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")
+      ->capture_default_str();
+  cmd->add_option("--alg-temp,--diffusion-alg-temp", o.alg_temp,
+                  "Dream: order sampling temperature");
+  cmd->add_option("--cfg-scale,--diffusion-cfg-scale", o.cfg_scale,
+                  "classifier-free guidance scale");
   cmd->add_option("--top-p", o.top_p, "Dream: nucleus sampling")->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "Dream: top-k sampling (0: off)")->capture_default_str();
   cmd->add_flag("--refresh-all", o.refresh_all, "cached policies: recompute everything every step");
   // Elastic-Cache.
-  cmd->add_option("--track-num", o.track_num, "Elastic-Cache: most-attended tokens tracked")->capture_default_str();
-  cmd->add_option("--gamma", o.gamma, "Elastic-Cache: cosine trigger threshold")->capture_default_str();
+  cmd->add_option("--track-num", o.track_num, "Elastic-Cache: most-attended tokens tracked")
+      ->capture_default_str();
+  cmd->add_option("--gamma", o.gamma, "Elastic-Cache: cosine trigger threshold")
+      ->capture_default_str();
   cmd->add_option("--window", o.window, "Elastic-Cache: sliding window (0: 16 LLaDA, 32 Dream)");
   // Polestar.
   cmd->add_option("--tau-s", o.tau_s, "Polestar: commit threshold")->capture_default_str();
-  cmd->add_option("--early-floor", o.early_floor, "Polestar: early-commit confidence floor")->capture_default_str();
+  cmd->add_option("--early-floor", o.early_floor, "Polestar: early-commit confidence floor")
+      ->capture_default_str();
   cmd->add_option("--alpha", o.alpha, "Polestar: drift gate coefficient")->capture_default_str();
   cmd->add_option("--drift-cap", o.drift_cap, "Polestar: drift gate cap")->capture_default_str();
-  cmd->add_option("--drift-history", o.drift_history, "Polestar: drift history steps")->capture_default_str();
+  cmd->add_option("--drift-history", o.drift_history, "Polestar: drift history steps")
+      ->capture_default_str();
   cmd->add_option("--clusters", o.clusters, "Polestar: clusters per layer")->capture_default_str();
-  cmd->add_option("--topk", o.topk_clusters, "Polestar: clusters refreshed per layer")->capture_default_str();
-  cmd->add_option("--kmeans-iters", o.kmeans_iters, "Polestar: k-means iterations")->capture_default_str();
-  cmd->add_option("--window-prefix-blocks", o.window_prefix_blocks, "Polestar: prefix window blocks")->capture_default_str();
-  cmd->add_option("--window-suffix-blocks", o.window_suffix_blocks, "Polestar: suffix window blocks")->capture_default_str();
-  cmd->add_option("--full-refresh-period", o.full_refresh_period, "Polestar: every n-th block starts windowed")->capture_default_str();
-  cmd->add_option("--tau-upd", o.tau_upd, "Polestar: refresh after more than this many commits")->capture_default_str();
-  cmd->add_option("--polestar-cache", o.polestar_cache, "Polestar: drift-aware sparse refresh (true/false)")->capture_default_str();
-  cmd->add_option("--early-commit", o.early_commit, "Polestar: drift-gated early commit (true/false)")->capture_default_str();
-  cmd->add_option("--suffix-commit", o.suffix_commit, "Polestar: commit refreshed suffix positions (true/false)")->capture_default_str();
+  cmd->add_option("--topk", o.topk_clusters, "Polestar: clusters refreshed per layer")
+      ->capture_default_str();
+  cmd->add_option("--kmeans-iters", o.kmeans_iters, "Polestar: k-means iterations")
+      ->capture_default_str();
+  cmd->add_option("--window-prefix-blocks", o.window_prefix_blocks,
+                  "Polestar: prefix window blocks")
+      ->capture_default_str();
+  cmd->add_option("--window-suffix-blocks", o.window_suffix_blocks,
+                  "Polestar: suffix window blocks")
+      ->capture_default_str();
+  cmd->add_option("--full-refresh-period", o.full_refresh_period,
+                  "Polestar: every n-th block starts windowed")
+      ->capture_default_str();
+  cmd->add_option("--tau-upd", o.tau_upd, "Polestar: refresh after more than this many commits")
+      ->capture_default_str();
+  cmd->add_option("--polestar-cache", o.polestar_cache,
+                  "Polestar: drift-aware sparse refresh (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--early-commit", o.early_commit,
+                  "Polestar: drift-gated early commit (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--suffix-commit", o.suffix_commit,
+                  "Polestar: commit refreshed suffix positions (true/false)")
+      ->capture_default_str();
   cmd->add_option("--drift-metric", o.drift_metric, "Polestar: kl | cosine")->capture_default_str();
-  cmd->add_option("--nvfp4", o.nvfp4_hidden, "Polestar: NVFP4 residual hidden-state cache (true/false)")->capture_default_str();
-  cmd->add_option("--overlap", o.overlap, "Polestar: auxiliary work on a worker thread (true/false)")->capture_default_str();
+  cmd->add_option("--nvfp4", o.nvfp4_hidden,
+                  "Polestar: NVFP4 residual hidden-state cache (true/false)")
+      ->capture_default_str();
+  cmd->add_option("--overlap", o.overlap,
+                  "Polestar: auxiliary work on a worker thread (true/false)")
+      ->capture_default_str();
 }
 
 namespace {
@@ -160,8 +192,8 @@ DecodeOptions CommandLineDecodeDefaults(int argc, const char* const* argv) {
 
 std::string DefaultModelPath() {
   namespace fs = std::filesystem;
-  for (const fs::path& candidate : {fs::path("models/polestar-tiny"),
-                                    fs::path(POLESTAR_SOURCE_DIR) / "models/polestar-tiny"}) {
+  for (const fs::path& candidate :
+       {fs::path("models/polestar-tiny"), fs::path(POLESTAR_SOURCE_DIR) / "models/polestar-tiny"}) {
     if (fs::exists(candidate / "config.json")) return candidate.string();
   }
   Fail("no model given (-m) and the bundled models/polestar-tiny was not found");

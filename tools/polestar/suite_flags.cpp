@@ -15,8 +15,10 @@ void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
   cmd->add_option("--limit", flags.limit, "only the first N items (after --per-task)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--shard", flags.shard, "i/n: the i-th of n contiguous slices (0-based)");
-  cmd->add_option("--data", flags.data_dir, "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
-  cmd->add_option("--prompt-format", flags.prompt_format, "auto | chat | raw")->capture_default_str();
+  cmd->add_option("--data", flags.data_dir,
+                  "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
+  cmd->add_option("--prompt-format", flags.prompt_format, "auto | chat | raw")
+      ->capture_default_str();
 }
 
 bench::SuiteOptions ResolveSuiteFlags(const SuiteFlags& flags, uint64_t seed) {
@@ -25,7 +27,8 @@ bench::SuiteOptions ResolveSuiteFlags(const SuiteFlags& flags, uint64_t seed) {
   options.model_dir = flags.model.empty() ? DefaultModelPath() : flags.model;
   options.data_dir = flags.data_dir;
   options.limit = flags.limit;
-  if (!flags.shard.empty()) eval::ParseShard(flags.shard, &options.shard_index, &options.shard_count);
+  if (!flags.shard.empty())
+    eval::ParseShard(flags.shard, &options.shard_index, &options.shard_count);
   options.per_task = flags.per_task;
   options.seed = seed;
   options.prompt_format = bench::PromptFormatFromName(flags.prompt_format);
