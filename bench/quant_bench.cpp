@@ -27,8 +27,8 @@
 #include "base/parallel.h"
 #include "io/gguf.h"
 #include "model/forward.h"
-#include "ops/quant.h"
 #include "ops/avx2/avx2.h"
+#include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {

@@ -6,6 +6,7 @@ packages=(
   libopenblas-dev        # reference GEMM in the matmul benchmark and the trainer's big products
   libomp-dev             # OpenMP threads (gcc ships libgomp; clang's fuzz and TSan builds use libomp)
   clang libclang-rt-dev  # fuzz targets (libFuzzer) and the ThreadSanitizer build (runtimes)
+  clang-format git       # the formatting check of scripts/test.sh (over git ls-files)
   nlohmann-json3-dev     # config.json, tokenizer.json, JSON output
   libcli11-dev           # the polestar command line
   libcpp-httplib-dev     # polestar serve

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test, then runs them again under sanitizers:
+# Checks the formatting, builds everything and runs every test, then runs them again under
+# sanitizers:
 #   1. build/       Release, warnings are errors: every test;
 #   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (gcc): every test;
 #   3. build-tsan/  ThreadSanitizer (clang with LLVM's OpenMP, which loads its Archer tool
@@ -13,6 +14,11 @@ scripts/install-deps.sh
 jobs=$(nproc)
 started=$SECONDS
 stage_done() { echo "=== $1 done: $((SECONDS - started)) s"; started=$SECONDS; }
+
+# The tree matches .clang-format (fuzz corpora are data, not source).
+git ls-files '*.cpp' '*.h' '*.cpp.in' | grep -v '^tests/fuzz/corpus/' |
+  xargs clang-format --dry-run --Werror
+stage_done "clang-format"
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPOLESTAR_WERROR=ON
 cmake --build build -j"$jobs"

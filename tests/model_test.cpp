@@ -58,10 +58,12 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureForward,
-                         ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c"),
+                         ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny",
+                                           "llada-c"),
                          [](const auto& info) {
                            std::string name = info.param;
-                           for (char& ch : name) if (ch == '-') ch = '_';
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
                            return name;
                          });
 

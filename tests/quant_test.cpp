@@ -2,7 +2,6 @@
 // format definitions, the quantisers against hand-computed cases and error bounds, and the
 // AVX2 kernels against their scalar twins.
 #include "ops/quant.h"
-#include "ops/avx2/avx2.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "ops/avx2/avx2.h"
 #include "ops/reference.h"
 
 namespace polestar {

@@ -1,3 +1,5 @@
+#include "tasks/tasks.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -6,7 +8,6 @@
 #include <sstream>
 
 #include "base/error.h"
-#include "tasks/tasks.h"
 #include "test_support.h"
 
 namespace polestar {
@@ -61,7 +62,8 @@ TEST(TasksTest, ArithmeticIsAlignedAndPadded) {
       const TaskItem item = MakeTaskItem(task, Split::kTrain, i, 2);
       int a = 0, b = 0;
       char op = 0;
-      ASSERT_EQ(std::sscanf(item.prompt.c_str(), "Compute %d %c %d.", &a, &op, &b), 3) << item.prompt;
+      ASSERT_EQ(std::sscanf(item.prompt.c_str(), "Compute %d %c %d.", &a, &op, &b), 3)
+          << item.prompt;
       const size_t digits = 3;
       EXPECT_EQ(std::to_string(a).size(), digits) << item.prompt;
       EXPECT_EQ(std::to_string(b).size(), digits) << item.prompt;

@@ -86,9 +86,9 @@ TEST(TrainModelTest, WholeModelGradientMatchesFiniteDifferences) {
   std::vector<float> grads(p.size(), 0.0f);
   model.Run(batch, grads.data());
   // A third of the elements, spread over every tensor.
-  ExpectGradient(p, grads, [&] { return model.Run(batch, nullptr); }, 1e-2f, 2e-2f, "model", 3);
+  ExpectGradient(
+      p, grads, [&] { return model.Run(batch, nullptr); }, 1e-2f, 2e-2f, "model", 3);
 }
-
 
 // Loss = sum(r * y) for a fixed random r, so dL/dy = r.
 double Weighted(const std::vector<float>& y, const std::vector<float>& r) {
@@ -99,7 +99,8 @@ double Weighted(const std::vector<float>& y, const std::vector<float>& r) {
 
 TEST(TrainLayerTest, LinearBackward) {
   const int64_t m = 3, k = 5, n = 4;
-  std::vector<float> x = RandomVector(m * k, 1), w = RandomVector(n * k, 2), r = RandomVector(m * n, 3);
+  std::vector<float> x = RandomVector(m * k, 1), w = RandomVector(n * k, 2),
+                     r = RandomVector(m * n, 3);
   std::vector<float> y(m * n), dx(m * k), dw(n * k, 0.0f);
   auto loss = [&] {
     LinearForward(x.data(), m, k, w.data(), n, y.data());
@@ -129,7 +130,8 @@ TEST(TrainLayerTest, RmsNormBackward) {
     double ss = 0.0;
     for (int64_t i = 0; i < c; ++i) ss += double(x[row * c + i]) * x[row * c + i];
     const double scale = 1.0 / std::sqrt(ss / c + 1e-5);
-    for (int64_t i = 0; i < c; ++i) EXPECT_NEAR(y[row * c + i], x[row * c + i] * scale * w[i], 1e-5);
+    for (int64_t i = 0; i < c; ++i)
+      EXPECT_NEAR(y[row * c + i], x[row * c + i] * scale * w[i], 1e-5);
   }
   RmsNormBackward(r.data(), x.data(), w.data(), inv.data(), m, c, dx.data(), dw.data());
   ExpectGradient(x, dx, loss, 1e-2f, 2e-3f, "dx");
@@ -207,8 +209,9 @@ TEST(TrainLayerTest, CrossEntropyBackward) {
   for (int64_t i = 0; i < vocab; ++i) lse += std::exp(double(logits[i]));
   const double first = std::log(lse) - logits[2];
   std::vector<float> one(logits.begin(), logits.begin() + vocab), d(vocab);
-  EXPECT_NEAR(CrossEntropy(one.data(), 1, vocab, {targets.data(), 1}, {weights.data(), 1}, d.data()),
-              first, 1e-5);
+  EXPECT_NEAR(
+      CrossEntropy(one.data(), 1, vocab, {targets.data(), 1}, {weights.data(), 1}, d.data()), first,
+      1e-5);
   CrossEntropy(logits.data(), rows, vocab, targets, weights, dlogits.data());
   ExpectGradient(logits, dlogits, loss, 1e-2f, 2e-3f, "dlogits");
 }
@@ -251,8 +254,8 @@ TEST(TrainModelTest, ExportedModelGivesTheSameLogitsInTheEngine) {
 
 TEST(TrainModelTest, ConfigHasLladaKeys) {
   const nlohmann::json ours = SmallConfig().LladaJson();
-  const nlohmann::json reference = nlohmann::json::parse(
-      std::ifstream(testing::FixtureDir("llada-probe") + "/config.json"));
+  const nlohmann::json reference =
+      nlohmann::json::parse(std::ifstream(testing::FixtureDir("llada-probe") + "/config.json"));
   for (const auto& [key, value] : reference.items()) EXPECT_TRUE(ours.contains(key)) << key;
   for (const auto& [key, value] : ours.items()) EXPECT_TRUE(reference.contains(key)) << key;
 }
@@ -417,7 +420,8 @@ TEST(TokenizerTest, RoundTripAndPieces) {
   // word the last character is left to it.
   const std::vector<int> spaced = tok.Encode("a  b\n\nc");
   EXPECT_EQ(tok.Decode(spaced), "a  b\n\nc");
-  EXPECT_EQ(tok.Encode(" b"), std::vector<int>({tok.TokenId("\xC4\xA0" "b")}));
+  EXPECT_EQ(tok.Encode(" b"), std::vector<int>({tok.TokenId("\xC4\xA0"
+                                                            "b")}));
   EXPECT_THROW(tok.Encode("caf\xC3\xA9"), Error);
 }
 
@@ -441,7 +445,8 @@ TEST(TokenizerTest, WritesHuggingFaceFiles) {
     EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(space + 1)));
     EXPECT_TRUE(j["model"]["vocab"].contains(m.substr(0, space) + m.substr(space + 1)));
   }
-  const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir + "/tokenizer_config.json"));
+  const nlohmann::json config =
+      nlohmann::json::parse(std::ifstream(dir + "/tokenizer_config.json"));
   EXPECT_EQ(config["bos_token"], "<|startoftext|>");
   EXPECT_EQ(config["eos_token"], "<|endoftext|>");
   EXPECT_EQ(config["clean_up_tokenization_spaces"], false);
@@ -450,18 +455,19 @@ TEST(TokenizerTest, WritesHuggingFaceFiles) {
 TEST(TrainCliTest, TrainsExportsAndEvaluates) {
   const std::string dir = testing::TempDir();
   std::string out;
-  ASSERT_EQ(testing::RunCli("train --out " + dir + " --steps 3 --layers 1 --width 16 --heads 2 "
-                            "--ffn 16 --merges 20 --tasks add --batch 2 --gen-length 64 "
-                            "--eval-items 1 --checkpoint-every 2 --log-every 1 -t 1",
+  ASSERT_EQ(testing::RunCli("train --out " + dir +
+                                " --steps 3 --layers 1 --width 16 --heads 2 "
+                                "--ffn 16 --merges 20 --tasks add --batch 2 --gen-length 64 "
+                                "--eval-items 1 --checkpoint-every 2 --log-every 1 -t 1",
                             &out, true),
             0)
       << out;
   EXPECT_NE(out.find("step 3/3"), std::string::npos) << out;
   EXPECT_NE(out.find("tok/s"), std::string::npos);
   EXPECT_NE(out.find("eval step 3: add"), std::string::npos) << out;
-  for (const char* file : {"model/config.json", "model/model.safetensors", "model/tokenizer.json",
-                           "model/tokenizer_config.json", "checkpoint.safetensors", "loss.csv",
-                           "eval.csv"}) {
+  for (const char* file :
+       {"model/config.json", "model/model.safetensors", "model/tokenizer.json",
+        "model/tokenizer_config.json", "checkpoint.safetensors", "loss.csv", "eval.csv"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + file)) << file;
   }
   std::ifstream csv(dir + "/loss.csv");
@@ -470,8 +476,9 @@ TEST(TrainCliTest, TrainsExportsAndEvaluates) {
   while (std::getline(csv, line)) ++lines;
   EXPECT_EQ(lines, 4);  // header + 3 steps
 
-  ASSERT_EQ(testing::RunCli("tasks-eval -m " + dir + "/model --tasks add --items 2 "
-                            "--gen-length 64 --block-length 16 --steps 64 -t 1 --json",
+  ASSERT_EQ(testing::RunCli("tasks-eval -m " + dir +
+                                "/model --tasks add --items 2 "
+                                "--gen-length 64 --block-length 16 --steps 64 -t 1 --json",
                             &out),
             0)
       << out;

@@ -24,7 +24,8 @@ namespace polestar::bench {
 // The options of one grid point: `base` (the command's decoding flags, of which
 // `explicit_keys` were given), the suite's and the policies' defaults, then the point.
 DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string>& explicit_keys,
-                           const GridPoint& point, const BenchSuite& suite, const OptionSetter& set);
+                           const GridPoint& point, const BenchSuite& suite,
+                           const OptionSetter& set);
 
 struct BenchRequest {
   std::string model_dir;
@@ -41,11 +42,11 @@ struct BenchRequest {
 };
 
 struct BenchOutcome {
-  std::vector<ResultRow> rows;     // one per grid point, in grid order
-  std::vector<std::string> files;  // written
+  std::vector<ResultRow> rows;                              // one per grid point, in grid order
+  std::vector<std::string> files;                           // written
   std::vector<std::pair<std::string, std::string>> failed;  // (label, error) of runs that threw
-  int runs_skipped = 0;            // already finished in the output folder
-  int items_decoded = 0;           // decoded by this call
+  int runs_skipped = 0;                                     // already finished in the output folder
+  int items_decoded = 0;                                    // decoded by this call
 };
 
 // Runs every point not yet finished in request.out_dir (items already decoded for a point are
@@ -54,9 +55,10 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
 
 // Runs one configuration over the suite without storing anything (polestar eval).
 // `on_item` (optional) sees each record as it finishes.
-RunSummary RunSuite(const Model& model, const BenchSuite& suite, const DecodeOptions& options,
-                    const std::function<void(std::size_t done, const ItemRecord&)>& on_item = nullptr,
-                    Clock clock = Clock::kWall);
+RunSummary RunSuite(
+    const Model& model, const BenchSuite& suite, const DecodeOptions& options,
+    const std::function<void(std::size_t done, const ItemRecord&)>& on_item = nullptr,
+    Clock clock = Clock::kWall);
 
 // Progress over a known number of items: a bar with rate and ETA, redrawn in place on a
 // terminal and printed every 10 s otherwise.

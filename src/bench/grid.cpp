@@ -58,7 +58,8 @@ std::vector<GridAxis> ParseGrid(const std::string& spec) {
     GridAxis axis;
     axis.key = NormaliseKey(Trim(part.substr(0, eq)));
     if (axis.key.empty()) Fail("--grid: axis '", part, "' has no key");
-    if (!seen.insert(axis.key).second) Fail("--grid: key '", axis.key, "' appears twice in '", spec, "'");
+    if (!seen.insert(axis.key).second)
+      Fail("--grid: key '", axis.key, "' appears twice in '", spec, "'");
     const std::string values = part.substr(eq + 1);
     if (Trim(values).empty()) Fail("--grid: key '", axis.key, "' has no values");
     axis.values = SplitList(values, ',', "--grid");
@@ -75,8 +76,8 @@ std::vector<GridPoint> ExpandGrids(const std::vector<std::string>& policies,
   std::vector<GridPoint> points;
   std::set<std::string> labels;
   for (std::vector<GridAxis> axes : grids) {
-    const bool has_policy = std::any_of(axes.begin(), axes.end(),
-                                        [](const GridAxis& a) { return a.key == "policy"; });
+    const bool has_policy =
+        std::any_of(axes.begin(), axes.end(), [](const GridAxis& a) { return a.key == "policy"; });
     if (!has_policy) {
       if (policies.empty()) Fail("no policy given (--policies or a policy= axis in --grid)");
       axes.insert(axes.begin(), GridAxis{"policy", policies});

@@ -52,7 +52,8 @@ std::vector<GridPoint> ExpandGrids(const std::vector<std::string>& policies,
 
 // Sets one decoding option from its flag name and text value; throws Error for an unknown
 // key or a bad value. The CLI provides one built on the shared decode flags.
-using OptionSetter = std::function<void(DecodeOptions&, const std::string& key, const std::string& value)>;
+using OptionSetter =
+    std::function<void(DecodeOptions&, const std::string& key, const std::string& value)>;
 
 // Splits "a,b,c" (spaces trimmed, empty items rejected with an Error naming `what`).
 std::vector<std::string> SplitList(const std::string& text, char separator, const char* what);

@@ -29,20 +29,21 @@ std::string FirstLineOf(const std::string& command) {
 }  // namespace
 
 nlohmann::json MachineInfo::ToJson() const {
-  return {{"command", command}, {"git_commit", git_commit}, {"cpu_model", cpu_model},
-          {"cpus", cpus},       {"threads", threads},       {"kernel", kernel},
+  return {{"command", command},           {"git_commit", git_commit},
+          {"cpu_model", cpu_model},       {"cpus", cpus},
+          {"threads", threads},           {"kernel", kernel},
           {"memory_bytes", memory_bytes}, {"started", started}};
 }
 
 std::string MachineInfo::Summary() const {
-  return Cat(cpu_model, ", ", cpus, " CPUs, ", threads, " threads, ", memory_bytes >> 30,
-             " GiB, ", kernel, ", commit ", git_commit);
+  return Cat(cpu_model, ", ", cpus, " CPUs, ", threads, " threads, ", memory_bytes >> 30, " GiB, ",
+             kernel, ", commit ", git_commit);
 }
 
 std::string ShellQuote(const std::string& word) {
-  if (!word.empty() && word.find_first_not_of(
-                           "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                           "-_./=:,+@%") == std::string::npos) {
+  if (!word.empty() &&
+      word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "-_./=:,+@%") == std::string::npos) {
     return word;
   }
   std::string quoted = "'";
@@ -71,7 +72,8 @@ std::string ProcessCommandLine() {
 
 std::string SourceDir() { return POLESTAR_SOURCE_DIR; }
 
-MachineInfo DescribeMachine(const std::string& command, const std::string& source_dir, int threads) {
+MachineInfo DescribeMachine(const std::string& command, const std::string& source_dir,
+                            int threads) {
   MachineInfo m;
   m.command = command;
   const std::string git = "git -C " + ShellQuote(source_dir);

@@ -16,7 +16,7 @@ struct MachineInfo {
   int threads = 0;         // threads the engine uses
   std::string kernel;      // uname -sr
   int64_t memory_bytes = 0;
-  std::string started;     // UTC, ISO 8601
+  std::string started;  // UTC, ISO 8601
 
   nlohmann::json ToJson() const;
   // One line for tables: "Intel Xeon ..., 2 CPUs, 2 threads, commit abc1234".

@@ -44,9 +44,9 @@ struct RandomModelOptions {
 };
 
 struct RandomModelSummary {
-  ModelShape shape;              // after scaling
+  ModelShape shape;  // after scaling
   int64_t parameters = 0;
-  int64_t bytes = 0;             // tensor data over all files
+  int64_t bytes = 0;               // tensor data over all files
   std::vector<std::string> files;  // written, relative to the folder
 };
 

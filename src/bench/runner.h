@@ -71,8 +71,8 @@ struct RunSummary {
   std::vector<std::string> metric_names;
   Totals overall;
   std::vector<std::pair<std::string, Totals>> per_task;  // in the order tasks first appear
-  int64_t peak_rss_bytes = 0;  // the largest over the items
-  int64_t cache_bytes = 0;     // the largest over the items
+  int64_t peak_rss_bytes = 0;                            // the largest over the items
+  int64_t cache_bytes = 0;                               // the largest over the items
 
   double Accuracy() const { return overall.Accuracy(metric_names.at(0)); }
   // {"items", "accuracy", "metrics": {m: acc}, "nfe_mean", "tpf": {...}, "tps": {...},

@@ -9,10 +9,11 @@
 //    the last, with packet propagation to the next layer), and the Polestar overheads: k-means
 //    of every layer's window at block start, and one step's proxy attention at every layer.
 // 2. Forced commit schedule: every policy decodes the first `blocks` blocks (at most
-//    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's distributions are flat (confidence about
-//    1/V), so Fast-dLLM's factor rule with f = k + 1 commits exactly k tokens a step for every
-//    policy and nothing else commits (Polestar's early and suffix commits need confidence above
-//    0.7); the NFE is checked against the schedule. This measures system cost alone.
+//    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's
+//    distributions are flat (confidence about 1/V), so Fast-dLLM's factor rule with f = k + 1
+//    commits exactly k tokens a step for every policy and nothing else commits (Polestar's early
+//    and suffix commits need confidence above 0.7); the NFE is checked against the schedule. This
+//    measures system cost alone.
 // 3. Projection: seconds for a whole generation at a policy's TPF tau (from a suite run):
 //    n blocks, s = B / tau steps a block,
 //      vanilla           n s t_full
@@ -64,8 +65,8 @@ struct ForcedRun {
   int tokens = 0;  // committed
   double seconds = 0;
   int64_t rows_computed = 0;
-  double start_seconds = 0;  // median of the block-start steps
-  double step_seconds = 0;   // median of the other steps
+  double start_seconds = 0;   // median of the block-start steps
+  double step_seconds = 0;    // median of the other steps
   nlohmann::json step_kinds;  // kind -> {"count", "median_seconds"}
   std::string error;          // when the policy could not run (e.g. not built yet)
 };

@@ -45,13 +45,15 @@ ItemGrade SingleMetricGrade(std::string completion, bool correct, const char* me
 BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config) {
   const std::string path = (fs::path(options.model_dir) / "reference.json").string();
   if (!fs::exists(path)) {
-    Fail("suite probe: ", options.model_dir, " has no reference.json (the llada-probe fixture has one)");
+    Fail("suite probe: ", options.model_dir,
+         " has no reference.json (the llada-probe fixture has one)");
   }
   const nlohmann::json reference = ReadJsonFile(path);
   if (!reference.contains("prompts") || !reference["prompts"].is_array()) {
     Fail(path, ": no prompts array");
   }
-  auto codec = std::make_shared<CharVocabCodec>((fs::path(options.model_dir) / "vocab.json").string());
+  auto codec =
+      std::make_shared<CharVocabCodec>((fs::path(options.model_dir) / "vocab.json").string());
   std::vector<BenchItem> items;
   for (size_t i = 0; i < reference["prompts"].size(); ++i) {
     const nlohmann::json& p = reference["prompts"][i];
@@ -84,7 +86,8 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
   std::shared_ptr<TextCodec> codec = LoadTextCodec(options.model_dir, PromptFormat::kRaw);
   const auto* tokenizer = dynamic_cast<const TokenizerCodec*>(codec.get());
   if (tokenizer == nullptr) {
-    Fail("suite tiny: ", options.model_dir, " has no tokenizer.json (the tiny suite is text in LLaDA's chat template)");
+    Fail("suite tiny: ", options.model_dir,
+         " has no tokenizer.json (the tiny suite is text in LLaDA's chat template)");
   }
   const int per_task = options.per_task > 0 ? options.per_task : 50;
   std::vector<TaskItem> tasks;
@@ -94,7 +97,8 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
       TaskItem t = MakeTaskItem(task, Split::kTest, uint64_t(i), options.seed);
       // The chat template as the trainer wrote it, special tokens spelled out and split off
       // by the tokenizer.
-      items.push_back({Cat(task, "/", i), task, tokenizer->tokenizer().Encode(ChatPrompt(t.prompt)), t.answer});
+      items.push_back(
+          {Cat(task, "/", i), task, tokenizer->tokenizer().Encode(ChatPrompt(t.prompt)), t.answer});
       tasks.push_back(std::move(t));
     }
   }
@@ -102,7 +106,8 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
   suite.name = "tiny";
   suite.full_size = items.size();
   suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
-  auto selected = std::make_shared<std::vector<TaskItem>>(eval::LimitAndShard(std::move(tasks), SliceOf(options)));
+  auto selected = std::make_shared<std::vector<TaskItem>>(
+      eval::LimitAndShard(std::move(tasks), SliceOf(options)));
   suite.metric_names = {"correct"};
   suite.gen_length = 32;
   suite.block_length = 8;
@@ -155,7 +160,8 @@ std::vector<int> CharVocabCodec::EncodeText(const std::string& text) const {
   std::vector<int> ids;
   for (char c : text) {
     const auto it = std::find(chars_.begin(), chars_.end(), std::string(1, c));
-    if (it == chars_.end()) Fail(path_, ": character '", std::string(1, c), "' of '", text, "' is not in the vocabulary");
+    if (it == chars_.end())
+      Fail(path_, ": character '", std::string(1, c), "' of '", text, "' is not in the vocabulary");
     ids.push_back(int(it - chars_.begin()));
   }
   if (pad_id_ >= 0 && int(ids.size()) < prompt_length_) {
@@ -206,16 +212,20 @@ PromptFormat PromptFormatFromName(const std::string& name) {
 
 const char* PromptFormatName(PromptFormat format) {
   switch (format) {
-    case PromptFormat::kChat: return "chat";
-    case PromptFormat::kRaw: return "raw";
-    case PromptFormat::kAuto: break;
+    case PromptFormat::kChat:
+      return "chat";
+    case PromptFormat::kRaw:
+      return "raw";
+    case PromptFormat::kAuto:
+      break;
   }
   return "auto";
 }
 
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFormat format) {
   const fs::path dir(model_dir);
-  if (fs::is_directory(dir) && !fs::exists(dir / "tokenizer.json") && fs::exists(dir / "vocab.json")) {
+  if (fs::is_directory(dir) && !fs::exists(dir / "tokenizer.json") &&
+      fs::exists(dir / "vocab.json")) {
     return std::make_unique<CharVocabCodec>((dir / "vocab.json").string());
   }
   return std::make_unique<TokenizerCodec>(LoadModelTokenizer(model_dir), format);
@@ -242,12 +252,13 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
     }
     suite = LoadTextSuite(options, config);
   }
-  suite.selection = {{"suite", suite.name},
-                     {"limit", options.limit},
-                     {"per_task", suite.name == "tiny" ? (options.per_task > 0 ? options.per_task : 50) : 0},
-                     {"seed", suite.name == "tiny" ? options.seed : 0},
-                     {"shard", Cat(options.shard_index, "/", options.shard_count)},
-                     {"prompt_format", PromptFormatName(options.prompt_format)}};
+  suite.selection = {
+      {"suite", suite.name},
+      {"limit", options.limit},
+      {"per_task", suite.name == "tiny" ? (options.per_task > 0 ? options.per_task : 50) : 0},
+      {"seed", suite.name == "tiny" ? options.seed : 0},
+      {"shard", Cat(options.shard_index, "/", options.shard_count)},
+      {"prompt_format", PromptFormatName(options.prompt_format)}};
   return suite;
 }
 

@@ -17,7 +17,7 @@
 namespace polestar {
 
 struct StepEvent {
-  int nfe = 0;          // forwards so far, this one included
+  int nfe = 0;  // forwards so far, this one included
   int block_index = 0;
   std::span<const int> canvas;     // prompt + canvas after this step's commits
   std::span<const int> committed;  // positions committed this step

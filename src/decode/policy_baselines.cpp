@@ -30,7 +30,8 @@ class FastDllmPolicy : public Policy {
     }
     // Dream predicts position p from output p-1, so the row before the block is computed too.
     const bool shifted = context.model.config().shift_logits;
-    const int begin = shifted && context.block.start > 0 ? context.block.start - 1 : context.block.start;
+    const int begin =
+        shifted && context.block.start > 0 ? context.block.start - 1 : context.block.start;
     plan.input_rows = Range(begin, dual_ ? context.block.end : length);
     return plan;
   }
@@ -49,7 +50,9 @@ std::vector<int> Range(int begin, int end) {
 }
 
 std::unique_ptr<Policy> MakeVanillaPolicy() { return std::make_unique<VanillaPolicy>(); }
-std::unique_ptr<Policy> MakeFastDllmPolicy(bool dual) { return std::make_unique<FastDllmPolicy>(dual); }
+std::unique_ptr<Policy> MakeFastDllmPolicy(bool dual) {
+  return std::make_unique<FastDllmPolicy>(dual);
+}
 
 std::unique_ptr<Policy> MakePolicy(const DecodeOptions& options, const Model& model) {
   if (options.policy == "vanilla") return MakeVanillaPolicy();

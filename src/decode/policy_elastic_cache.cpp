@@ -65,8 +65,10 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     PS_CHECK(!window_.empty());  // the driver plans only blocks with masks
     predicting_rows_.clear();
     for (int p : window_) {
-      if (!shifted_) predicting_rows_.push_back(p);
-      else if (p > 0) predicting_rows_.push_back(p - 1);
+      if (!shifted_)
+        predicting_rows_.push_back(p);
+      else if (p > 0)
+        predicting_rows_.push_back(p - 1);
     }
 
     const bool first = previous_canvas_.empty();
@@ -75,7 +77,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     similarity_.assign(tracks_.size(), std::nan(""));
     rows_per_layer_.assign(tracks_.size(), 0);
     tracked_.clear();
-    for (const std::vector<int>& tokens : tracks_) tracked_.insert(tracked_.end(), tokens.begin(), tokens.end());
+    for (const std::vector<int>& tokens : tracks_)
+      tracked_.insert(tracked_.end(), tokens.begin(), tokens.end());
     std::sort(tracked_.begin(), tracked_.end());
     tracked_.erase(std::unique(tracked_.begin(), tracked_.end()), tracked_.end());
 
@@ -86,7 +89,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
       std::vector<char> chosen(size_t(length), 0);  // [L]
       for (int p : tracked_) chosen[size_t(p)] = 1;
       for (int p : predicting_rows_) chosen[size_t(p)] = 1;
-      for (int p = 0; p < length; ++p) chosen[size_t(p)] |= canvas_[size_t(p)] != previous_canvas_[size_t(p)];
+      for (int p = 0; p < length; ++p)
+        chosen[size_t(p)] |= canvas_[size_t(p)] != previous_canvas_[size_t(p)];
       for (int p = 0; p < length; ++p) {
         if (chosen[size_t(p)]) plan.input_rows.push_back(p);
       }
@@ -100,14 +104,18 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   }
 
   std::vector<int> CommitCandidates(const DecodeContext&, std::vector<int> masked) override {
-    std::erase_if(masked, [&](int p) { return !std::binary_search(window_.begin(), window_.end(), p); });
+    std::erase_if(masked,
+                  [&](int p) { return !std::binary_search(window_.begin(), window_.end(), p); });
     return masked;
   }
 
   nlohmann::json StepStats() const override {
     nlohmann::json similarity = nlohmann::json::array();
-    for (double s : similarity_) similarity.push_back(std::isnan(s) ? nlohmann::json(nullptr) : nlohmann::json(s));
-    return {{"refresh", full_ ? "full" : fired_layer_ >= 0 ? "from_layer" : "none"},
+    for (double s : similarity_)
+      similarity.push_back(std::isnan(s) ? nlohmann::json(nullptr) : nlohmann::json(s));
+    return {{"refresh", full_               ? "full"
+                        : fired_layer_ >= 0 ? "from_layer"
+                                            : "none"},
             {"fired_layer", fired_layer_},
             {"window", window_},
             {"tracked", tracked_},
@@ -124,13 +132,14 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     const ModelConfig& config = model_.config();
     const int64_t length = int64_t(canvas_.size()), count = int64_t(tracked_.size());
     const int64_t width = config.width;
-    std::vector<float> inputs(size_t(count * width));                          // [|tracked|, C]
+    std::vector<float> inputs(size_t(count * width));                            // [|tracked|, C]
     std::vector<float> queries(size_t(count * config.heads * config.head_dim));  // [|tracked|, H*D]
     before_.resize(tracks_.size());
     for (int layer = 0; layer < int(tracks_.size()); ++layer) {
       const float* hidden = context.cache.hidden(layer);
       for (int64_t i = 0; i < count; ++i) {
-        std::copy_n(hidden + int64_t(tracked_[size_t(i)]) * width, width, inputs.data() + i * width);
+        std::copy_n(hidden + int64_t(tracked_[size_t(i)]) * width, width,
+                    inputs.data() + i * width);
       }
       context.forward.ProjectQueries(layer, inputs.data(), count, queries.data());
       ApplyRope(queries.data(), tracked_, config.heads, model_.rope(), config.rope_interleaved);
@@ -141,7 +150,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   }
 
   void BeforeQueries(LayerRows& rows) override {
-    if (!full_ && fired_layer_ >= 0 && rows.layer > fired_layer_) *rows.query_rows = Range(0, int(canvas_.size()));
+    if (!full_ && fired_layer_ >= 0 && rows.layer > fired_layer_)
+      *rows.query_rows = Range(0, int(canvas_.size()));
     rows_per_layer_[size_t(rows.layer)] = int64_t(rows.query_rows->size());
   }
 
@@ -157,11 +167,12 @@ class ElasticCachePolicy : public Policy, private LayerHook {
 
     if (!full_ && fired_layer_ < 0 && !tracked_.empty()) {
       const float* before = before_[size_t(layer)].data();
-      std::vector<float> head_now(static_cast<size_t>(heads_)), head_before(static_cast<size_t>(heads_));  // [H]
+      std::vector<float> head_now(static_cast<size_t>(heads_)),
+          head_before(static_cast<size_t>(heads_));  // [H]
       double sum = 0;
       for (size_t k = 0; k < tracked_.size(); ++k) {
         const float* now = row(tracked_[k]);
-        const float* then = before + int64_t(k) * heads_ * length;            // [H, L]
+        const float* then = before + int64_t(k) * heads_ * length;  // [H, L]
         for (int64_t j = 0; j < length; ++j) {
           for (int h = 0; h < heads_; ++h) {
             head_now[size_t(h)] = now[h * length + j];
@@ -203,11 +214,11 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   std::vector<int> previous_canvas_;      // [L] the canvas at the previous step's plan
 
   // This step.
-  std::vector<int> canvas_;           // [L]
+  std::vector<int> canvas_;  // [L]
   int mask_id_ = 0;
-  std::vector<int> window_;           // the first window_size_ masked positions, ascending
-  std::vector<int> predicting_rows_;  // [|window|] the rows whose logits predict them
-  std::vector<int> tracked_;          // union of tracks_ at the plan, ascending
+  std::vector<int> window_;                 // the first window_size_ masked positions, ascending
+  std::vector<int> predicting_rows_;        // [|window|] the rows whose logits predict them
+  std::vector<int> tracked_;                // union of tracks_ at the plan, ascending
   std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
   std::vector<int64_t> row_of_;             // [L] index of a position in the layer's query rows
   bool full_ = false;

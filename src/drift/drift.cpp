@@ -31,7 +31,8 @@ double CosineSimilarity(const float* a, const float* b, int64_t n) {
   return dot / (std::sqrt(na) * std::sqrt(nb));
 }
 
-Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k, int iterations) {
+Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k,
+                           int iterations) {
   PS_CHECK(int64_t(points.size()) == n * d && k > 0 && n > 0);
   Clustering result;
   result.centroids.resize(size_t(k * d));
@@ -55,8 +56,8 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
     const int64_t seed = c * n / k;
     std::memcpy(&result.centroids[size_t(c * d)], &points[size_t(seed * d)], size_t(d) * 4);
   }
-  std::vector<float> unit(static_cast<size_t>(k * d));       // [k, d] normalised centroids
-  std::vector<double> sums(static_cast<size_t>(k * d));      // [k, d]
+  std::vector<float> unit(static_cast<size_t>(k * d));   // [k, d] normalised centroids
+  std::vector<double> sums(static_cast<size_t>(k * d));  // [k, d]
   std::vector<int64_t> counts(static_cast<size_t>(k));
   for (int iteration = 0; iteration < iterations; ++iteration) {
     for (int c = 0; c < k; ++c) {
@@ -71,7 +72,8 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
       double best_similarity = -std::numeric_limits<double>::infinity();
       for (int c = 0; c < k; ++c) {
         double similarity = 0;
-        for (int64_t j = 0; j < d; ++j) similarity += double(normalized[size_t(i * d + j)]) * unit[size_t(c * d + j)];
+        for (int64_t j = 0; j < d; ++j)
+          similarity += double(normalized[size_t(i * d + j)]) * unit[size_t(c * d + j)];
         if (similarity > best_similarity) {
           best_similarity = similarity;
           best = c;
@@ -89,7 +91,8 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
     for (int c = 0; c < k; ++c) {
       if (counts[size_t(c)] == 0) continue;  // an empty cluster keeps its centroid
       for (int64_t j = 0; j < d; ++j) {
-        result.centroids[size_t(c * d + j)] = float(sums[size_t(c * d + j)] / (double(counts[size_t(c)]) + 1e-6));
+        result.centroids[size_t(c * d + j)] =
+            float(sums[size_t(c * d + j)] / (double(counts[size_t(c)]) + 1e-6));
       }
     }
   }

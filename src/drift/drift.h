@@ -24,7 +24,8 @@ struct Clustering {
   std::vector<float> centroids;  // [k, d]
   std::vector<int> labels;       // [n], in [0, k)
 };
-Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k, int iterations);
+Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k,
+                           int iterations);
 
 // Proxy attention: probs[k, H, L] = softmax_over_L(q[k, H*D] · keys[L, Hkv*D]^T / sqrt(D)),
 // query head h reading key head h / (H / Hkv).
@@ -57,10 +58,10 @@ class RefreshTrigger {
 
 // NVFP4: 4-bit E2M1 values in blocks of 16 with one FP8 E4M3 scale per block and one FP32
 // scale per tensor (a row here). Dequantised value = e2m1 * e4m3_scale * tensor_scale.
-float E2M1ToFloat(uint8_t code);       // code in [0, 16): sign bit 3, magnitude bits 0-2
-uint8_t FloatToE2M1(float value);      // nearest, ties to the even code; saturates at 6
-float E4M3ToFloat(uint8_t code);       // bias 7, no infinities, 0x7f / 0xff are NaN
-uint8_t FloatToE4M3(float value);      // nearest, ties to even; saturates at 448
+float E2M1ToFloat(uint8_t code);   // code in [0, 16): sign bit 3, magnitude bits 0-2
+uint8_t FloatToE2M1(float value);  // nearest, ties to the even code; saturates at 6
+float E4M3ToFloat(uint8_t code);   // bias 7, no infinities, 0x7f / 0xff are NaN
+uint8_t FloatToE4M3(float value);  // nearest, ties to even; saturates at 448
 
 // The FP32 tensor scale for a tensor whose largest magnitude is `amax`: it maps the
 // largest block scale (amax / 6) onto E4M3's largest value, 448.

@@ -33,8 +33,10 @@ bool BoolOr(const nlohmann::json& j, const char* key, bool fallback, const std::
 
 ModelConfig ParseDreamConfig(const std::string& path) {
   const nlohmann::json j = ReadJsonFile(path);
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu") Fail(path, ": hidden_act must be silu");
-  if (BoolOr(j, "use_sliding_window", false, path)) Fail(path, ": sliding-window attention is not supported");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    Fail(path, ": hidden_act must be silu");
+  if (BoolOr(j, "use_sliding_window", false, path))
+    Fail(path, ": sliding-window attention is not supported");
   ModelConfig c;
   c.arch = Arch::kDream;
   c.width = IntOr(j, "hidden_size", 0, path);
@@ -43,8 +45,11 @@ ModelConfig ParseDreamConfig(const std::string& path) {
   c.layers = IntOr(j, "num_hidden_layers", 0, path);
   c.ffn = IntOr(j, "intermediate_size", 0, path);
   c.vocab = IntOr(j, "vocab_size", 0, path);
-  c.rms_eps = j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number() ? j["rms_norm_eps"].get<float>() : 1e-6f;
-  c.rope_theta = j.contains("rope_theta") && j["rope_theta"].is_number() ? j["rope_theta"].get<float>() : 1e6f;
+  c.rms_eps = j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number()
+                  ? j["rms_norm_eps"].get<float>()
+                  : 1e-6f;
+  c.rope_theta =
+      j.contains("rope_theta") && j["rope_theta"].is_number() ? j["rope_theta"].get<float>() : 1e6f;
   // Dream's README caps prompt + output at 2048 even though the Qwen2.5 config says more.
   c.max_positions = std::min(IntOr(j, "max_position_embeddings", 2048, path), 32768);
   c.mask_id = IntOr(j, "mask_token_id", 151666, path);

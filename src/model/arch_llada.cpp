@@ -41,13 +41,15 @@ ModelConfig ParseLladaConfig(const std::string& path) {
   const nlohmann::json j = ReadJsonFile(path);
   auto expect = [&](const char* key, const char* value) {
     if (j.contains(key) && j[key].is_string() && j[key] != value) {
-      Fail(path, ": unsupported ", key, " '", j[key].get<std::string>(), "' (expected ", value, ")");
+      Fail(path, ": unsupported ", key, " '", j[key].get<std::string>(), "' (expected ", value,
+           ")");
     }
   };
   expect("block_type", "llama");
   expect("layer_norm_type", "rms");
   expect("activation_type", "silu");
-  for (const char* flag : {"alibi", "attention_layer_norm", "include_bias", "scale_logits", "input_emb_norm"}) {
+  for (const char* flag :
+       {"alibi", "attention_layer_norm", "include_bias", "scale_logits", "input_emb_norm"}) {
     if (j.contains(flag) && j[flag].is_boolean() && j[flag].get<bool>()) {
       Fail(path, ": LLaDA option ", flag, "=true is not supported");
     }

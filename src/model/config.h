@@ -12,13 +12,13 @@ const char* ArchName(Arch arch);
 
 struct ModelConfig {
   Arch arch = Arch::kLlada;
-  int vocab = 0;          // V: embedding / LM-head rows
-  int width = 0;          // C
+  int vocab = 0;  // V: embedding / LM-head rows
+  int width = 0;  // C
   int layers = 0;
-  int heads = 0;          // H
-  int kv_heads = 0;       // Hkv (GQA when < H)
-  int head_dim = 0;       // D = C / H
-  int ffn = 0;            // F: SwiGLU inner width
+  int heads = 0;     // H
+  int kv_heads = 0;  // Hkv (GQA when < H)
+  int head_dim = 0;  // D = C / H
+  int ffn = 0;       // F: SwiGLU inner width
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
   int max_positions = 4096;
@@ -26,11 +26,11 @@ struct ModelConfig {
   int eos_id = -1;
   int pad_id = -1;
   int bos_id = -1;
-  int eot_id = -1;        // end of turn (LLaDA <|eot_id|>, Dream <|im_end|>), -1 when unknown
+  int eot_id = -1;  // end of turn (LLaDA <|eot_id|>, Dream <|im_end|>), -1 when unknown
   bool qkv_bias = false;
   bool tied_embeddings = false;
-  bool shift_logits = false;     // Dream: position p is predicted by output p-1
-  bool rope_interleaved = false; // GGUF LLaDA: q/k rows permuted for pairs (2i, 2i+1)
+  bool shift_logits = false;      // Dream: position p is predicted by output p-1
+  bool rope_interleaved = false;  // GGUF LLaDA: q/k rows permuted for pairs (2i, 2i+1)
 
   static constexpr int kMaxPositions = 1 << 20;
 

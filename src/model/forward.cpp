@@ -127,7 +127,7 @@ StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
     ApplyRope(q_.data(), query, c.heads, model_.rope(), c.rope_interleaved);
     const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
                          plan.capture_layers.end();
-    attn_.resize(size_t(m * q_width));  // [|Q|, H*D]
+    attn_.resize(size_t(m * q_width));                         // [|Q|, H*D]
     if (capture) probs_.resize(size_t(m * c.heads * length));  // [|Q|, H, L]
     Attention(q_.data(), m, cache_.keys(layer), cache_.values(layer), length, c.heads, c.kv_heads,
               c.head_dim, attn_.data(), capture ? probs_.data() : nullptr);

@@ -14,11 +14,11 @@
 namespace polestar {
 
 struct LayerWeights {
-  WeightView wq, wk, wv, wo;    // [H*D, C], [Hkv*D, C], [Hkv*D, C], [C, H*D]
-  WeightView gate, up, down;    // [F, C], [F, C], [C, F]
-  std::vector<float> attn_norm;  // [C]
-  std::vector<float> ffn_norm;   // [C]
-  std::vector<float> bq, bk, bv; // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
+  WeightView wq, wk, wv, wo;      // [H*D, C], [Hkv*D, C], [Hkv*D, C], [C, H*D]
+  WeightView gate, up, down;      // [F, C], [F, C], [C, F]
+  std::vector<float> attn_norm;   // [C]
+  std::vector<float> ffn_norm;    // [C]
+  std::vector<float> bq, bk, bv;  // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
 };
 
 // Tensor names of one checkpoint layout; `layer_prefix` contains "{}" for the layer index.
@@ -36,8 +36,8 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const LayerWeights& layer(int index) const { return layers_[size_t(index)]; }
-  const WeightView& embedding() const { return embedding_; }  // [V, C]
-  const WeightView& lm_head() const { return lm_head_; }      // [V, C]
+  const WeightView& embedding() const { return embedding_; }            // [V, C]
+  const WeightView& lm_head() const { return lm_head_; }                // [V, C]
   const std::vector<float>& final_norm() const { return final_norm_; }  // [C]
   const RopeTable& rope() const { return rope_; }
   const TensorStore& tensors() const { return store_; }

@@ -3,8 +3,6 @@
 // with -ffp-contract=off) so converted files match ggml's byte for byte.
 #include "ops/quant.h"
 
-#include "ops/avx2/avx2.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "ops/avx2/avx2.h"
 #include "ops/reference.h"
 
 namespace polestar {

@@ -11,11 +11,11 @@ namespace polestar {
 namespace {
 
 constexpr std::array<const char*, 20> kFirstNames = {
-    "Alan", "Billy", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack",
-    "Karen", "Leo", "Maria", "Noah", "Olga", "Paul", "Quinn", "Rosa", "Sam", "Tina"};
+    "Alan",  "Billy", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack",
+    "Karen", "Leo",   "Maria", "Noah",  "Olga", "Paul",  "Quinn", "Rosa",  "Sam",  "Tina"};
 constexpr std::array<const char*, 20> kLastNames = {
-    "Adams", "Baker", "Clark", "Diaz", "Evans", "Fisher", "Garcia", "Hughes", "Ito", "Jones",
-    "King", "Lopez", "Moore", "Nolan", "Owens", "Patel", "Ramos", "Smith", "Wells", "Young"};
+    "Adams", "Baker", "Clark", "Diaz",  "Evans", "Fisher", "Garcia", "Hughes", "Ito",   "Jones",
+    "King",  "Lopez", "Moore", "Nolan", "Owens", "Patel",  "Ramos",  "Smith",  "Wells", "Young"};
 constexpr std::array<const char*, 6> kItems = {"apples", "pens", "cards", "coins", "books", "eggs"};
 
 struct Name {
@@ -152,8 +152,8 @@ TaskItem WordProblem(Rng& rng) {
     case 1: {
       const int a = rng.Range(2, 9), b = rng.Range(2, 9), p = a * b, c = rng.Range(1, p - 1);
       return {"",
-              Cat(who, " buys ", a, " bags of ", b, " ", item, " and gives away ", c,
-                  ". How many ", item, " are left?"),
+              Cat(who, " buys ", a, " bags of ", b, " ", item, " and gives away ", c, ". How many ",
+                  item, " are left?"),
               Cat(a, "*", b, "=", p, ",", p, "-", c, "=", p - c, " answer ", p - c)};
     }
     case 2: {
@@ -162,8 +162,8 @@ TaskItem WordProblem(Rng& rng) {
       return {"",
               Cat(who, " has ", a, " ", item, ", buys ", b, " more, gives away ", c,
                   ", then finds ", d, ". How many ", item, " now?"),
-              Cat(a, "+", b, "=", s, ",", s, "-", c, "=", t, ",", t, "+", d, "=", t + d,
-                  " answer ", t + d)};
+              Cat(a, "+", b, "=", s, ",", s, "-", c, "=", t, ",", t, "+", d, "=", t + d, " answer ",
+                  t + d)};
     }
     default: {
       const int a = rng.Range(2, 9), b = rng.Range(2, 9), s = a + b, c = rng.Range(1, s - 1),
@@ -171,8 +171,8 @@ TaskItem WordProblem(Rng& rng) {
       return {"",
               Cat(who, " has ", a, " ", item, " and buys ", b, " more. Sam has ", c,
                   " fewer than that. How many ", item, " do they have together?"),
-              Cat(a, "+", b, "=", s, ",", s, "-", c, "=", t, ",", s, "+", t, "=", s + t,
-                  " answer ", s + t)};
+              Cat(a, "+", b, "=", s, ",", s, "-", c, "=", t, ",", s, "+", t, "=", s + t, " answer ",
+                  s + t)};
     }
   }
 }
@@ -256,10 +256,13 @@ void CheckTaskName(std::string_view task) {
 
 std::string DescribeTask(std::string_view task) {
   CheckTaskName(task);
-  if (task == "add") return "sum of two 3-digit numbers, answer zero-padded to 4 digits; value match";
-  if (task == "sub") return "difference of two 3-digit numbers (a >= b), zero-padded to 3 digits; value match";
+  if (task == "add")
+    return "sum of two 3-digit numbers, answer zero-padded to 4 digits; value match";
+  if (task == "sub")
+    return "difference of two 3-digit numbers (a >= b), zero-padded to 3 digits; value match";
   if (task == "latin") return "complete a 4x4 Latin square with 5-9 blanks; any valid completion";
-  if (task == "word") return "2-3 step word problem from single-digit quantities, steps written out; final number";
+  if (task == "word")
+    return "2-3 step word problem from single-digit quantities, steps written out; final number";
   return Cat("list of 3-5 names: ", task, "; exact match");
 }
 

@@ -49,7 +49,7 @@ class BpeTokenizer {
   static std::vector<std::string_view> PreTokenize(std::string_view text);
   void EncodePiece(std::string_view piece, std::vector<int>& ids) const;
 
-  std::vector<std::string> vocab_;                         // id -> token (byte-level chars)
+  std::vector<std::string> vocab_;                           // id -> token (byte-level chars)
   std::vector<std::pair<std::string, std::string>> merges_;  // in rank order
   std::vector<std::string> specials_;
   std::map<std::string, int, std::less<>> ids_;

@@ -20,8 +20,8 @@ void LinearBackward(const float* dy, const float* x, const float* w, int64_t m, 
                     int64_t n, float* dx, float* dw, bool accumulate_dx = false);
 
 // y[M, C] = x / rms(x) * weight; inv_rms[M] keeps 1/rms for the backward.
-void RmsNormForward(const float* x, int64_t m, int64_t c, const float* weight, float eps,
-                    float* y, float* inv_rms);
+void RmsNormForward(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* y,
+                    float* inv_rms);
 // dx[M, C] += ..., dweight[C] += ...
 void RmsNormBackward(const float* dy, const float* x, const float* weight, const float* inv_rms,
                      int64_t m, int64_t c, float* dx, float* dweight);
