@@ -20,7 +20,7 @@ struct CommitRule {
 
 CommitRule ChooseRule(const DecodeOptions& options, const ModelConfig& config) {
   CommitRule r;
-  if (config.arch == Arch::kDream && !options.alg.empty()) {
+  if (config.sampler == SamplerFamily::kDream && !options.alg.empty()) {
     if (options.alg == "origin") r.rule = Rule::kDreamOrigin;
     if (options.alg == "confidence_threshold") r.rule = Rule::kDreamThreshold;
     if (options.alg == "maskgit_plus" || options.alg == "topk_margin" || options.alg == "entropy") {
@@ -38,17 +38,12 @@ CommitRule ChooseRule(const DecodeOptions& options, const ModelConfig& config) {
     r.rule = Rule::kThreshold;
   } else if (options.factor) {
     r.rule = Rule::kFactor;
-  } else if (config.arch == Arch::kDream) {
+  } else if (config.sampler == SamplerFamily::kDream) {
     r.rule = Rule::kDreamSchedule;  // Dream without --alg: maskgit_plus confidence
   } else {
     r.rule = Rule::kFixed;
   }
   return r;
-}
-
-// The logits row that predicts `position`: the same row, or for Dream the row before.
-int PredictingRow(const ModelConfig& config, int position) {
-  return config.shift_logits ? std::max(position - 1, 0) : position;
 }
 
 }  // namespace
@@ -133,7 +128,7 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
                             cache,          forward};
       StepPlan plan = policy->Plan(context);
       const std::vector<int> masked = policy->CommitCandidates(context, block_masked);
-      for (int p : masked) plan.logit_rows.push_back(PredictingRow(config, p));
+      for (int p : masked) plan.logit_rows.push_back(config.PredictingRow(p));
       std::sort(plan.logit_rows.begin(), plan.logit_rows.end());
       plan.logit_rows.erase(std::unique(plan.logit_rows.begin(), plan.logit_rows.end()),
                             plan.logit_rows.end());
@@ -164,7 +159,7 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
 
       // Token and confidence for every masked position of the block.
       auto row_logits = [&](int position) {
-        const int row = PredictingRow(config, position);
+        const int row = config.PredictingRow(position);
         const auto it =
             std::lower_bound(step_result.logit_rows.begin(), step_result.logit_rows.end(), row);
         PS_CHECK(it != step_result.logit_rows.end() && *it == row);
@@ -192,7 +187,7 @@ GenerationResult Generate(const Model& model, std::span<const int> prompt,
         }
       } else {
         for (int p : masked) {
-          choices.push_back(config.arch == Arch::kDream
+          choices.push_back(config.sampler == SamplerFamily::kDream
                                 ? ChooseDream(row_logits(p), config.mask_id, options.temperature,
                                               options.top_p, options.top_k, rule.dream_confidence,
                                               rng)

@@ -46,7 +46,7 @@ void RequireIn(double value, const char* flag, Interval range) {
 
 DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
   DecodeOptions resolved = *this;
-  if (resolved.window == 0) resolved.window = config.arch == Arch::kDream ? 32 : 16;
+  if (resolved.window == 0) resolved.window = config.sampler == SamplerFamily::kDream ? 32 : 16;
   if (resolved.policy == "polestar" && !resolved.threshold && !resolved.factor) {
     resolved.threshold = resolved.tau_s;
   }
@@ -85,7 +85,7 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
     Fail("unknown --alg '", alg,
          "' (origin, maskgit_plus, topk_margin, entropy, confidence_threshold)");
   }
-  if (!alg.empty() && config.arch != Arch::kDream) {
+  if (!alg.empty() && config.sampler != SamplerFamily::kDream) {
     Fail("--alg selects a Dream sampler; this is a ", ArchName(config.arch), " model");
   }
   if (alg == "confidence_threshold" && (gen_length / BlockCount()) % StepsPerBlock() != 0) {
@@ -117,7 +117,7 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   RequireIn(full_refresh_period, "--full-refresh-period", {1, 1e6});
   RequireIn(tau_upd, "--tau-upd", {0, double(gen_length)});
   if (drift_metric != "kl" && drift_metric != "cosine") Fail("--drift-metric must be kl or cosine");
-  if (policy == "polestar" && config.arch == Arch::kDream && !alg.empty()) {
+  if (policy == "polestar" && config.sampler == SamplerFamily::kDream && !alg.empty()) {
     Fail("polestar uses the threshold commit rule; --alg does not apply");
   }
 }

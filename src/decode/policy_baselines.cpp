@@ -29,9 +29,7 @@ class FastDllmPolicy : public Policy {
       return plan;
     }
     // Dream predicts position p from output p-1, so the row before the block is computed too.
-    const bool shifted = context.model.config().shift_logits;
-    const int begin =
-        shifted && context.block.start > 0 ? context.block.start - 1 : context.block.start;
+    const int begin = context.model.config().PredictingRow(context.block.start);
     plan.input_rows = Range(begin, dual_ ? context.block.end : length);
     return plan;
   }

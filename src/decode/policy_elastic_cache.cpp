@@ -46,9 +46,10 @@ class ElasticCachePolicy : public Policy, private LayerHook {
         gamma_(options.gamma),
         track_num_(options.track_num),
         refresh_all_(options.refresh_all),
-        window_size_(options.window > 0 ? options.window
-                                        : (model.config().arch == Arch::kDream ? 32 : 16)),
-        shifted_(model.config().shift_logits),
+        window_size_(options.window > 0
+                         ? options.window
+                         : (model.config().sampler == SamplerFamily::kDream ? 32 : 16)),
+        config_(model.config()),
         heads_(model.config().heads),
         tracks_(size_t(model.config().layers)) {}
 
@@ -65,10 +66,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     PS_CHECK(!window_.empty());  // the driver plans only blocks with masks
     predicting_rows_.clear();
     for (int p : window_) {
-      if (!shifted_)
-        predicting_rows_.push_back(p);
-      else if (p > 0)
-        predicting_rows_.push_back(p - 1);
+      if (config_.HasPredictingRow(p)) predicting_rows_.push_back(config_.PredictingRow(p));
     }
 
     const bool first = previous_canvas_.empty();
@@ -208,7 +206,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   const int track_num_;
   const bool refresh_all_;
   const int window_size_;
-  const bool shifted_;
+  const ModelConfig& config_;
   const int heads_;
   std::vector<std::vector<int>> tracks_;  // [layers][<= track_num] most-attended tokens
   std::vector<int> previous_canvas_;      // [L] the canvas at the previous step's plan

@@ -291,7 +291,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     if (last) {
       packet_rows_ = selected;
       for (int r : selected) {
-        const int predicted = config.shift_logits ? r + 1 : r;
+        const int predicted = config.PredictedPosition(r);
         if (predicted >= block_end_ && predicted < int(length) &&
             canvas_[size_t(predicted)] == config.mask_id) {
           rows.logit_rows->push_back(r);
@@ -355,8 +355,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int block_length = context.block.end - context.block.start;
     block_start_ = context.block.start;
     block_end_ = context.block.end;
-    const bool shifted = model_.config().shift_logits && block_start_ > 0;
-    block_rows_ = Range(shifted ? block_start_ - 1 : block_start_, block_end_);
+    block_rows_ = Range(model_.config().PredictingRow(block_start_), block_end_);
     window_begin_ = std::max(0, block_start_ - options_.window_prefix_blocks * block_length);
     window_end_ = std::min(length, block_end_ + options_.window_suffix_blocks * block_length);
     const int prefix = block_start_ - window_begin_, suffix = window_end_ - block_end_;
@@ -447,7 +446,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const ModelConfig& config = model_.config();
     int added = 0;
     for (int r : packet_rows_) {
-      const int p = config.shift_logits ? r + 1 : r;
+      const int p = config.PredictedPosition(r);
       if (p < block_end_ || p >= int(canvas_.size()) || canvas_[size_t(p)] != config.mask_id)
         continue;
       const auto it = std::lower_bound(result.logit_rows.begin(), result.logit_rows.end(), r);
@@ -455,7 +454,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       const size_t index = size_t(it - result.logit_rows.begin());
       std::span<const float> logits(&result.logits[index * config.vocab], size_t(config.vocab));
       const TokenChoice choice =
-          config.arch == Arch::kDream
+          config.sampler == SamplerFamily::kDream
               ? ChooseDream(logits, config.mask_id, options_.temperature, options_.top_p,
                             options_.top_k, DreamConfidence::kProbability, rng_)
               : ChooseLlada(logits, config.mask_id, options_.temperature,

@@ -60,6 +60,7 @@ ModelConfig ParseDreamConfig(const std::string& path) {
   c.qkv_bias = true;
   c.tied_embeddings = BoolOr(j, "tie_word_embeddings", false, path);
   c.shift_logits = true;
+  c.sampler = SamplerFamily::kDream;
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
   c.Validate(path);
   return c;

@@ -64,6 +64,7 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   c.shift_logits = m.Has("diffusion.shift_logits") ? m.GetBool("diffusion.shift_logits")
                                                    : c.arch == Arch::kDream;
   c.rope_interleaved = c.arch == Arch::kLlada;
+  c.sampler = c.arch == Arch::kDream ? SamplerFamily::kDream : SamplerFamily::kLlada;
   c.Validate(origin);
   if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
     Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,

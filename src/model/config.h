@@ -8,6 +8,11 @@ namespace polestar {
 
 enum class Arch { kLlada, kDream };
 
+// Whose reference sampler decodes a checkpoint: LLaDA's generate.py (low-confidence or
+// random remasking) or Dream's diffusion_generate (its --alg samplers and time schedule).
+// Decoding code asks this, never the architecture.
+enum class SamplerFamily { kLlada, kDream };
+
 const char* ArchName(Arch arch);
 
 struct ModelConfig {
@@ -30,9 +35,20 @@ struct ModelConfig {
   bool qkv_bias = false;
   bool tied_embeddings = false;
   bool shift_logits = false;      // Dream: position p is predicted by output p-1
+  SamplerFamily sampler = SamplerFamily::kLlada;
   bool rope_interleaved = false;  // GGUF LLaDA: q/k rows permuted for pairs (2i, 2i+1)
 
   static constexpr int kMaxPositions = 1 << 20;
+
+  // The output row whose logits predict canvas position `position` (p, or p-1 when the
+  // logits are shifted; position 0 then has no predicting row and maps to row 0).
+  int PredictingRow(int position) const {
+    return shift_logits && position > 0 ? position - 1 : position;
+  }
+  // Whether some output row predicts `position` (all but position 0 of a shifted model).
+  bool HasPredictingRow(int position) const { return !shift_logits || position > 0; }
+  // The canvas position whose token output row `row` predicts.
+  int PredictedPosition(int row) const { return shift_logits ? row + 1 : row; }
 
   // Throws Error (prefixed with `where`) when the values cannot describe a model.
   void Validate(const std::string& where) const;
