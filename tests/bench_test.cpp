@@ -439,6 +439,26 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
+TEST(Suite, TinySuiteTakesTheTasksAskedForInTheirOrder) {
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  auto model = Model::Load(dir);
+  SuiteOptions options;
+  options.name = "tiny";
+  options.model_dir = dir;
+  options.per_task = 3;
+  options.seed = 7;
+  options.tasks = {"copy", "add"};
+  const BenchSuite suite = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(suite.items.size(), 6u);
+  EXPECT_EQ(suite.items[0].id, "copy/0");
+  EXPECT_EQ(suite.items[2].id, "copy/2");
+  EXPECT_EQ(suite.items[3].id, "add/0");
+  EXPECT_EQ(suite.items[3].reference, MakeTaskItem("add", Split::kTest, 0, 7).answer);
+  EXPECT_EQ(suite.selection["tasks"], nlohmann::json({"copy", "add"}));
+  options.tasks = {"nope"};
+  EXPECT_THROW(LoadBenchSuite(options, model->config()), Error);
+}
+
 // ---- resumability ----------------------------------------------------------------------------
 
 TEST(Bench, RerunSkipsFinishedRunsAndReusesDecodedItems) {
