@@ -62,6 +62,17 @@ void Read(const std::string& path) {
 // ---------------------------------------------------------------------------------------
 // One safetensors file
 
+// The shared error matcher (test_support.h) holds only for a polestar::Error that names every
+// part.
+TEST(TestSupport, ThrowsErrorContainingNeedsAnErrorWithEveryPart) {
+  const auto truncated = [] { Fail("file.bin: truncated at byte 4"); };
+  EXPECT_THAT(truncated, testing::ThrowsErrorContaining({"file.bin", "truncated"}));
+  EXPECT_THAT(truncated, ::testing::Not(testing::ThrowsErrorContaining({"file.bin", "overlap"})));
+  EXPECT_THAT([] {}, ::testing::Not(testing::ThrowsErrorContaining({"file.bin"})));
+  EXPECT_THAT([] { throw std::runtime_error("file.bin"); },
+              ::testing::Not(testing::ThrowsErrorContaining({"file.bin"})));
+}
+
 TEST(SafetensorsRead, ValidFileRoundTrips) {
   const std::string path = testing::TempDir() + "/ok.safetensors";
   WriteSafetensors(path, {F32Tensor("b", {2, 2}, {1, 2, 3, 4}), I64Tensor("a", {3}, {7, -8, 9})},
