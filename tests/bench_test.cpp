@@ -91,19 +91,15 @@ TEST(Grid, NoGridMeansEachPolicyAtItsDefaults) {
 }
 
 TEST(Grid, BadSpecsAreErrorsNamingTheProblem) {
-  auto message = [](const std::vector<std::string>& grids) {
-    try {
-      ExpandGrids({"vanilla"}, grids);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+  auto expand = [](const std::vector<std::string>& grids) {
+    return [grids] { ExpandGrids({"vanilla"}, grids); };
   };
-  EXPECT_NE(message({"threshold"}).find("no '='"), std::string::npos);
-  EXPECT_NE(message({"threshold=0.5,,0.7"}).find("empty item"), std::string::npos);
-  EXPECT_NE(message({"threshold=0.5;threshold=0.7"}).find("appears twice"), std::string::npos);
-  EXPECT_NE(message({"policy=fast"}).find("unknown policy 'fast'"), std::string::npos);
-  EXPECT_NE(message({"threshold="}).find("no values"), std::string::npos);
+  EXPECT_THAT(expand({"threshold"}), testing::ThrowsErrorContaining({"no '='"}));
+  EXPECT_THAT(expand({"threshold=0.5,,0.7"}), testing::ThrowsErrorContaining({"empty item"}));
+  EXPECT_THAT(expand({"threshold=0.5;threshold=0.7"}),
+              testing::ThrowsErrorContaining({"appears twice"}));
+  EXPECT_THAT(expand({"policy=fast"}), testing::ThrowsErrorContaining({"unknown policy 'fast'"}));
+  EXPECT_THAT(expand({"threshold="}), testing::ThrowsErrorContaining({"no values"}));
   EXPECT_EQ(NormaliseKey("--block_length"), "block-length");
 }
 
@@ -443,6 +439,26 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
+TEST(Suite, TinySuiteTakesTheTasksAskedForInTheirOrder) {
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  auto model = Model::Load(dir);
+  SuiteOptions options;
+  options.name = "tiny";
+  options.model_dir = dir;
+  options.per_task = 3;
+  options.seed = 7;
+  options.tasks = {"copy", "add"};
+  const BenchSuite suite = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(suite.items.size(), 6u);
+  EXPECT_EQ(suite.items[0].id, "copy/0");
+  EXPECT_EQ(suite.items[2].id, "copy/2");
+  EXPECT_EQ(suite.items[3].id, "add/0");
+  EXPECT_EQ(suite.items[3].reference, MakeTaskItem("add", Split::kTest, 0, 7).answer);
+  EXPECT_EQ(suite.selection["tasks"], nlohmann::json({"copy", "add"}));
+  options.tasks = {"nope"};
+  EXPECT_THROW(LoadBenchSuite(options, model->config()), Error);
+}
+
 // ---- resumability ----------------------------------------------------------------------------
 
 TEST(Bench, RerunSkipsFinishedRunsAndReusesDecodedItems) {
@@ -589,12 +605,9 @@ TEST(RandomModel, ShardsLargeCheckpointsAndRefusesRealOnes) {
   EXPECT_EQ(model->tensors().Get("model.layers.1.self_attn.k_proj.bias").dtype, DType::kF32);
   fs::create_directories(dir + "/real");
   fs::copy_file(ProbeDir() + "/config.json", dir + "/real/config.json");
-  try {
-    WriteRandomModel(dir + "/real", options);
-    FAIL() << "overwrote a real checkpoint";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("did not write"), std::string::npos) << e.what();
-  }
+  // It refuses to overwrite a real checkpoint.
+  EXPECT_THAT([&] { WriteRandomModel(dir + "/real", options); },
+              testing::ThrowsErrorContaining({"did not write"}));
   EXPECT_THROW(ShapeByName("llada-80b"), Error);
 }
 

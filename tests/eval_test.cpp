@@ -33,16 +33,6 @@ const EvalItem& FindItem(const Suite& suite, const std::string& id) {
   return suite.items.front();
 }
 
-template <typename F>
-void ExpectErrorContaining(F&& action, const std::string& needle) {
-  try {
-    action();
-    ADD_FAILURE() << "expected polestar::Error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 // ---- GSM8K extraction ---------------------------------------------------------------------
 
 TEST(Gsm8kExtraction, StrictTakesTheNumberAfterTheFirstMarker) {
@@ -271,15 +261,19 @@ TEST(Suites, LimitAndShardSplitTheRunIntoDisjointSlices) {
 }
 
 TEST(Suites, BadNamesAndFilesAreClearErrors) {
-  ExpectErrorContaining([] { LoadSuite("tiny", RepoData()); }, "known: gsm8k, math500");
-  ExpectErrorContaining([] { LoadSuite("gsm8k", "/nonexistent/data"); }, "/nonexistent/data");
+  EXPECT_THAT([] { LoadSuite("tiny", RepoData()); },
+              testing::ThrowsErrorContaining({"known: gsm8k, math500"}));
+  EXPECT_THAT([] { LoadSuite("gsm8k", "/nonexistent/data"); },
+              testing::ThrowsErrorContaining({"/nonexistent/data"}));
   const std::string dir = polestar::testing::TempDir();
   std::ofstream(dir + "/math500_test.jsonl") << "{\"problem\": \"1+1\"}\n";
-  ExpectErrorContaining([&] { LoadSuite("math500", dir); }, "math500_test.jsonl:1: missing string");
+  EXPECT_THAT([&] { LoadSuite("math500", dir); },
+              testing::ThrowsErrorContaining({"math500_test.jsonl:1: missing string"}));
   std::ofstream(dir + "/math500_test.jsonl") << "\n{not json\n";
-  ExpectErrorContaining([&] { LoadSuite("math500", dir); }, "math500_test.jsonl:2: invalid JSON");
+  EXPECT_THAT([&] { LoadSuite("math500", dir); },
+              testing::ThrowsErrorContaining({"math500_test.jsonl:2: invalid JSON"}));
   std::ofstream(dir + "/HumanEval.jsonl.gz") << "";
-  ExpectErrorContaining([&] { LoadSuite("humaneval", dir); }, "gunzip");
+  EXPECT_THAT([&] { LoadSuite("humaneval", dir); }, testing::ThrowsErrorContaining({"gunzip"}));
 }
 
 // The repository holds prefixes of the shared files: loading either gives the same suites.
@@ -499,9 +493,11 @@ TEST(Sandbox, StrayChildrenDoNotHoldTheRunOpen) {
 TEST(Sandbox, MissingInterpreterIsAClearError) {
   SandboxOptions options = FastOptions();
   options.python = "/nonexistent/python3";
-  ExpectErrorContaining([&] { RunPython("pass", options); }, "/nonexistent/python3");
+  EXPECT_THAT([&] { RunPython("pass", options); },
+              testing::ThrowsErrorContaining({"/nonexistent/python3"}));
   options.python = "no-such-python-xyz";
-  ExpectErrorContaining([&] { RunPython("pass", options); }, "not found in PATH");
+  EXPECT_THAT([&] { RunPython("pass", options); },
+              testing::ThrowsErrorContaining({"not found in PATH"}));
 }
 
 }  // namespace

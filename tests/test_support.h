@@ -1,11 +1,15 @@
-// Helpers shared by the tests: where the fixtures live, temporary folders, running the CLI.
+// Helpers shared by the tests: where the fixtures live, temporary folders, running the CLI,
+// expecting an error.
 #pragma once
+
+#include <gmock/gmock.h>
 
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "io/safetensors.h"
 
 namespace polestar::testing {
@@ -19,6 +23,14 @@ std::string TempDir();
 // Runs the polestar binary with `args` (shell-quoted by the caller); returns exit code,
 // stdout in *out (stderr merged when merge_stderr).
 int RunCli(const std::string& args, std::string* out, bool merge_stderr = false);
+
+// Matches a callable that throws polestar::Error whose message holds every one of `parts`:
+//   EXPECT_THAT([&] { Load(path); }, ThrowsErrorContaining({path, "truncated"}));
+inline auto ThrowsErrorContaining(const std::vector<std::string>& parts) {
+  std::vector<::testing::Matcher<std::string>> each;
+  for (const std::string& part : parts) each.push_back(::testing::HasSubstr(part));
+  return ::testing::ThrowsMessage<Error>(::testing::AllOfArray(each));
+}
 
 // A checkpoint folder held in memory, to build broken or unusual models from a good one.
 struct Checkpoint {

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "tasks/tasks.h"
 #include "test_support.h"
+#include "tokenizer/tokenizer.h"
 #include "train/bpe.h"
 #include "train/layers.h"
 #include "train/tiny_model.h"
@@ -423,6 +424,24 @@ TEST(TokenizerTest, RoundTripAndPieces) {
   EXPECT_EQ(tok.Encode(" b"), std::vector<int>({tok.TokenId("\xC4\xA0"
                                                             "b")}));
   EXPECT_THROW(tok.Encode("caf\xC3\xA9"), Error);
+}
+
+// The trainer encodes with the engine's tokenizer: the files it writes load into a Tokenizer
+// that gives the training data's ids, on every task's prompts and answers.
+TEST(TokenizerTest, TrainingIdsAreTheEnginesIds) {
+  const BpeTokenizer tok = BuildTokenizer(TaskNames(), 300);
+  const std::string dir = testing::TempDir();
+  tok.WriteFiles(dir, 256);
+  const std::unique_ptr<Tokenizer> engine = Tokenizer::Load(dir);
+  for (const std::string& task : TaskNames()) {
+    for (uint64_t i = 0; i < 20; ++i) {
+      const TaskItem item = MakeTaskItem(task, Split::kTrain, i, 3);
+      for (const std::string& text : {ChatPrompt(item.prompt), item.answer}) {
+        ASSERT_EQ(tok.Encode(text), engine->Encode(text)) << text;
+        EXPECT_EQ(tok.Decode(tok.Encode(text)), text);
+      }
+    }
+  }
 }
 
 TEST(TokenizerTest, WritesHuggingFaceFiles) {

@@ -92,7 +92,8 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
   const int per_task = options.per_task > 0 ? options.per_task : 50;
   std::vector<TaskItem> tasks;
   std::vector<BenchItem> items;
-  for (const std::string& task : TaskNames()) {
+  for (const std::string& task : options.tasks.empty() ? TaskNames() : options.tasks) {
+    CheckTaskName(task);
     for (int i = 0; i < per_task; ++i) {
       TaskItem t = MakeTaskItem(task, Split::kTest, uint64_t(i), options.seed);
       // The chat template as the trainer wrote it, special tokens spelled out and split off
@@ -259,6 +260,7 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
       {"seed", suite.name == "tiny" ? options.seed : 0},
       {"shard", Cat(options.shard_index, "/", options.shard_count)},
       {"prompt_format", PromptFormatName(options.prompt_format)}};
+  if (!options.tasks.empty()) suite.selection["tasks"] = options.tasks;
   return suite;
 }
 

@@ -7,7 +7,8 @@
 //              fixture: 3-digit addition, reversal, sorting), graded by exact match of the
 //              text before the first EOS. Its prompt ids come with the file.
 //   tiny       the project's task suite (src/tasks) on its test split, --per-task items per task,
-//              prompts in LLaDA's chat template; needs src/tasks and src/tokenizer.
+//              prompts in LLaDA's chat template; needs src/tasks and src/tokenizer. The trainer
+//              evaluates with it too (train/eval.h).
 //   gsm8k, math500, humaneval, mbpp
 //              src/eval's suites from data/; the prompt goes through the model's chat
 //              template (or raw, --prompt-format raw); the completion (cut at EOS/EOT and the
@@ -112,8 +113,9 @@ struct SuiteOptions {
   std::string data_dir;  // "" = eval::DefaultDataDir()
   std::size_t limit = 0;
   int shard_index = 0, shard_count = 1;
-  int per_task = 0;   // tiny: items per task (0: 50)
-  uint64_t seed = 0;  // tiny: generator seed of the test items
+  int per_task = 0;                // tiny: items per task (0: 50)
+  uint64_t seed = 0;               // tiny: generator seed of the test items
+  std::vector<std::string> tasks;  // tiny: these tasks, in this order (empty: all)
   PromptFormat prompt_format = PromptFormat::kAuto;
   eval::SandboxOptions sandbox;
 };

@@ -6,6 +6,9 @@
 // Strings are u64 length + bytes; arrays are u32 element type + u64 count + elements.
 // Reading validates every count, length, type, shape and offset against the file and throws
 // Error naming the file and the problem; nothing a file says is trusted before checking.
+//
+// gguf_format.cpp holds the values and metadata, gguf_reader.cpp the reader, gguf_writer.cpp
+// the writer and gguf_vocab.cpp the tokenizer vocabulary.
 #pragma once
 
 #include <cstdint>

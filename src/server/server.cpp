@@ -1,31 +1,14 @@
 #include "server/server.h"
 
-#include <condition_variable>
 #include <filesystem>
 
 #include "base/error.h"
 #include "io/gguf.h"
 #include "io/mapped_file.h"
-#include "server/api.h"
-#include "server/http.h"
-#include "server/scheduler.h"
+#include "server/server_impl.h"
 
 namespace polestar {
 
-extern const char kPageHtml[];  // page.html, embedded at build time
-
-namespace {
-
-using nlohmann::json;
-
-constexpr auto kWaitSlice = std::chrono::milliseconds(100);  // how often a waiting handler looks up
-constexpr auto kPingInterval = std::chrono::seconds(1);      // SSE comment while nothing happens
-
-ApiError UnavailableError(const std::string& message) {
-  return ApiError(503, "unavailable_error", message);
-}
-
-// The label /metrics counts a request under: its route, or "other" (bounded cardinality).
 std::string EndpointLabel(const std::string& path) {
   for (const char* known : {"/health", "/v1/health", "/v1/models", "/v1/completions",
                             "/v1/chat/completions", "/v1/diffusion/stream", "/metrics", "/"}) {
@@ -37,6 +20,10 @@ std::string EndpointLabel(const std::string& path) {
   if (path == "/chat/completions") return "/v1/chat/completions";
   return "other";
 }
+
+namespace {
+
+using nlohmann::json;
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
@@ -78,91 +65,7 @@ std::string ServedModelName(const std::string& source) {
   return path.filename().string();
 }
 
-ApiError TimeoutError(double timeout_seconds) {
-  return ApiError(
-      504, "timeout_error",
-      Cat("the request did not finish within the server's timeout of ", timeout_seconds, " s"));
-}
-
-ApiError OutcomeError(const JobOutcome& outcome, double timeout_seconds) {
-  switch (outcome.status) {
-    case JobOutcome::Status::kTimedOut:
-      return TimeoutError(timeout_seconds);
-    case JobOutcome::Status::kCancelled:
-      return UnavailableError(outcome.error.empty() ? "the generation was cancelled"
-                                                    : outcome.error);
-    default:
-      return ApiError(500, "server_error", "generation failed: " + outcome.error);
-  }
-}
-
-std::string SseData(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
-
 }  // namespace
-
-struct Server::Impl {
-  using RouteHandler = void (Impl::*)(const http::Request&, http::ResponseWriter&);
-  struct Route {
-    const char* method;
-    const char* path;  // ending in '/': a prefix, the rest names a resource
-    RouteHandler handle;
-  };
-
-  ServerOptions options;
-  std::unique_ptr<http::Server> http;
-  Metrics metrics;
-  RequestLimits limits;
-  // Set once by SetModel, before `ready` turns true; read only after seeing it true.
-  std::unique_ptr<Model> model;
-  std::unique_ptr<TextCodec> codec;
-  std::unique_ptr<Scheduler> scheduler;
-  std::atomic<bool> ready{false}, stopping{false};
-  std::mutex stop_mutex;
-  std::condition_variable stop_changed;
-  bool stopped = false;
-
-  explicit Impl(ServerOptions o) : options(std::move(o)) {}
-
-  static const std::vector<Route>& Routes();
-  // Counts the answer under `label` and sends it: counted first, so that a client that has
-  // its answer finds it in /metrics.
-  void AnswerJson(http::ResponseWriter& writer, const std::string& label, int status,
-                  const json& body, const http::Headers& headers = {}) {
-    metrics.CountRequest(label, status);
-    writer.Send(status, "application/json", DumpJson(body), headers);
-  }
-  void AnswerError(http::ResponseWriter& writer, const std::string& label, const ApiError& error) {
-    // Well-behaved clients back off for this long before retrying a full server.
-    const http::Headers headers =
-        error.status == 429 ? http::Headers{{"Retry-After", "1"}} : http::Headers{};
-    AnswerJson(writer, label, error.status, error.Body(), headers);
-  }
-  void Dispatch(const http::Request& req, http::ResponseWriter& writer);
-  // False (after answering 401) when an API key is required and not given.
-  bool Authorized(const http::Request& req, http::ResponseWriter& writer, const std::string& label);
-
-  void Health(const http::Request& req, http::ResponseWriter& writer);
-  void Models(const http::Request& req, http::ResponseWriter& writer);
-  void OneModel(const http::Request& req, http::ResponseWriter& writer);
-  void Completions(const http::Request& req, http::ResponseWriter& writer);
-  void ChatCompletions(const http::Request& req, http::ResponseWriter& writer);
-  void DiffusionStream(const http::Request& req, http::ResponseWriter& writer);
-  void MetricsText(const http::Request& req, http::ResponseWriter& writer);
-  void Page(const http::Request& req, http::ResponseWriter& writer);
-
-  json ModelEntry() const;
-  void PostedCompletion(const http::Request& req, http::ResponseWriter& writer, Endpoint endpoint);
-  void Completion(http::ResponseWriter& writer, Endpoint endpoint, const json& body,
-                  const std::string& label);
-  void Stream(http::ResponseWriter& writer, const CompletionRequest& request,
-              const ResponseIdentity& identity, GenerationJob& job, const std::string& label);
-  Clock::time_point Deadline(Clock::time_point from) const {
-    if (options.timeout_seconds <= 0 || options.timeout_seconds > 1e9)
-      return Clock::time_point::max();
-    return from + std::chrono::duration_cast<Clock::duration>(
-                      std::chrono::duration<double>(options.timeout_seconds));
-  }
-};
 
 const std::vector<Server::Impl::Route>& Server::Impl::Routes() {
   static const std::vector<Route> routes = {
@@ -305,179 +208,10 @@ void Server::Impl::OneModel(const http::Request& req, http::ResponseWriter& writ
   }
 }
 
-void Server::Impl::Completions(const http::Request& req, http::ResponseWriter& writer) {
-  PostedCompletion(req, writer, Endpoint::kCompletions);
-}
-
-void Server::Impl::ChatCompletions(const http::Request& req, http::ResponseWriter& writer) {
-  PostedCompletion(req, writer, Endpoint::kChatCompletions);
-}
-
-void Server::Impl::PostedCompletion(const http::Request& req, http::ResponseWriter& writer,
-                                    Endpoint endpoint) {
-  const std::string label = EndpointLabel(req.path);
-  json body;
-  try {
-    body = ParseJsonBody(req.body);
-  } catch (const ApiError& e) {
-    AnswerError(writer, label, e);
-    return;
-  }
-  Completion(writer, endpoint, body, label);
-}
-
-void Server::Impl::DiffusionStream(const http::Request& req, http::ResponseWriter& writer) {
-  json body;
-  try {
-    body = RequestFromQuery(req.query);
-  } catch (const ApiError& e) {
-    AnswerError(writer, "/v1/diffusion/stream", e);
-    return;
-  }
-  body["stream"] = true;
-  body["stream_canvas"] = true;
-  Completion(writer, Endpoint::kCompletions, body, "/v1/diffusion/stream");
-}
-
 void Server::Impl::MetricsText(const http::Request&, http::ResponseWriter& writer) {
   metrics.CountRequest("/metrics", 200);
   writer.Send(200, "text/plain; version=0.0.4",
               metrics.Render(ready ? scheduler->QueueDepth() : 0));
-}
-
-void Server::Impl::Page(const http::Request&, http::ResponseWriter& writer) {
-  metrics.CountRequest("/", 200);
-  writer.Send(200, "text/html; charset=utf-8", kPageHtml);
-}
-
-void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, const json& body,
-                              const std::string& label) {
-  CompletionRequest request;
-  std::vector<std::shared_ptr<GenerationJob>> jobs;
-  try {
-    if (!ready) throw UnavailableError("Loading model");
-    if (stopping) throw UnavailableError("the server is shutting down");
-    request =
-        ParseCompletionRequest(body, endpoint, options.defaults, *codec, model->config(), limits);
-    const Clock::time_point now = Clock::now();
-    for (const std::vector<int>& prompt : request.prompts) {
-      auto job = std::make_shared<GenerationJob>();
-      job->prompt = prompt;
-      job->options = request.options;
-      job->max_tokens = request.max_tokens;
-      job->stop = request.stop;
-      job->stop_early = request.stop_early;
-      job->stream_text = request.stream;
-      job->stream_canvas = request.stream_canvas;
-      job->admitted = now;
-      job->deadline = Deadline(now);
-      jobs.push_back(std::move(job));
-    }
-    if (!scheduler->Submit(jobs)) {
-      throw ApiError(429, "rate_limit_error",
-                     Cat("the server is busy (", options.parallel, " running, ",
-                         scheduler->QueueDepth(), " waiting); retry later"),
-                     "", "rate_limit_exceeded");
-    }
-  } catch (const ApiError& e) {
-    AnswerError(writer, label, e);
-    return;
-  }
-  for (const auto& prompt : request.prompts) metrics.AddPromptTokens(int64_t(prompt.size()));
-  const ResponseIdentity identity = NewResponseIdentity(endpoint, options.model_id);
-  if (request.stream) return Stream(writer, request, identity, *jobs.front(), label);
-
-  // Wait, looking every slice whether the client is still there and the server still up.
-  std::vector<JobOutcome> outcomes;
-  for (const auto& job : jobs) {
-    while (!job->WaitFinished(std::min(Clock::now() + kWaitSlice, job->deadline))) {
-      const bool gone = writer.PeerHungUp();
-      if (!gone && !stopping && Clock::now() < job->deadline) continue;
-      for (const auto& j : jobs) j->cancel = true;
-      if (gone) {  // nobody reads this answer; it is what /metrics counts
-        AnswerError(writer, label, ApiError(499, "cancelled", "the client closed the connection"));
-        return;
-      }
-      const ApiError error = stopping ? UnavailableError("the server is shutting down")
-                                      : TimeoutError(options.timeout_seconds);
-      AnswerError(writer, label, error);
-      return;
-    }
-    std::lock_guard lock(job->mutex);
-    outcomes.push_back(job->outcome);
-  }
-  for (const JobOutcome& outcome : outcomes) {
-    if (outcome.status != JobOutcome::Status::kDone) {
-      const ApiError error = OutcomeError(outcome, options.timeout_seconds);
-      AnswerError(writer, label, error);
-      return;
-    }
-  }
-  AnswerJson(writer, label, 200, CompletionResponse(request, identity, outcomes));
-}
-
-void Server::Impl::Stream(http::ResponseWriter& writer, const CompletionRequest& request,
-                          const ResponseIdentity& identity, GenerationJob& job,
-                          const std::string& label) {
-  // Until the stream ends as intended, a failed write means the client went away.
-  int status = 499;
-  auto write = [&](const std::string& text) { return writer.Write(text); };
-  auto end_with_error = [&](const ApiError& error) {
-    job.cancel = true;
-    if (write(SseData(error.Body())) && write("data: [DONE]\n\n") && writer.End())
-      status = error.status;
-  };
-  bool started = false;  // the first text chunk went out
-  bool open = writer.BeginStream(200, "text/event-stream",
-                                 {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}});
-  if (open && request.endpoint == Endpoint::kChatCompletions) {
-    open = write(SseData(StreamChunk(request, identity, "", true, nullptr)));
-    started = true;
-  }
-  while (open) {
-    std::deque<GenerationJob::Event> events;
-    bool finished;
-    JobOutcome outcome;
-    {
-      std::unique_lock lock(job.mutex);
-      job.changed.wait_until(lock, std::min(Clock::now() + kPingInterval, job.deadline),
-                             [&] { return !job.events.empty() || job.finished || stopping; });
-      events.swap(job.events);
-      finished = job.finished;
-      if (finished) outcome = job.outcome;
-    }
-    for (const GenerationJob::Event& e : events) {
-      const bool text = e.kind == GenerationJob::Event::Kind::kText;
-      open = text ? write(SseData(StreamChunk(request, identity, e.data, !started, nullptr)))
-                  : write("event: canvas\ndata: " + e.data + "\n\n");
-      started = started || text;
-      if (!open) break;
-    }
-    if (!open) break;
-    if (finished) {
-      if (outcome.status != JobOutcome::Status::kDone) {
-        end_with_error(OutcomeError(outcome, options.timeout_seconds));
-      } else if (write(SseData(StreamChunk(request, identity, "", !started, &outcome))) &&
-                 (!request.include_usage ||
-                  write(SseData(UsageChunk(request, identity, outcome)))) &&
-                 write("data: [DONE]\n\n") && writer.End()) {
-        status = 200;
-      }
-      break;
-    }
-    if (stopping) {
-      end_with_error(UnavailableError("the server is shutting down"));
-      break;
-    }
-    if (Clock::now() >= job.deadline) {
-      end_with_error(TimeoutError(options.timeout_seconds));
-      break;
-    }
-    // Nothing new: a comment line keeps proxies patient; a hang-up is seen at once.
-    open = !writer.PeerHungUp() && (!events.empty() || write(": ping\n\n"));
-  }
-  if (status == 499) job.cancel = true;
-  metrics.CountRequest(label, status);
 }
 
 Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

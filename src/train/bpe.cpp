@@ -1,35 +1,44 @@
 #include "train/bpe.h"
 
 #include <algorithm>
-#include <array>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_json.h"
+#include "tokenizer/unicode.h"
 
 namespace polestar {
 namespace {
 
-std::string Utf8(int codepoint) {
+// GPT-2's printable character of `byte`, as UTF-8.
+std::string ByteChar(uint8_t byte) {
   std::string out;
-  if (codepoint < 0x80) {
-    out += char(codepoint);
-  } else {  // the map only uses code points below 0x800
-    out += char(0xC0 | (codepoint >> 6));
-    out += char(0x80 | (codepoint & 0x3F));
-  }
+  unicode::AppendUtf8(out, unicode::ByteToChar(byte));
   return out;
 }
 
-bool IsLetter(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsSpace(char c) {
-  return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+// The characters of a pre-token in byte-level form (each one byte of the text).
+std::vector<std::string> ByteLevelChars(std::string_view piece) {
+  std::vector<std::string> chars;
+  for (size_t at = 0; at < piece.size();) {
+    const size_t length = unicode::DecodeUtf8(piece, at).length;
+    chars.emplace_back(piece.substr(at, length));
+    at += length;
+  }
+  return chars;
 }
-bool IsOther(char c) { return !IsLetter(c) && !IsDigit(c) && !IsSpace(c); }
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+void CheckAscii(std::string_view text) {
+  for (unsigned char c : text) {
+    if (c >= 0x80) Fail("tokenizer: non-ASCII text is not supported by the trainer's tokenizer");
+  }
+}
 
 bool HasDigit(const std::string& symbol) {
   return std::any_of(symbol.begin(), symbol.end(), IsDigit);
@@ -67,79 +76,27 @@ std::vector<std::pair<std::string_view, bool>> SplitSpecials(std::string_view te
 
 }  // namespace
 
-const std::string& ByteChar(unsigned char byte) {
-  static const std::array<std::string, 256> table = [] {
-    std::array<std::string, 256> t;
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      t[size_t(b)] = Utf8(printable ? b : next++);
-    }
-    return t;
-  }();
-  return table[byte];
-}
-
-// The GPT-2 pattern 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// restricted to ASCII.
-std::vector<std::string_view> BpeTokenizer::PreTokenize(std::string_view text) {
-  std::vector<std::string_view> pieces;
-  size_t i = 0;
-  const size_t n = text.size();
-  for (unsigned char c : text) {
-    if (c >= 0x80) Fail("tokenizer: non-ASCII text is not supported by the training encoder");
-  }
-  auto run = [&](size_t from, bool (*in_class)(char)) {
-    while (from < n && in_class(text[from])) ++from;
-    return from;
-  };
-  while (i < n) {
-    const char c = text[i];
-    size_t end = i;
-    if (c == '\'') {
-      for (std::string_view tail : {"s", "t", "re", "ve", "m", "ll", "d"}) {
-        if (text.substr(i + 1).starts_with(tail)) {
-          end = i + 1 + tail.size();
-          break;
-        }
-      }
-    }
-    if (end == i) {
-      const size_t body = (c == ' ' && i + 1 < n && !IsSpace(text[i + 1])) ? i + 1 : i;
-      if (body < n && IsLetter(text[body])) {
-        end = run(body, IsLetter);
-      } else if (body < n && IsDigit(text[body])) {
-        end = run(body, IsDigit);
-      } else if (body < n && IsOther(text[body])) {
-        end = run(body, IsOther);
-      } else {  // whitespace: leave the last one to prefix the next word
-        end = run(i, IsSpace);
-        if (end < n && end - i > 1) --end;
-      }
-    }
-    pieces.push_back(text.substr(i, end - i));
-    i = end;
-  }
-  return pieces;
-}
-
 BpeTokenizer BpeTokenizer::Train(const std::vector<std::string>& corpus, int merges) {
   BpeTokenizer tok;
-  for (int b = 0; b < 256; ++b) tok.vocab_.push_back(ByteChar(static_cast<unsigned char>(b)));
+  for (int b = 0; b < 256; ++b) tok.vocab_.push_back(ByteChar(uint8_t(b)));
 
-  std::map<std::string, int64_t> counts;  // pre-tokenized piece -> frequency
+  // The corpus is split into pre-tokens by the engine's pre-tokenizer, that of the bytes-only
+  // tokenizer (no merges yet), so the merges are learned on the pieces the engine will merge.
+  BpeTokenizer bytes_only = tok;
+  for (const std::string& special : SpecialTokens()) bytes_only.vocab_.push_back(special);
+  bytes_only.specials_ = SpecialTokens();
+  bytes_only.Finish();
+  std::map<std::string, int64_t> counts;  // pre-token (byte-level form) -> frequency
   for (const std::string& text : corpus) {
+    CheckAscii(text);
     for (const auto& [segment, special] : SplitSpecials(text)) {
       if (special) continue;
-      for (std::string_view piece : PreTokenize(segment)) ++counts[std::string(piece)];
+      for (std::string& piece : bytes_only.engine_->PreTokenize(segment))
+        ++counts[std::move(piece)];
     }
   }
   std::vector<std::pair<std::vector<std::string>, int64_t>> words;
-  for (const auto& [piece, count] : counts) {
-    std::vector<std::string> symbols;
-    for (unsigned char c : piece) symbols.push_back(ByteChar(c));
-    words.push_back({std::move(symbols), count});
-  }
+  for (const auto& [piece, count] : counts) words.push_back({ByteLevelChars(piece), count});
 
   for (int m = 0; m < merges; ++m) {
     std::map<std::pair<std::string, std::string>, int64_t> pairs;
@@ -216,8 +173,12 @@ void BpeTokenizer::Finish() {
     if (!ids_.emplace(vocab_[i], int(i)).second)
       Fail("tokenizer: duplicate token '", vocab_[i], "'");
   }
-  merge_rank_.clear();
-  for (size_t i = 0; i < merges_.size(); ++i) merge_rank_[merges_[i]] = int(i);
+  // What the engine reads back from the files WriteFiles writes.
+  TokenizerSpec spec =
+      ParseTokenizerJson(nlohmann::json::parse(TokenizerJson()), "the trainer's tokenizer.json");
+  ApplyTokenizerConfig(nlohmann::json::parse(TokenizerConfigJson(0)),
+                       "the trainer's tokenizer_config.json", spec);
+  engine_ = std::make_shared<const Tokenizer>(std::move(spec));
 }
 
 int BpeTokenizer::TokenId(std::string_view token) const {
@@ -226,71 +187,12 @@ int BpeTokenizer::TokenId(std::string_view token) const {
   return it->second;
 }
 
-void BpeTokenizer::EncodePiece(std::string_view piece, std::vector<int>& ids) const {
-  std::vector<std::string> symbols;
-  for (unsigned char c : piece) symbols.push_back(ByteChar(c));
-  while (symbols.size() > 1) {
-    int best_rank = -1;
-    size_t best_at = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      auto it = merge_rank_.find({symbols[i], symbols[i + 1]});
-      if (it != merge_rank_.end() && (best_rank < 0 || it->second < best_rank)) {
-        best_rank = it->second;
-        best_at = i;
-      }
-    }
-    if (best_rank < 0) break;
-    const auto& merge = merges_[size_t(best_rank)];
-    std::vector<std::string> merged;
-    for (size_t i = 0; i < symbols.size(); ++i) {
-      if (i >= best_at && i + 1 < symbols.size() && symbols[i] == merge.first &&
-          symbols[i + 1] == merge.second) {
-        merged.push_back(merge.first + merge.second);
-        ++i;
-      } else {
-        merged.push_back(symbols[i]);
-      }
-    }
-    symbols = std::move(merged);
-  }
-  for (const std::string& symbol : symbols) ids.push_back(TokenId(symbol));
-}
-
 std::vector<int> BpeTokenizer::Encode(std::string_view text) const {
-  std::vector<int> ids;
-  for (const auto& [segment, special] : SplitSpecials(text)) {
-    if (special) {
-      ids.push_back(TokenId(segment));
-      continue;
-    }
-    for (std::string_view piece : PreTokenize(segment)) EncodePiece(piece, ids);
-  }
-  return ids;
+  CheckAscii(text);
+  return engine_->Encode(text);
 }
 
-std::string BpeTokenizer::Decode(const std::vector<int>& ids) const {
-  static const std::map<std::string, unsigned char> byte_of = [] {
-    std::map<std::string, unsigned char> m;
-    for (int b = 0; b < 256; ++b)
-      m[ByteChar(static_cast<unsigned char>(b))] = static_cast<unsigned char>(b);
-    return m;
-  }();
-  std::string text;
-  for (int id : ids) {
-    PS_CHECK(id >= 0 && id < vocab_size());
-    const std::string& token = vocab_[size_t(id)];
-    if (std::find(specials_.begin(), specials_.end(), token) != specials_.end()) {
-      text += token;
-      continue;
-    }
-    for (size_t i = 0; i < token.size();) {
-      const size_t len = (static_cast<unsigned char>(token[i]) < 0x80) ? 1 : 2;
-      text += char(byte_of.at(token.substr(i, len)));
-      i += len;
-    }
-  }
-  return text;
-}
+std::string BpeTokenizer::Decode(const std::vector<int>& ids) const { return engine_->Decode(ids); }
 
 std::string BpeTokenizer::TokenizerJson() const {
   using nlohmann::ordered_json;
@@ -334,13 +236,8 @@ std::string BpeTokenizer::TokenizerJson() const {
   return j.dump(1);
 }
 
-void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) const {
+std::string BpeTokenizer::TokenizerConfigJson(int model_max_length) const {
   using nlohmann::ordered_json;
-  std::filesystem::create_directories(dir);
-  auto write = [&](const std::string& name, const std::string& text) {
-    WriteFileAtomically((std::filesystem::path(dir) / name).string(), text + "\n");
-  };
-  write("tokenizer.json", TokenizerJson());
   ordered_json decoder = ordered_json::object();
   for (const std::string& special : specials_) {
     decoder[std::to_string(TokenId(special))] = {{"content", special},   {"lstrip", false},
@@ -366,7 +263,16 @@ void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) cons
                                {"model_max_length", model_max_length},
                                {"pad_token", kEosToken},
                                {"tokenizer_class", "PreTrainedTokenizerFast"}};
-  write("tokenizer_config.json", config.dump(2));
+  return config.dump(2);
+}
+
+void BpeTokenizer::WriteFiles(const std::string& dir, int model_max_length) const {
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    WriteFileAtomically((std::filesystem::path(dir) / name).string(), text + "\n");
+  };
+  write("tokenizer.json", TokenizerJson());
+  write("tokenizer_config.json", TokenizerConfigJson(model_max_length));
 }
 
 }  // namespace polestar

@@ -1,16 +1,20 @@
 // A GPT-2 style byte-level BPE tokenizer, trained on the task corpus and written as a
-// standard Hugging Face tokenizer.json. This is the trainer's own encoder for building
-// training data; it handles ASCII text (what the task suite produces) and throws Error on
-// other input rather than guess at Unicode classes.
+// standard Hugging Face tokenizer.json. Training (learning the merges) is the trainer's own;
+// encoding and decoding are the engine's (tokenizer/tokenizer.h) on that tokenizer.json, so
+// the ids a model is trained on are the ids inference feeds it. Text must be ASCII (what the
+// task suite produces): the merges know nothing else, and other input is an Error.
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace polestar {
+
+class Tokenizer;
 
 // Special tokens in id order after the byte and merge tokens.
 inline constexpr const char* kEosToken = "<|endoftext|>";  // EOS and padding
@@ -30,6 +34,7 @@ class BpeTokenizer {
   // special tokens above); throws Error naming the file otherwise.
   static BpeTokenizer Load(const std::string& dir);
 
+  // Throws Error for non-ASCII text.
   std::vector<int> Encode(std::string_view text) const;
   // Concatenated text of the tokens; special tokens come out as their names.
   std::string Decode(const std::vector<int>& ids) const;
@@ -44,19 +49,15 @@ class BpeTokenizer {
   std::string TokenizerJson() const;
 
  private:
-  void Finish();  // builds the lookup tables from vocab_ and merges_
-  // Splits ASCII text like the GPT-2 pre-tokenizer regex.
-  static std::vector<std::string_view> PreTokenize(std::string_view text);
-  void EncodePiece(std::string_view piece, std::vector<int>& ids) const;
+  std::string TokenizerConfigJson(int model_max_length) const;
+  void Finish();  // builds the id lookup and the engine's tokenizer from vocab_ and merges_
 
   std::vector<std::string> vocab_;                           // id -> token (byte-level chars)
   std::vector<std::pair<std::string, std::string>> merges_;  // in rank order
   std::vector<std::string> specials_;
   std::map<std::string, int, std::less<>> ids_;
-  std::map<std::pair<std::string, std::string>, int> merge_rank_;
+  // The engine's tokenizer of TokenizerJson(); immutable, so copies share it.
+  std::shared_ptr<const Tokenizer> engine_;
 };
-
-// GPT-2's reversible byte -> printable character map, as UTF-8.
-const std::string& ByteChar(unsigned char byte);
 
 }  // namespace polestar

@@ -1,6 +1,6 @@
-// Held-out evaluation of a model on the task suite: each test item's chat prompt is decoded
-// by the engine (decode/generate.h, any policy and commit rule) and the answer, cut at the
-// first EOS / end-of-turn, is graded by the task's grader.
+// Held-out evaluation of an exported model on the task suite: the benchmark harness's tiny suite
+// (bench/suites.h) for the given tasks, each item's chat prompt decoded by the engine
+// (decode/generate.h, any policy and commit rule) and the answer graded by the suite.
 #pragma once
 
 #include <string>
@@ -8,7 +8,6 @@
 
 #include "decode/options.h"
 #include "model/model.h"
-#include "train/bpe.h"
 
 namespace polestar::train {
 
@@ -19,11 +18,9 @@ struct TaskScore {
   double accuracy() const { return total ? double(correct) / total : 0.0; }
 };
 
-// Text of the generated ids up to the first EOS or end-of-turn token.
-std::string AnswerText(const BpeTokenizer& tokenizer, const std::vector<int>& generated);
-
-// `items` test items per task, indices 0.., generated with `seed`.
-std::vector<TaskScore> EvaluateTasks(const Model& model, const BpeTokenizer& tokenizer,
+// `items` (> 0) test items per task, indices 0.., generated with `seed`; `model` is the one in
+// `model_dir`, whose tokenizer.json encodes the prompts.
+std::vector<TaskScore> EvaluateTasks(const std::string& model_dir, const Model& model,
                                      const std::vector<std::string>& tasks, int items,
                                      uint64_t seed, const DecodeOptions& options);
 

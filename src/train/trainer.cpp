@@ -271,7 +271,7 @@ void Trainer::Evaluate(int items) {
   const int threads = ThreadCount();
   SetThreadCount(1);
   const auto scores =
-      EvaluateTasks(*model, tokenizer_, DistinctTasks(tasks_), items, options_.seed + 1000, decode);
+      EvaluateTasks(ModelDir(), *model, DistinctTasks(tasks_), items, options_.seed + 1000, decode);
   SetThreadCount(threads);
   const std::string path = (fs::path(options_.out_dir) / "eval.csv").string();
   const bool fresh = !fs::exists(path);

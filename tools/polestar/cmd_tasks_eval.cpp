@@ -45,11 +45,10 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->callback([args] {
     SetThreadCount(args->threads);
     auto model = Model::Load(args->model);
-    const BpeTokenizer tokenizer = BpeTokenizer::Load(args->model);
     const std::vector<std::string> tasks = args->tasks.empty() ? TaskNames() : args->tasks;
     for (const std::string& task : tasks) CheckTaskName(task);
-    const auto scores =
-        train::EvaluateTasks(*model, tokenizer, tasks, args->items, args->item_seed, args->decode);
+    const auto scores = train::EvaluateTasks(args->model, *model, tasks, args->items,
+                                             args->item_seed, args->decode);
     int correct = 0, total = 0;
     double forwards = 0;
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
