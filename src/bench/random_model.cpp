@@ -35,12 +35,13 @@ uint64_t SplitMix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// The tensors of the checkpoint that `config` (its config.json) describes, in name order.
-std::vector<TensorSpec> TensorsOf(const ModelShape& s, const nlohmann::ordered_json& config,
+// The tensors of the `arch` checkpoint that `config` (its config.json) describes, in name
+// order: exactly those Model::Load binds.
+std::vector<TensorSpec> TensorsOf(const Architecture& arch, const nlohmann::ordered_json& config,
                                   const std::string& config_path) {
-  const ModelConfig c = ParseHfConfig(*s.arch, nlohmann::json::parse(config.dump()), config_path);
+  const ModelConfig c = ParseHfConfig(arch, nlohmann::json::parse(config.dump()), config_path);
   std::vector<TensorSpec> t;
-  for (CheckpointTensor& tensor : CheckpointTensors(c, s.arch->hf_tensors)) {
+  for (CheckpointTensor& tensor : CheckpointTensors(c, arch.hf_tensors)) {
     using Kind = CheckpointTensor::Kind;
     const TensorSpec::Fill fill = tensor.kind == Kind::kNorm   ? TensorSpec::Fill::kOnes
                                   : tensor.kind == Kind::kBias ? TensorSpec::Fill::kZeros
@@ -185,7 +186,7 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
   }
 
   const nlohmann::ordered_json config = s.arch->random_config(s);
-  const std::vector<TensorSpec> tensors = TensorsOf(s, config, config_path.string());
+  const std::vector<TensorSpec> tensors = TensorsOf(*s.arch, config, config_path.string());
   const int64_t element_bytes = options.dtype == DType::kBF16 ? 2 : 4;
   // Greedy sharding in name order, as transformers' save_pretrained does.
   std::vector<std::vector<size_t>> shards(1);
