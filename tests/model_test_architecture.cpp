@@ -4,8 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 #include "bench/random_model.h"
