@@ -78,7 +78,9 @@ TEST(Window, WithoutRefreshesOnlyTheWindowIsComputed) {
       o.gamma = 1e-9;
       o.window = window_option;
       const GenerationResult r = Generate(*model, kPrompt, o, nullptr, /*keep_trace=*/true);
-      const int window = window_option > 0 ? window_option : config.arch == Arch::kDream ? 32 : 16;
+      const int window = window_option > 0                         ? window_option
+                         : config.sampler == SamplerFamily::kDream ? 32
+                                                                   : 16;
       ASSERT_EQ(int(r.trace.size()), r.nfe);
       int64_t rows = 0;
       std::set<int> masked;  // before the step

@@ -35,101 +35,22 @@ uint64_t SplitMix(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-std::vector<TensorSpec> TensorsOf(const ModelShape& s) {
-  const int64_t head_dim = s.width / s.heads;
-  const int64_t q = s.heads * head_dim, kv = s.kv_heads * head_dim;
+// The tensors of the `arch` checkpoint that `config` (its config.json) describes, in name
+// order: exactly those Model::Load binds.
+std::vector<TensorSpec> TensorsOf(const Architecture& arch, const nlohmann::ordered_json& config,
+                                  const std::string& config_path) {
+  const ModelConfig c = ParseHfConfig(arch, nlohmann::json::parse(config.dump()), config_path);
   std::vector<TensorSpec> t;
-  using Fill = TensorSpec::Fill;
-  if (s.arch == Arch::kLlada) {
-    t.push_back({"model.transformer.wte.weight", {s.vocab, s.width}});
-    t.push_back({"model.transformer.ln_f.weight", {s.width}, Fill::kOnes});
-    t.push_back({"model.transformer.ff_out.weight", {s.vocab, s.width}});
-    for (int l = 0; l < s.layers; ++l) {
-      const std::string p = "model.transformer.blocks." + std::to_string(l) + ".";
-      t.push_back({p + "q_proj.weight", {q, s.width}});
-      t.push_back({p + "k_proj.weight", {kv, s.width}});
-      t.push_back({p + "v_proj.weight", {kv, s.width}});
-      t.push_back({p + "attn_out.weight", {s.width, q}});
-      t.push_back({p + "ff_proj.weight", {s.ffn, s.width}});
-      t.push_back({p + "up_proj.weight", {s.ffn, s.width}});
-      t.push_back({p + "ff_out.weight", {s.width, s.ffn}});
-      t.push_back({p + "attn_norm.weight", {s.width}, Fill::kOnes});
-      t.push_back({p + "ff_norm.weight", {s.width}, Fill::kOnes});
-    }
-  } else {
-    t.push_back({"model.embed_tokens.weight", {s.vocab, s.width}});
-    t.push_back({"model.norm.weight", {s.width}, Fill::kOnes});
-    t.push_back({"lm_head.weight", {s.vocab, s.width}});
-    for (int l = 0; l < s.layers; ++l) {
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      t.push_back({p + "self_attn.q_proj.weight", {q, s.width}});
-      t.push_back({p + "self_attn.k_proj.weight", {kv, s.width}});
-      t.push_back({p + "self_attn.v_proj.weight", {kv, s.width}});
-      t.push_back({p + "self_attn.q_proj.bias", {q}, Fill::kZeros});
-      t.push_back({p + "self_attn.k_proj.bias", {kv}, Fill::kZeros});
-      t.push_back({p + "self_attn.v_proj.bias", {kv}, Fill::kZeros});
-      t.push_back({p + "self_attn.o_proj.weight", {s.width, q}});
-      t.push_back({p + "mlp.gate_proj.weight", {s.ffn, s.width}});
-      t.push_back({p + "mlp.up_proj.weight", {s.ffn, s.width}});
-      t.push_back({p + "mlp.down_proj.weight", {s.width, s.ffn}});
-      t.push_back({p + "input_layernorm.weight", {s.width}, Fill::kOnes});
-      t.push_back({p + "post_attention_layernorm.weight", {s.width}, Fill::kOnes});
-    }
+  for (CheckpointTensor& tensor : CheckpointTensors(c, arch.hf_tensors)) {
+    using Kind = CheckpointTensor::Kind;
+    const TensorSpec::Fill fill = tensor.kind == Kind::kNorm   ? TensorSpec::Fill::kOnes
+                                  : tensor.kind == Kind::kBias ? TensorSpec::Fill::kZeros
+                                                               : TensorSpec::Fill::kRandom;
+    t.push_back({std::move(tensor.name), std::move(tensor.shape), fill});
   }
   std::sort(t.begin(), t.end(),
             [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
   return t;
-}
-
-nlohmann::ordered_json ConfigJson(const ModelShape& s) {
-  if (s.arch == Arch::kLlada) {
-    return {{"model_type", "llada"},
-            {"architectures", {"LLaDAModelLM"}},
-            {"d_model", s.width},
-            {"n_heads", s.heads},
-            {"n_kv_heads", s.kv_heads},
-            {"n_layers", s.layers},
-            {"mlp_hidden_size", s.ffn},
-            {"activation_type", "silu"},
-            {"block_type", "llama"},
-            {"layer_norm_type", "rms"},
-            {"rms_norm_eps", 1e-5},
-            {"rope", true},
-            {"rope_theta", s.rope_theta},
-            {"max_sequence_length", s.max_positions},
-            {"vocab_size", s.vocab},
-            {"embedding_size", s.vocab},
-            {"include_bias", false},
-            {"include_qkv_bias", false},
-            {"weight_tying", false},
-            {"mask_token_id", s.mask_id},
-            {"eos_token_id", s.eos_id},
-            {"pad_token_id", s.eos_id},
-            {"bos_token_id", s.bos_id},
-            {"eot_token_id", s.eot_id},
-            {"polestar_random_weights", true}};
-  }
-  return {{"model_type", "Dream"},
-          {"architectures", {"DreamModel"}},
-          {"hidden_size", s.width},
-          {"num_attention_heads", s.heads},
-          {"num_key_value_heads", s.kv_heads},
-          {"num_hidden_layers", s.layers},
-          {"intermediate_size", s.ffn},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", 1e-6},
-          {"rope_theta", s.rope_theta},
-          {"max_position_embeddings", s.max_positions},
-          {"vocab_size", s.vocab},
-          {"tie_word_embeddings", false},
-          {"use_sliding_window", false},
-          {"mask_token_id", s.mask_id},
-          {"eos_token_id", s.eos_id},
-          {"pad_token_id", s.eos_id},
-          {"bos_token_id", s.bos_id},
-          {"eot_token_id", s.eot_id},
-          {"torch_dtype", "bfloat16"},
-          {"polestar_random_weights", true}};
 }
 
 // Fills out[n] (bytes of `dtype`) with values `first`.. of the tensor's stream.
@@ -200,19 +121,13 @@ void WriteShard(const std::string& path, const std::vector<const TensorSpec*>& t
 }  // namespace
 
 const std::vector<ModelShape>& KnownShapes() {
-  static const std::vector<ModelShape> shapes = {
-      // LLaDA-8B-Instruct (model_specs.md §1).
-      {"llada-8b", Arch::kLlada, 126464, 4096, 32, 32, 32, 12288, 4096, 500000.0f, 126336, 126081,
-       126080, 126348},
-      // Dream-v0-Instruct-7B: Qwen2.5-7B layout, GQA 28/4.
-      {"dream-7b", Arch::kDream, 152064, 3584, 28, 28, 4, 18944, 2048, 1000000.0f, 151666, 151643,
-       151665, 151645},
-      // A ~1.3B LLaDA-shaped model (0.8B in the blocks, 0.5B in embedding and LM head).
-      {"llada-1b", Arch::kLlada, 126464, 2048, 16, 16, 16, 5632, 4096, 500000.0f, 126336, 126081,
-       126080, 126348},
-      {"llada-tiny", Arch::kLlada, 128, 64, 2, 4, 4, 128, 512, 10000.0f, 126, 125, 124, 123},
-      {"dream-tiny", Arch::kDream, 128, 64, 2, 4, 2, 128, 512, 1000000.0f, 126, 125, 124, 123},
-  };
+  static const std::vector<ModelShape> shapes = [] {
+    std::vector<ModelShape> all;
+    for (const Architecture* arch : Architectures()) {
+      for (const CheckpointShape& shape : arch->random_shapes) all.push_back({shape, arch});
+    }
+    return all;
+  }();
   return shapes;
 }
 
@@ -270,7 +185,8 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
     }
   }
 
-  const std::vector<TensorSpec> tensors = TensorsOf(s);
+  const nlohmann::ordered_json config = s.arch->random_config(s);
+  const std::vector<TensorSpec> tensors = TensorsOf(*s.arch, config, config_path.string());
   const int64_t element_bytes = options.dtype == DType::kBF16 ? 2 : 4;
   // Greedy sharding in name order, as transformers' save_pretrained does.
   std::vector<std::vector<size_t>> shards(1);
@@ -306,7 +222,7 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
                         index.dump(2) + "\n");
     summary.files.push_back("model.safetensors.index.json");
   }
-  WriteFileAtomically((fs::path(dir) / "config.json").string(), ConfigJson(s).dump(2) + "\n");
+  WriteFileAtomically(config_path.string(), config.dump(2) + "\n");
   summary.files.push_back("config.json");
   return summary;
 }

@@ -13,22 +13,19 @@
 #include <vector>
 
 #include "base/dtype.h"
-#include "model/config.h"
+#include "model/architecture.h"
 
 namespace polestar::bench {
 
-// The shape of a model family member: enough to write its config.json.
-struct ModelShape {
-  std::string name;  // "llada-8b"
-  Arch arch = Arch::kLlada;
-  int vocab = 0, width = 0, layers = 0, heads = 0, kv_heads = 0, ffn = 0;
-  int max_positions = 4096;
-  float rope_theta = 10000.0f;
-  int mask_id = 0, eos_id = 0, bos_id = -1, eot_id = -1;
+// A model family member's sizes (CheckpointShape: name, vocab, width, layers, heads, ...)
+// and its architecture, which writes its config.json and names its tensors.
+struct ModelShape : CheckpointShape {
+  const Architecture* arch = nullptr;
 };
 
-// Known shapes: llada-8b, dream-7b, llada-1b (a ~1.3B LLaDA-shaped config: width 2048,
-// 16 layers, the real vocabulary), llada-tiny (a few MB, for tests).
+// Every registered architecture's presets (Architecture::random_shapes), e.g. llada-8b,
+// llada-1b (a ~1.3B LLaDA-shaped config: width 2048, 16 layers, the real vocabulary),
+// llada-tiny (a few MB, for tests), dream-7b, dream-tiny.
 const std::vector<ModelShape>& KnownShapes();
 // Throws Error listing the known names.
 ModelShape ShapeByName(const std::string& name);

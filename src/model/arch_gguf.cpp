@@ -1,8 +1,9 @@
-// GGUF files of llama.cpp's LLaDA and Dream converters: hyper-parameters from {arch}.* keys,
-// special tokens from tokenizer.ggml.*, tensors named blk.N.*. llama.cpp's LLaDA converter
-// permutes the q/k rows of each head so that rotate-half RoPE becomes the interleaved
-// (2i, 2i+1) form; we run interleaved RoPE on those rows rather than undo the permutation
-// (attention scores are the same either way, since q and k share the permutation).
+// GGUF files of llama.cpp's converters for the registered architectures: hyper-parameters
+// from {arch}.* keys, special tokens from tokenizer.ggml.*, tensors named blk.N.*. Where an
+// architecture's converter permutes the q/k rows of each head so that rotate-half RoPE
+// becomes the interleaved (2i, 2i+1) form (llama.cpp's LLaDA), we run interleaved RoPE on
+// those rows rather than undo the permutation (attention scores are the same either way,
+// since q and k share the permutation).
 #include <algorithm>
 #include <limits>
 
@@ -11,19 +12,14 @@
 #include "model/model.h"
 
 namespace polestar {
+namespace {
 
-ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
+ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
+                            const TensorStore& store) {
   const std::string& origin = m.origin();
-  const std::string arch = m.GetString("general.architecture");
   ModelConfig c;
-  if (arch == "llada") {
-    c.arch = Arch::kLlada;
-  } else if (arch == "dream") {
-    c.arch = Arch::kDream;
-  } else {
-    Fail(origin, ": general.architecture '", arch, "' is not supported (llada, dream)");
-  }
-  auto key = [&](const char* leaf) { return arch + "." + leaf; };
+  c.arch = &arch;
+  auto key = [&](const char* leaf) { return arch.name + "." + leaf; };
   auto count = [&](const std::string& name) {
     const uint64_t value = m.GetUint(name);
     if (value > uint64_t(std::numeric_limits<int>::max()))
@@ -47,24 +43,26 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
     Fail(origin, ": ", key("attention.causal"), " is true; diffusion models attend both ways");
   }
-  const TensorRef& embedding = store.Get("token_embd.weight");
-  if (embedding.shape.size() != 2) Fail(origin, ": token_embd.weight is not a matrix");
+  const TensorNames& names = arch.gguf_tensors;
+  const TensorRef& embedding = store.Get(names.embedding);
+  if (embedding.shape.size() != 2) Fail(origin, ": ", names.embedding, " is not a matrix");
   c.vocab = int(std::min<int64_t>(embedding.shape[0], std::numeric_limits<int>::max()));
   if (m.Has(key("vocab_size")) && count(key("vocab_size")) != c.vocab) {
-    Fail(origin, ": ", key("vocab_size"), " = ", count(key("vocab_size")),
-         " but token_embd.weight has ", c.vocab, " rows");
+    Fail(origin, ": ", key("vocab_size"), " = ", count(key("vocab_size")), " but ", names.embedding,
+         " has ", c.vocab, " rows");
   }
-  c.mask_id = id_or("tokenizer.ggml.mask_token_id", c.arch == Arch::kLlada ? 126336 : 151666);
+  c.mask_id = id_or("tokenizer.ggml.mask_token_id", arch.gguf.default_mask_id);
   c.eos_id = id_or("tokenizer.ggml.eos_token_id", -1);
   c.pad_id = id_or("tokenizer.ggml.padding_token_id", c.eos_id);
   c.bos_id = id_or("tokenizer.ggml.bos_token_id", -1);
   c.eot_id = id_or("tokenizer.ggml.eot_token_id", -1);
-  c.qkv_bias = c.arch == Arch::kDream || store.Find("blk.0.attn_q.bias") != nullptr;
-  c.tied_embeddings = store.Find("output.weight") == nullptr;
+  c.qkv_bias = arch.block.qkv_bias == QkvBias::kAlways ||
+               store.Find(LayerTensorName(names, 0, names.q_bias)) != nullptr;
+  c.tied_embeddings = store.Find(names.lm_head) == nullptr;
   c.shift_logits = m.Has("diffusion.shift_logits") ? m.GetBool("diffusion.shift_logits")
-                                                   : c.arch == Arch::kDream;
-  c.rope_interleaved = c.arch == Arch::kLlada;
-  c.sampler = c.arch == Arch::kDream ? SamplerFamily::kDream : SamplerFamily::kLlada;
+                                                   : arch.logits == LogitPositions::kNext;
+  c.rope_interleaved = arch.gguf.rope == RopeStyle::kInterleaved;
+  c.sampler = arch.sampler;
   c.Validate(origin);
   if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
     Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,
@@ -73,33 +71,35 @@ ModelConfig ParseGgufConfig(const GgufMetadata& m, const TensorStore& store) {
   return c;
 }
 
-TensorNames GgufTensorNames() {
-  TensorNames n;
-  n.embedding = "token_embd.weight";
-  n.final_norm = "output_norm.weight";
-  n.lm_head = "output.weight";
-  n.layer_prefix = "blk.{}.";
-  n.q = "attn_q.weight";
-  n.k = "attn_k.weight";
-  n.v = "attn_v.weight";
-  n.o = "attn_output.weight";
-  n.gate = "ffn_gate.weight";
-  n.up = "ffn_up.weight";
-  n.down = "ffn_down.weight";
-  n.attn_norm = "attn_norm.weight";
-  n.ffn_norm = "ffn_norm.weight";
-  n.q_bias = "attn_q.bias";
-  n.k_bias = "attn_k.bias";
-  n.v_bias = "attn_v.bias";
-  return n;
+}  // namespace
+
+TensorNames LlamaCppTensorNames() {
+  return {.embedding = "token_embd.weight",
+          .final_norm = "output_norm.weight",
+          .lm_head = "output.weight",
+          .layer_prefix = "blk.{}.",
+          .q = "attn_q.weight",
+          .k = "attn_k.weight",
+          .v = "attn_v.weight",
+          .o = "attn_output.weight",
+          .gate = "ffn_gate.weight",
+          .up = "ffn_up.weight",
+          .down = "ffn_down.weight",
+          .attn_norm = "attn_norm.weight",
+          .ffn_norm = "ffn_norm.weight",
+          .q_bias = "attn_q.bias",
+          .k_bias = "attn_k.bias",
+          .v_bias = "attn_v.bias"};
 }
 
 std::unique_ptr<Model> LoadGgufModel(const std::string& path) {
   TensorStore store;
   store.set_origin(path);
   const GgufFile file = ReadGgufFile(path, store);
-  const ModelConfig config = ParseGgufConfig(file.metadata, store);
-  return std::make_unique<Model>(std::move(store), config, GgufTensorNames(), path);
+  const Architecture& arch =
+      ArchitectureOfGguf(file.metadata.GetString("general.architecture"), file.metadata.origin());
+  const ModelConfig config = ParseGgufConfig(arch, file.metadata, store);
+  return std::make_unique<Model>(std::move(store), config, arch.gguf_tensors, path);
 }
 
 }  // namespace polestar

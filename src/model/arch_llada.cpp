@@ -1,44 +1,15 @@
 // LLaDA (LLaDA-8B-Instruct, LLaDA-1.5): Llama-style blocks without a causal mask, no
 // biases, rotate-half RoPE, SwiGLU with ff_proj as the gate and block-level ff_out as the
 // down projection; transformer.ff_out is the LM head. No logit shift.
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
-#include "io/json_file.h"
-#include "model/model.h"
+#include "model/architecture.h"
 
 namespace polestar {
 namespace {
 
-int IntOr(const nlohmann::json& j, const char* key, int fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  const nlohmann::json& value = j[key];
-  if (!value.is_number_integer()) Fail(path, ": ", key, " must be an integer");
-  const bool fits = value.is_number_unsigned()
-                        ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
-                        : value.get<int64_t>() >= std::numeric_limits<int>::min() &&
-                              value.get<int64_t>() <= std::numeric_limits<int>::max();
-  if (!fits) Fail(path, ": ", key, " = ", value.dump(), " is out of range");
-  return value.get<int>();
-}
-
-bool BoolOr(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_boolean()) Fail(path, ": ", key, " must be true or false");
-  return j[key].get<bool>();
-}
-
-float FloatOr(const nlohmann::json& j, const char* key, float fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number()) Fail(path, ": ", key, " must be a number");
-  return j[key].get<float>();
-}
-
-}  // namespace
-
-ModelConfig ParseLladaConfig(const std::string& path) {
-  const nlohmann::json j = ReadJsonFile(path);
+ModelConfig ParseConfig(const nlohmann::json& j, const std::string& path) {
   auto expect = [&](const char* key, const char* value) {
     if (j.contains(key) && j[key].is_string() && j[key] != value) {
       Fail(path, ": unsupported ", key, " '", j[key].get<std::string>(), "' (expected ", value,
@@ -58,47 +29,106 @@ ModelConfig ParseLladaConfig(const std::string& path) {
     Fail(path, ": LLaDA without RoPE is not supported");
   }
   ModelConfig c;
-  c.arch = Arch::kLlada;
-  c.width = IntOr(j, "d_model", 0, path);
-  c.heads = IntOr(j, "n_heads", 0, path);
-  c.kv_heads = IntOr(j, "n_kv_heads", c.heads, path);
-  c.layers = IntOr(j, "n_layers", 0, path);
-  c.ffn = IntOr(j, "mlp_hidden_size", c.width * IntOr(j, "mlp_ratio", 4, path), path);
-  c.vocab = IntOr(j, "embedding_size", IntOr(j, "vocab_size", 0, path), path);
-  c.rms_eps = FloatOr(j, "rms_norm_eps", 1e-5f, path);
-  c.rope_theta = FloatOr(j, "rope_theta", 10000.0f, path);
-  c.max_positions = IntOr(j, "max_sequence_length", 4096, path);
-  c.mask_id = IntOr(j, "mask_token_id", 126336, path);
-  c.eos_id = IntOr(j, "eos_token_id", -1, path);
-  c.pad_id = IntOr(j, "pad_token_id", c.eos_id, path);
-  c.bos_id = IntOr(j, "bos_token_id", -1, path);
-  c.eot_id = IntOr(j, "eot_token_id", -1, path);
-  c.qkv_bias = BoolOr(j, "include_qkv_bias", false, path);
-  c.tied_embeddings = BoolOr(j, "weight_tying", false, path);
-  c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
-  c.Validate(path);
+  c.width = JsonInt(j, "d_model", 0, path);
+  c.heads = JsonInt(j, "n_heads", 0, path);
+  c.kv_heads = JsonInt(j, "n_kv_heads", c.heads, path);
+  c.layers = JsonInt(j, "n_layers", 0, path);
+  c.ffn = JsonInt(j, "mlp_hidden_size", c.width * JsonInt(j, "mlp_ratio", 4, path), path);
+  c.vocab = JsonInt(j, "embedding_size", JsonInt(j, "vocab_size", 0, path), path);
+  c.rms_eps = JsonFloat(j, "rms_norm_eps", 1e-5f, path);
+  c.rope_theta = JsonFloat(j, "rope_theta", 10000.0f, path);
+  c.max_positions = JsonInt(j, "max_sequence_length", 4096, path);
+  c.mask_id = JsonInt(j, "mask_token_id", 126336, path);
+  c.eos_id = JsonInt(j, "eos_token_id", -1, path);
+  c.pad_id = JsonInt(j, "pad_token_id", c.eos_id, path);
+  c.bos_id = JsonInt(j, "bos_token_id", -1, path);
+  c.eot_id = JsonInt(j, "eot_token_id", -1, path);
+  c.qkv_bias = JsonBool(j, "include_qkv_bias", false, path);
+  c.tied_embeddings = JsonBool(j, "weight_tying", false, path);
   return c;
 }
 
-TensorNames LladaTensorNames() {
-  TensorNames n;
-  n.embedding = "model.transformer.wte.weight";
-  n.final_norm = "model.transformer.ln_f.weight";
-  n.lm_head = "model.transformer.ff_out.weight";
-  n.layer_prefix = "model.transformer.blocks.{}.";
-  n.q = "q_proj.weight";
-  n.k = "k_proj.weight";
-  n.v = "v_proj.weight";
-  n.o = "attn_out.weight";
-  n.gate = "ff_proj.weight";
-  n.up = "up_proj.weight";
-  n.down = "ff_out.weight";
-  n.attn_norm = "attn_norm.weight";
-  n.ffn_norm = "ff_norm.weight";
-  n.q_bias = "q_proj.bias";
-  n.k_bias = "k_proj.bias";
-  n.v_bias = "v_proj.bias";
-  return n;
+nlohmann::ordered_json RandomConfig(const CheckpointShape& s) {
+  return {{"model_type", "llada"},
+          {"architectures", {"LLaDAModelLM"}},
+          {"d_model", s.width},
+          {"n_heads", s.heads},
+          {"n_kv_heads", s.kv_heads},
+          {"n_layers", s.layers},
+          {"mlp_hidden_size", s.ffn},
+          {"activation_type", "silu"},
+          {"block_type", "llama"},
+          {"layer_norm_type", "rms"},
+          {"rms_norm_eps", 1e-5},
+          {"rope", true},
+          {"rope_theta", s.rope_theta},
+          {"max_sequence_length", s.max_positions},
+          {"vocab_size", s.vocab},
+          {"embedding_size", s.vocab},
+          {"include_bias", false},
+          {"include_qkv_bias", false},
+          {"weight_tying", false},
+          {"mask_token_id", s.mask_id},
+          {"eos_token_id", s.eos_id},
+          {"pad_token_id", s.eos_id},
+          {"bos_token_id", s.bos_id},
+          {"eot_token_id", s.eot_id},
+          {"polestar_random_weights", true}};
+}
+
+Architecture MakeLlada() {
+  Architecture a;
+  a.name = "llada";
+  a.model_types = {"llada"};
+  a.block.qkv_bias = QkvBias::kWhenConfigured;  // include_qkv_bias
+  a.block.rope = RopeStyle::kRotateHalf;
+  a.logits = LogitPositions::kSame;
+  a.sampler = SamplerFamily::kLlada;
+  a.hf_tensors = {.embedding = "model.transformer.wte.weight",
+                  .final_norm = "model.transformer.ln_f.weight",
+                  .lm_head = "model.transformer.ff_out.weight",
+                  .layer_prefix = "model.transformer.blocks.{}.",
+                  .q = "q_proj.weight",
+                  .k = "k_proj.weight",
+                  .v = "v_proj.weight",
+                  .o = "attn_out.weight",
+                  .gate = "ff_proj.weight",
+                  .up = "up_proj.weight",
+                  .down = "ff_out.weight",
+                  .attn_norm = "attn_norm.weight",
+                  .ffn_norm = "ff_norm.weight",
+                  .q_bias = "q_proj.bias",
+                  .k_bias = "k_proj.bias",
+                  .v_bias = "v_proj.bias"};
+  a.gguf_tensors = LlamaCppTensorNames();
+  a.gguf = {.rope = RopeStyle::kInterleaved,
+            .default_mask_id = 126336,
+            // llama.cpp names the pre-tokenizer by hashing a probe tokenisation; LLaDA's is
+            // the Llama-3 style regex.
+            .tokenizer_pre = "llama-bpe",
+            .context_length_key = "max_sequence_length",
+            .writes_vocab_size = true,
+            .writes_shift_logits = true,
+            .adds_bos_token = true};
+  a.parse_hf_config = ParseConfig;
+  a.random_config = RandomConfig;
+  a.random_shapes = {
+      // LLaDA-8B-Instruct (model_specs.md §1).
+      {"llada-8b", 126464, 4096, 32, 32, 32, 12288, 4096, 500000.0f, 126336, 126081, 126080,
+       126348},
+      // A ~1.3B LLaDA-shaped model (0.8B in the blocks, 0.5B in embedding and LM head).
+      {"llada-1b", 126464, 2048, 16, 16, 16, 5632, 4096, 500000.0f, 126336, 126081, 126080, 126348},
+      // A few MB, for tests.
+      {"llada-tiny", 128, 64, 2, 4, 4, 128, 512, 10000.0f, 126, 125, 124, 123},
+  };
+  return a;
+}
+
+}  // namespace
+
+const Architecture& LladaArchitecture() {
+  static const Architecture llada = MakeLlada();
+  return llada;
 }
 
 }  // namespace polestar

@@ -1,10 +1,11 @@
 #include "model/config.h"
 
 #include "base/error.h"
+#include "model/architecture.h"
 
 namespace polestar {
 
-const char* ArchName(Arch arch) { return arch == Arch::kLlada ? "llada" : "dream"; }
+const char* ArchName(const Architecture* arch) { return arch ? arch->name.c_str() : "unknown"; }
 
 void ModelConfig::Validate(const std::string& where) const {
   auto require = [&](bool ok, const auto&... what) {

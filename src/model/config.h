@@ -1,22 +1,23 @@
-// The architecture-independent description of a model, filled by one arch_*.cpp per
-// architecture from its config file (config.json or GGUF metadata).
+// The architecture-independent description of a model, filled from its config file
+// (config.json or GGUF metadata) by its architecture's descriptor (model/architecture.h).
 #pragma once
 
 #include <string>
 
 namespace polestar {
 
-enum class Arch { kLlada, kDream };
+struct Architecture;
 
 // Whose reference sampler decodes a checkpoint: LLaDA's generate.py (low-confidence or
 // random remasking) or Dream's diffusion_generate (its --alg samplers and time schedule).
 // Decoding code asks this, never the architecture.
 enum class SamplerFamily { kLlada, kDream };
 
-const char* ArchName(Arch arch);
+// The architecture's name ("llada"), or "unknown" for a config built by hand.
+const char* ArchName(const Architecture* arch);
 
 struct ModelConfig {
-  Arch arch = Arch::kLlada;
+  const Architecture* arch = nullptr;  // the registered architecture that parsed the config
   int vocab = 0;  // V: embedding / LM-head rows
   int width = 0;  // C
   int layers = 0;
@@ -34,9 +35,9 @@ struct ModelConfig {
   int eot_id = -1;  // end of turn (LLaDA <|eot_id|>, Dream <|im_end|>), -1 when unknown
   bool qkv_bias = false;
   bool tied_embeddings = false;
-  bool shift_logits = false;      // Dream: position p is predicted by output p-1
+  bool shift_logits = false;  // position p is predicted by output p-1 (Dream)
   SamplerFamily sampler = SamplerFamily::kLlada;
-  bool rope_interleaved = false;  // GGUF LLaDA: q/k rows permuted for pairs (2i, 2i+1)
+  bool rope_interleaved = false;  // RoPE pairs (2i, 2i+1): q/k rows permuted (GGUF LLaDA)
 
   static constexpr int kMaxPositions = 1 << 20;
 

@@ -47,7 +47,7 @@ bool EndsWith(const std::string& text, const std::string& suffix) {
 struct TensorPlan {
   std::string gguf_name, hf_name;
   std::vector<int64_t> shape;  // [rows, cols] or [n]
-  int permute_heads = 0;       // > 0: LLaDA q/k, rows regrouped per head for interleaved RoPE
+  int permute_heads = 0;       // > 0: q/k rows regrouped per head for interleaved RoPE
 };
 
 // llama.cpp's LLaDA permute: within each of `heads` groups of D rows, output row 2i + j
@@ -59,35 +59,18 @@ int64_t SourceRow(int64_t row, int64_t rows, int heads) {
   return head * head_dim + (within % 2) * (head_dim / 2) + within / 2;
 }
 
-std::vector<TensorPlan> PlanTensors(const ModelConfig& c, const TensorNames& hf) {
-  const int64_t q_width = int64_t(c.heads) * c.head_dim;
-  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
-  const bool permute = c.arch == Arch::kLlada;
+// The checkpoint's tensors paired with their GGUF names, in llama.cpp's file order.
+std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig& c) {
+  // llama.cpp's converter regroups q/k rows where the GGUF layout runs interleaved RoPE on a
+  // rotate-half checkpoint.
+  const bool permute =
+      arch.block.rope == RopeStyle::kRotateHalf && arch.gguf.rope == RopeStyle::kInterleaved;
+  const std::vector<CheckpointTensor> hf = CheckpointTensors(c, arch.hf_tensors);
+  const std::vector<CheckpointTensor> gguf = CheckpointTensors(c, arch.gguf_tensors);
   std::vector<TensorPlan> plan;
-  plan.push_back({"token_embd.weight", hf.embedding, {c.vocab, c.width}});
-  for (int l = 0; l < c.layers; ++l) {
-    std::string prefix = hf.layer_prefix;
-    prefix.replace(prefix.find("{}"), 2, std::to_string(l));
-    const std::string blk = "blk." + std::to_string(l) + ".";
-    auto add = [&](const char* leaf, const std::string& hf_leaf, std::vector<int64_t> shape,
-                   int heads = 0) {
-      plan.push_back({blk + leaf, prefix + hf_leaf, std::move(shape), heads});
-    };
-    add("attn_norm.weight", hf.attn_norm, {c.width});
-    add("attn_q.weight", hf.q, {q_width, c.width}, permute ? c.heads : 0);
-    if (c.qkv_bias) add("attn_q.bias", hf.q_bias, {q_width}, permute ? c.heads : 0);
-    add("attn_k.weight", hf.k, {kv_width, c.width}, permute ? c.kv_heads : 0);
-    if (c.qkv_bias) add("attn_k.bias", hf.k_bias, {kv_width}, permute ? c.kv_heads : 0);
-    add("attn_v.weight", hf.v, {kv_width, c.width});
-    if (c.qkv_bias) add("attn_v.bias", hf.v_bias, {kv_width});
-    add("attn_output.weight", hf.o, {c.width, q_width});
-    add("ffn_norm.weight", hf.ffn_norm, {c.width});
-    add("ffn_gate.weight", hf.gate, {c.ffn, c.width});
-    add("ffn_up.weight", hf.up, {c.ffn, c.width});
-    add("ffn_down.weight", hf.down, {c.width, c.ffn});
+  for (size_t i = 0; i < hf.size(); ++i) {
+    plan.push_back({gguf[i].name, hf[i].name, hf[i].shape, permute ? hf[i].rope_heads : 0});
   }
-  plan.push_back({"output_norm.weight", hf.final_norm, {c.width}});
-  if (!c.tied_embeddings) plan.push_back({"output.weight", hf.lm_head, {c.vocab, c.width}});
   return plan;
 }
 
@@ -154,9 +137,7 @@ void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConf
   std::string pre = "default";
   if (fs::exists(tokenizer_path)) {
     v = ReadTokenizerJson(tokenizer_path.string(), c.vocab);
-    // llama.cpp names the pre-tokenizer by hashing a probe tokenisation; these are the
-    // names of the regexes the two families use (Qwen2 for Dream, Llama-3 style for LLaDA).
-    pre = c.arch == Arch::kDream ? "qwen2" : "llama-bpe";
+    pre = c.arch->gguf.tokenizer_pre;
   } else {
     for (int i = 0; i < c.vocab; ++i) v.tokens.push_back(Cat("<t", i, ">"));
     v.types.assign(static_cast<size_t>(c.vocab), 1);
@@ -177,7 +158,7 @@ void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConf
   add_id("tokenizer.ggml.eot_token_id", c.eot_id);
   add_id("tokenizer.ggml.padding_token_id", c.pad_id);
   add_id("tokenizer.ggml.mask_token_id", c.mask_id);
-  if (c.arch == Arch::kLlada) meta.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+  if (c.arch->gguf.adds_bos_token) meta.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
   std::string chat_template;
   const fs::path template_file = fs::path(hf_dir) / "chat_template.jinja";
   const fs::path tokenizer_config = fs::path(hf_dir) / "tokenizer_config.json";
@@ -244,29 +225,17 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   }
   FailIfOutputIsAnInput(out_path, inputs);
   const nlohmann::json raw = ReadJsonFile(config_path);
-  const std::string model_type = raw.value("model_type", "");
-  ModelConfig c;
-  TensorNames hf;
-  int64_t context_length = 0;
-  if (model_type == "llada") {
-    c = ParseLladaConfig(config_path);
-    hf = LladaTensorNames();
-    context_length = c.max_positions;  // max_sequence_length
-  } else if (model_type == "Dream" || model_type == "dream") {
-    c = ParseDreamConfig(config_path);
-    hf = DreamTensorNames();
-    // The config's own value: ParseDreamConfig caps max_positions for the RoPE table.
-    const bool given = raw.contains("max_position_embeddings") &&
-                       raw["max_position_embeddings"].is_number_integer();
-    context_length = given ? raw["max_position_embeddings"].get<int64_t>() : c.max_positions;
-  } else {
-    Fail(config_path, ": unknown model_type '", model_type, "' (supported: llada, Dream)");
-  }
+  const Architecture& architecture = ArchitectureOfHfConfig(raw, config_path);
+  const ModelConfig c = ParseHfConfig(architecture, raw, config_path);
+  const std::string& context_key = architecture.gguf.context_length_key;
+  const int64_t context_length = raw.contains(context_key) && raw[context_key].is_number_integer()
+                                     ? raw[context_key].get<int64_t>()
+                                     : c.max_positions;
   const TensorStore store = ReadSafetensorsDir(hf_dir);
 
   GgufWriter writer;
   GgufMetadata& meta = writer.metadata();
-  const std::string arch = ArchName(c.arch);
+  const std::string& arch = architecture.name;
   auto key = [&](const char* leaf) { return arch + "." + leaf; };
   std::string name = fs::path(hf_dir).filename().string();
   if (name.empty()) name = fs::path(hf_dir).parent_path().filename().string();
@@ -282,14 +251,16 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   meta.Add(key("rope.freq_base"), GgufValue::F32(c.rope_theta));
   meta.Add(key("attention.layer_norm_rms_epsilon"), GgufValue::F32(c.rms_eps));
   meta.Add("general.file_type", GgufValue::U32(FileTypeId(type)));
-  if (c.arch == Arch::kLlada) meta.Add(key("vocab_size"), GgufValue::U32(uint32_t(c.vocab)));
+  if (architecture.gguf.writes_vocab_size)
+    meta.Add(key("vocab_size"), GgufValue::U32(uint32_t(c.vocab)));
   meta.Add(key("rope.dimension_count"), GgufValue::U32(uint32_t(c.head_dim)));
   meta.Add(key("attention.causal"), GgufValue::Bool(false));
-  if (c.arch == Arch::kLlada) meta.Add("diffusion.shift_logits", GgufValue::Bool(false));
+  if (architecture.gguf.writes_shift_logits)
+    meta.Add("diffusion.shift_logits", GgufValue::Bool(c.shift_logits));
   meta.Add("general.quantization_version", GgufValue::U32(2));
   AddTokenizer(meta, hf_dir, c);
 
-  const std::vector<TensorPlan> plan = PlanTensors(c, hf);
+  const std::vector<TensorPlan> plan = PlanTensors(architecture, c);
   std::vector<DType> out_types;
   for (const TensorPlan& t : plan) {
     const TensorRef& source = store.Get(t.hf_name);

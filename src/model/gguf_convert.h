@@ -1,8 +1,8 @@
-// Hugging Face checkpoint (LLaDA or Dream, safetensors) -> GGUF, laid out as llama.cpp's
-// converter writes it: {arch}.* keys, blk.N.* tensor names in ggml order, LLaDA's q/k rows
-// permuted for interleaved RoPE, norms and biases in F32, the tokenizer in tokenizer.ggml.*.
-// Quantisation reproduces ggml's reference quantisers, so F16 / BF16 / Q8_0 / Q4_0 output
-// matches llama.cpp's byte for byte.
+// Hugging Face checkpoint (any registered architecture, safetensors) -> GGUF, laid out as
+// llama.cpp's converter writes it: {arch}.* keys, blk.N.* tensor names in ggml order, q/k
+// rows permuted where the architecture's GGUF layout runs interleaved RoPE (LLaDA), norms and
+// biases in F32, the tokenizer in tokenizer.ggml.*. Quantisation reproduces ggml's reference
+// quantisers, so F16 / BF16 / Q8_0 / Q4_0 output matches llama.cpp's byte for byte.
 #pragma once
 
 #include <functional>

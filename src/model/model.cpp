@@ -12,14 +12,6 @@
 namespace polestar {
 namespace {
 
-std::string LayerName(const TensorNames& names, int layer, const std::string& leaf) {
-  std::string prefix = names.layer_prefix;
-  const size_t slot = prefix.find("{}");
-  PS_CHECK(slot != std::string::npos);
-  prefix.replace(slot, 2, std::to_string(layer));
-  return prefix + leaf;
-}
-
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -99,7 +91,7 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
       c.tied_embeddings ? embedding_ : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
   final_norm_ = BindVector(store_, use(names.final_norm), c.width);
   for (int l = 0; l < c.layers; ++l) {
-    auto name = [&](const std::string& leaf) { return use(LayerName(names, l, leaf)); };
+    auto name = [&](const std::string& leaf) { return use(LayerTensorName(names, l, leaf)); };
     LayerWeights w;
     w.wq = BindMatrix(store_, name(names.q), q_width, c.width);
     w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
@@ -138,23 +130,10 @@ std::unique_ptr<Model> Model::Load(const std::string& path) {
   if (!fs::exists(config_path)) Fail(path, ": no config.json");
   const nlohmann::json raw = ReadJsonFile(config_path);
   if (!raw.is_object()) Fail(config_path, ": not a JSON object");
-  if (!raw.contains("model_type") || !raw["model_type"].is_string()) {
-    Fail(config_path, ": no model_type string (supported: llada, Dream)");
-  }
-  const std::string model_type = raw["model_type"];
-  ModelConfig config;
-  TensorNames names;
-  if (model_type == "llada") {
-    config = ParseLladaConfig(config_path);
-    names = LladaTensorNames();
-  } else if (model_type == "Dream" || model_type == "dream") {
-    config = ParseDreamConfig(config_path);
-    names = DreamTensorNames();
-  } else {
-    Fail(config_path, ": unknown model_type '", model_type, "' (supported: llada, Dream)");
-  }
+  const Architecture& arch = ArchitectureOfHfConfig(raw, config_path);
+  const ModelConfig config = ParseHfConfig(arch, raw, config_path);
   TensorStore store = ReadSafetensorsDir(path);
-  return std::make_unique<Model>(std::move(store), config, names, path);
+  return std::make_unique<Model>(std::move(store), config, arch.hf_tensors, path);
 }
 
 }  // namespace polestar

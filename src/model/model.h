@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/tensor_store.h"
+#include "model/architecture.h"
 #include "model/config.h"
 #include "ops/ops.h"
 
@@ -19,12 +20,6 @@ struct LayerWeights {
   std::vector<float> attn_norm;   // [C]
   std::vector<float> ffn_norm;    // [C]
   std::vector<float> bq, bk, bv;  // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
-};
-
-// Tensor names of one checkpoint layout; `layer_prefix` contains "{}" for the layer index.
-struct TensorNames {
-  std::string embedding, final_norm, lm_head, layer_prefix;
-  std::string q, k, v, o, gate, up, down, attn_norm, ffn_norm, q_bias, k_bias, v_bias;
 };
 
 class Model {
@@ -54,15 +49,7 @@ class Model {
   RopeTable rope_;
 };
 
-// Architecture files: config parsing and tensor names (arch_llada.cpp, arch_dream.cpp).
-ModelConfig ParseLladaConfig(const std::string& config_path);
-ModelConfig ParseDreamConfig(const std::string& config_path);
-TensorNames LladaTensorNames();
-TensorNames DreamTensorNames();
-// GGUF (arch_gguf.cpp): llama.cpp's llada / dream files.
-class GgufMetadata;
-ModelConfig ParseGgufConfig(const GgufMetadata& metadata, const TensorStore& store);
-TensorNames GgufTensorNames();
+// A GGUF file (arch_gguf.cpp): llama.cpp's layout of any registered architecture.
 std::unique_ptr<Model> LoadGgufModel(const std::string& path);
 
 }  // namespace polestar

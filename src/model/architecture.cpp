@@ -1,0 +1,129 @@
+#include "model/architecture.h"
+
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+namespace polestar {
+
+// The architecture files.
+const Architecture& LladaArchitecture();
+const Architecture& DreamArchitecture();
+
+const std::vector<const Architecture*>& Architectures() {
+  static const std::vector<const Architecture*> registry = {&LladaArchitecture(),
+                                                            &DreamArchitecture()};
+  return registry;
+}
+
+namespace {
+
+std::string SupportedModelTypes() {
+  std::string listed;
+  for (const Architecture* arch : Architectures())
+    listed += (listed.empty() ? "" : ", ") + arch->model_types.front();
+  return listed;
+}
+
+}  // namespace
+
+const Architecture& ArchitectureOfHfConfig(const nlohmann::json& config,
+                                           const std::string& config_path) {
+  if (!config.contains("model_type") || !config["model_type"].is_string()) {
+    Fail(config_path, ": no model_type string (supported: ", SupportedModelTypes(), ")");
+  }
+  const std::string& model_type = config["model_type"].get_ref<const std::string&>();
+  for (const Architecture* arch : Architectures()) {
+    for (const std::string& type : arch->model_types) {
+      if (type == model_type) return *arch;
+    }
+  }
+  Fail(config_path, ": unknown model_type '", model_type, "' (supported: ", SupportedModelTypes(),
+       ")");
+}
+
+const Architecture& ArchitectureOfGguf(std::string_view name, const std::string& origin) {
+  std::string listed;
+  for (const Architecture* arch : Architectures()) {
+    if (arch->name == name) return *arch;
+    listed += (listed.empty() ? "" : ", ") + arch->name;
+  }
+  Fail(origin, ": general.architecture '", name, "' is not supported (", listed, ")");
+}
+
+ModelConfig ParseHfConfig(const Architecture& arch, const nlohmann::json& config,
+                          const std::string& path) {
+  ModelConfig c = arch.parse_hf_config(config, path);
+  c.arch = &arch;
+  if (arch.block.qkv_bias == QkvBias::kAlways) c.qkv_bias = true;
+  c.rope_interleaved = arch.block.rope == RopeStyle::kInterleaved;
+  c.shift_logits = arch.logits == LogitPositions::kNext;
+  c.sampler = arch.sampler;
+  c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  c.Validate(path);
+  return c;
+}
+
+std::string LayerTensorName(const TensorNames& names, int layer, const std::string& leaf) {
+  std::string prefix = names.layer_prefix;
+  const size_t slot = prefix.find("{}");
+  PS_CHECK(slot != std::string::npos);
+  prefix.replace(slot, 2, std::to_string(layer));
+  return prefix + leaf;
+}
+
+std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& c, const TensorNames& names) {
+  using Kind = CheckpointTensor::Kind;
+  const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
+  std::vector<CheckpointTensor> tensors;
+  tensors.push_back({names.embedding, {c.vocab, c.width}});
+  for (int l = 0; l < c.layers; ++l) {
+    auto add = [&](const std::string& leaf, std::vector<int64_t> shape, Kind kind,
+                   int rope_heads = 0) {
+      tensors.push_back({LayerTensorName(names, l, leaf), std::move(shape), kind, rope_heads});
+    };
+    add(names.attn_norm, {c.width}, Kind::kNorm);
+    add(names.q, {q_width, c.width}, Kind::kMatrix, c.heads);
+    if (c.qkv_bias) add(names.q_bias, {q_width}, Kind::kBias, c.heads);
+    add(names.k, {kv_width, c.width}, Kind::kMatrix, c.kv_heads);
+    if (c.qkv_bias) add(names.k_bias, {kv_width}, Kind::kBias, c.kv_heads);
+    add(names.v, {kv_width, c.width}, Kind::kMatrix);
+    if (c.qkv_bias) add(names.v_bias, {kv_width}, Kind::kBias);
+    add(names.o, {c.width, q_width}, Kind::kMatrix);
+    add(names.ffn_norm, {c.width}, Kind::kNorm);
+    add(names.gate, {c.ffn, c.width}, Kind::kMatrix);
+    add(names.up, {c.ffn, c.width}, Kind::kMatrix);
+    add(names.down, {c.width, c.ffn}, Kind::kMatrix);
+  }
+  tensors.push_back({names.final_norm, {c.width}, Kind::kNorm});
+  if (!c.tied_embeddings) tensors.push_back({names.lm_head, {c.vocab, c.width}});
+  return tensors;
+}
+
+int JsonInt(const nlohmann::json& j, const char* key, int fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  const nlohmann::json& value = j[key];
+  if (!value.is_number_integer()) Fail(path, ": ", key, " must be an integer");
+  const bool fits = value.is_number_unsigned()
+                        ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                        : value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                              value.get<int64_t>() <= std::numeric_limits<int>::max();
+  if (!fits) Fail(path, ": ", key, " = ", value.dump(), " is out of range");
+  return value.get<int>();
+}
+
+bool JsonBool(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) Fail(path, ": ", key, " must be true or false");
+  return j[key].get<bool>();
+}
+
+float JsonFloat(const nlohmann::json& j, const char* key, float fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) Fail(path, ": ", key, " must be a number");
+  return j[key].get<float>();
+}
+
+}  // namespace polestar
