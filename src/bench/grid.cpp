@@ -4,6 +4,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "decode/policy_registry.h"
 
 namespace polestar::bench {
 namespace {
