@@ -102,6 +102,8 @@ TEST(Grid, BadSpecsAreErrorsNamingTheProblem) {
   EXPECT_NE(message({"threshold"}).find("no '='"), std::string::npos);
   EXPECT_NE(message({"threshold=0.5,,0.7"}).find("empty item"), std::string::npos);
   EXPECT_NE(message({"threshold=0.5;threshold=0.7"}).find("appears twice"), std::string::npos);
+  EXPECT_NE(message({"topk=2;topk-clusters=3"}).find("key 'topk-clusters' appears twice"),
+            std::string::npos);
   EXPECT_NE(message({"policy=fast"}).find("unknown policy 'fast'"), std::string::npos);
   EXPECT_NE(message({"threshold="}).find("no values"), std::string::npos);
   EXPECT_EQ(NormaliseKey("--block_length"), "block-length");
