@@ -170,6 +170,11 @@ TEST(PolicyRegistry, ListsEveryPolicyOnceInRankOrderWithItsOptions) {
   EXPECT_NE(help.find("    options: --track-num --gamma --window --refresh-all\n"),
             std::string::npos)
       << help;
+  EXPECT_NE(help.find("\nevery policy: --policy --gen-length --block-length --steps "),
+            std::string::npos)
+      << help;
+  // The shared loop's options end the list; refresh_all and the policies' own are not in it.
+  EXPECT_TRUE(help.ends_with(" --cfg-scale --top-p --top-k\n")) << help;
   DecodeOptions o;
   o.policy = "nope";
   auto model = Model::Load(testing::FixtureDir("llada-tiny"));

@@ -55,17 +55,23 @@ std::vector<std::string> PoliciesReading(std::string_view name) {
 }
 
 std::string PolicyHelp() {
+  auto flags = [](const std::vector<const char*>& options) {
+    std::string text;
+    for (const char* option : options) {
+      text += Cat(text.empty() ? "" : " ", OptionName(*FindOption(option), Vocabulary::kCli));
+    }
+    return text;
+  };
   std::string text;
   for (const PolicyEntry& entry : Registry()) {
     text += Cat(entry.name, ": ", entry.description, "\n");
-    if (entry.options.empty()) continue;
-    std::string flags;
-    for (const char* option : entry.options) {
-      flags += Cat(flags.empty() ? "" : " ", OptionName(*FindOption(option), Vocabulary::kCli));
-    }
-    text += Cat("    options: ", flags, "\n");
+    if (!entry.options.empty()) text += Cat("    options: ", flags(entry.options), "\n");
   }
-  return text;
+  std::vector<const char*> shared;  // read by the decoding loop every policy runs in
+  for (const OptionSpec& option : OptionSchema()) {
+    if (PoliciesReading(option.name).empty()) shared.push_back(option.name);
+  }
+  return text + Cat("every policy: ", flags(shared), "\n");
 }
 
 std::unique_ptr<Policy> MakePolicy(const DecodeOptions& options, const Model& model) {

@@ -38,7 +38,8 @@ bool IsKnownPolicy(std::string_view name);
 std::string KnownPolicies(const char* separator = ", ");
 // The policies that read option `name` (its canonical name), by rank.
 std::vector<std::string> PoliciesReading(std::string_view name);
-// Each policy with its description and options, a line each: what --policy help prints.
+// Each policy with its description and options, then the options every policy shares:
+// what --policy help prints.
 std::string PolicyHelp();
 
 }  // namespace polestar
