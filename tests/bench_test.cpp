@@ -98,6 +98,8 @@ TEST(Grid, BadSpecsAreErrorsNamingTheProblem) {
   EXPECT_THAT(expand({"threshold=0.5,,0.7"}), testing::ThrowsErrorContaining({"empty item"}));
   EXPECT_THAT(expand({"threshold=0.5;threshold=0.7"}),
               testing::ThrowsErrorContaining({"appears twice"}));
+  EXPECT_THAT(expand({"topk=2;topk-clusters=3"}),
+              testing::ThrowsErrorContaining({"key 'topk-clusters' appears twice"}));
   EXPECT_THAT(expand({"policy=fast"}), testing::ThrowsErrorContaining({"unknown policy 'fast'"}));
   EXPECT_THAT(expand({"threshold="}), testing::ThrowsErrorContaining({"no values"}));
   EXPECT_EQ(NormaliseKey("--block_length"), "block-length");

@@ -4,13 +4,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/dtype.h"
+#include "decode/option_schema.h"
+#include "decode/policy_registry.h"
+#include "decode_flags.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test_support.h"
@@ -299,6 +304,112 @@ TEST(CliErrors, UsageMistakes) {
   r = Polestar("");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("subcommand is required"));
+}
+
+// --- the decoding flags, generated from the option schema ------------------------------
+
+using cli::AddDecodeFlags;
+using cli::CanonicalDecodeFlag;
+using cli::GivenDecodeFlags;
+using cli::SetDecodeOption;
+
+bool SameValue(const OptionSpec& option, const DecodeOptions& a, const DecodeOptions& b) {
+  return std::visit([&](auto member) { return a.*member == b.*member; }, option.member);
+}
+
+// A value unlike the default, as flag text, and the options it should give.
+std::pair<std::string, DecodeOptions> OtherValue(const OptionSpec& option) {
+  DecodeOptions want;
+  std::string text;
+  std::visit(
+      [&](auto member) {
+        auto& target = want.*member;
+        using T = std::remove_reference_t<decltype(target)>;
+        if constexpr (std::is_same_v<T, std::optional<double>>) {
+          target = 0.25;
+          text = "0.25";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          target = !target;
+          text = target ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          target = target == "polestar" ? "vanilla" : "polestar";  // any text is taken
+          text = target;
+        } else if constexpr (std::is_same_v<T, double>) {
+          target += 0.125;
+          text = nlohmann::json(target).dump();  // shortest text that reads back exactly
+        } else {
+          target += 7;
+          text = std::to_string(target);
+        }
+      },
+      option.member);
+  return {text, want};
+}
+
+// Every flag and alias of every option sets that option and nothing else.
+TEST(CliDecodeFlags, EveryFlagAndAliasSetsItsOptionAlone) {
+  for (const OptionSpec& option : OptionSchema()) {
+    const auto [text, want] = OtherValue(option);
+    std::string flags = option.flags;
+    for (size_t at = 0; at < flags.size();) {
+      const size_t end = std::min(flags.find(',', at), flags.size());
+      const std::string flag = flags.substr(at, end - at);
+      at = end + 1;
+      SCOPED_TRACE(flag + " " + text);
+      CLI::App app;
+      DecodeOptions got;
+      AddDecodeFlags(&app, got);
+      std::vector<std::string> args = {text, flag};  // CLI11 parses a reversed vector
+      if (option.is_switch) args = {flag};
+      app.parse(args);
+      for (const OptionSpec& other : OptionSchema()) {
+        EXPECT_TRUE(SameValue(other, got, want)) << other.name;
+      }
+      if (flag.rfind("--", 0) == 0) {
+        EXPECT_EQ(GivenDecodeFlags(&app), std::set<std::string>{CanonicalFlag(option)});
+      }
+    }
+  }
+}
+
+// By name, by alias, with '-' or '_': the bench grid's keys and generation_config.json's.
+TEST(CliDecodeFlags, SettingsByNameOrAliasReachTheSameOption) {
+  EXPECT_EQ(CanonicalDecodeFlag("topk"), "topk-clusters");
+  EXPECT_EQ(CanonicalDecodeFlag("topk_clusters"), "topk-clusters");
+  EXPECT_EQ(CanonicalDecodeFlag("diffusion_steps"), "steps");
+  EXPECT_EQ(CanonicalDecodeFlag("nvfp4"), "nvfp4-hidden");
+  DecodeOptions o;
+  SetDecodeOption(o, "topk", "2");
+  SetDecodeOption(o, "nvfp4", "true");
+  SetDecodeOption(o, "block_length", "4");
+  EXPECT_EQ(o.topk_clusters, 2);
+  EXPECT_TRUE(o.nvfp4_hidden);
+  EXPECT_EQ(o.block_length, 4);
+  try {
+    SetDecodeOption(o, "nonsense", "1");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("unknown decoding setting 'nonsense' (known: policy, "
+                                    "gen-length, block-length, steps,"));
+  }
+}
+
+TEST(CliDecodeFlags, PolicyHelpDescribesEveryRegisteredPolicy) {
+  const CliResult r = Polestar("generate --policy help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, PolicyHelp());
+  for (const PolicyEntry& entry : RegisteredPolicies()) {
+    EXPECT_THAT(r.output, HasSubstr(std::string(entry.name) + ": " + entry.description + "\n"));
+  }
+  const CliResult help = Polestar("generate --help");
+  EXPECT_THAT(help.output, HasSubstr("decoding policy: " + KnownPolicies()));
+}
+
+TEST(CliDecodeFlags, ARangeErrorNamesTheCanonicalFlag) {
+  const std::string tiny = Quote(testing::FixtureDir("llada-tiny"));
+  const CliResult r = Polestar("generate -m " + tiny + " --prompt-ids 1,2,3 --topk 9");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("--topk-clusters must lie in [1, 8] (got 9)"));
 }
 
 }  // namespace

@@ -3,15 +3,19 @@
 // cached policies told to refresh everything with vanilla.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "base/error.h"
 #include "decode/generate.h"
+#include "decode/option_schema.h"
+#include "decode/policy_registry.h"
 #include "decode/sampling.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -91,32 +95,180 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   EXPECT_EQ(runs, 40);
 }
 
-GenerationResult RunPolicy(const Model& model, const std::vector<int>& prompt, DecodeOptions o) {
-  return Generate(model, prompt, o);
+// The commit trace with the steps that committed nothing left out: Fast-dLLM runs one such
+// step after a block-start pass that filled the block, vanilla does not.
+std::vector<nlohmann::json> CommittingSteps(const GenerationResult& result) {
+  std::vector<nlohmann::json> steps;
+  for (const nlohmann::json& entry : result.trace) {
+    if (!entry["committed"].empty()) steps.push_back(entry["committed"]);
+  }
+  return steps;
 }
 
-TEST(StandingTest, CachedPoliciesRefreshingEverythingReproduceVanilla) {
+// The standing test, for every registered policy (a new one gets it by registering): told to
+// refresh everything (refresh_all) and to commit by the shared rule alone, a cached policy
+// reproduces vanilla under the same resolved commit rule (Polestar's default threshold is
+// its tau_s): the same tokens, the same commits step by step, the same forward count.
+class StandingTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StandingTest, RefreshingEverythingReproducesVanilla) {
   for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
     const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
     for (std::optional<double> threshold : {std::optional<double>(), {0.9}, {0.5}}) {
-      DecodeOptions base;
-      base.gen_length = 32;
-      base.block_length = 8;
-      base.steps = 16;
-      base.threshold = threshold;
-      const GenerationResult vanilla = RunPolicy(*model, prompt, base);
-      for (const char* policy : {"fast-dllm-prefix", "fast-dllm-dual"}) {
-        SCOPED_TRACE(std::string(fixture) + " " + policy + " threshold " +
-                     (threshold ? std::to_string(*threshold) : "unset"));
-        DecodeOptions cached = base;
-        cached.policy = policy;
-        cached.refresh_all = true;
-        const GenerationResult got = RunPolicy(*model, prompt, cached);
-        EXPECT_EQ(got.tokens, vanilla.tokens);
+      SCOPED_TRACE(std::string(fixture) + " threshold " +
+                   (threshold ? std::to_string(*threshold) : "unset"));
+      DecodeOptions cached;
+      cached.policy = GetParam();
+      cached.gen_length = 32;
+      cached.block_length = 8;
+      cached.steps = 16;
+      cached.threshold = threshold;
+      cached.refresh_all = true;
+      cached.early_commit = false;  // Polestar's commits beyond the shared rule
+      cached.suffix_commit = false;
+      DecodeOptions vanilla = cached.Resolved(model->config());
+      vanilla.policy = "vanilla";
+      const GenerationResult want = Generate(*model, prompt, vanilla, nullptr, true);
+      const GenerationResult got = Generate(*model, prompt, cached, nullptr, true);
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(CommittingSteps(got), CommittingSteps(want));
+      const int idle_steps = int(got.trace.size() - CommittingSteps(got).size()) -
+                             int(want.trace.size() - CommittingSteps(want).size());
+      EXPECT_EQ(got.nfe, want.nfe + idle_steps);
+      if (!MakePolicy(cached, *model)->RunsStepAfterFilledBlockStart()) {
+        EXPECT_EQ(idle_steps, 0);
       }
     }
   }
+}
+
+std::vector<std::string> RegisteredPolicyNames() {
+  std::vector<std::string> names;
+  for (const PolicyEntry& entry : RegisteredPolicies()) names.emplace_back(entry.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryPolicy, StandingTest, ::testing::ValuesIn(RegisteredPolicyNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+TEST(PolicyRegistry, ListsEveryPolicyOnceInRankOrderWithItsOptions) {
+  EXPECT_EQ(KnownPolicies(), "vanilla, fast-dllm-prefix, fast-dllm-dual, elastic-cache, polestar");
+  EXPECT_TRUE(IsKnownPolicy("fast-dllm-dual"));
+  EXPECT_FALSE(IsKnownPolicy("fast-dllm"));
+  EXPECT_EQ(PoliciesReading("window"), std::vector<std::string>{"elastic-cache"});
+  EXPECT_EQ(PoliciesReading("refresh_all"),
+            (std::vector<std::string>{"fast-dllm-prefix", "fast-dllm-dual", "elastic-cache",
+                                      "polestar"}));
+  EXPECT_TRUE(PoliciesReading("steps").empty());  // the shared loop's
+  const std::string help = PolicyHelp();
+  EXPECT_NE(help.find("elastic-cache: Elastic-Cache: "), std::string::npos) << help;
+  EXPECT_NE(help.find("    options: --track-num --gamma --window --refresh-all\n"),
+            std::string::npos)
+      << help;
+  EXPECT_NE(help.find("\nevery policy: --policy --gen-length --block-length --steps "),
+            std::string::npos)
+      << help;
+  // The shared loop's options end the list; refresh_all and the policies' own are not in it.
+  EXPECT_TRUE(help.ends_with(" --cfg-scale --top-p --top-k\n")) << help;
+  DecodeOptions o;
+  o.policy = "nope";
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  try {
+    MakePolicy(o, *model);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "unknown policy 'nope' (known: vanilla, fast-dllm-prefix, "
+                 "fast-dllm-dual, elastic-cache, polestar)");
+  }
+}
+
+// Converts to anything: counts an aggregate's fields by how many initialise it.
+struct AnyField {
+  template <typename T>
+  operator T&() const;
+};
+template <typename T, typename... Fields>
+constexpr int FieldCount() {
+  if constexpr (requires { T{Fields{}..., AnyField{}}; }) {
+    return FieldCount<T, Fields..., AnyField>();
+  } else {
+    return int(sizeof...(Fields));
+  }
+}
+
+TEST(OptionSchema, DeclaresEveryDecodeOptionsFieldOnceUnderDistinctNames) {
+  const std::vector<OptionSpec>& schema = OptionSchema();
+  EXPECT_EQ(int(schema.size()), FieldCount<DecodeOptions>());
+  std::set<std::string> names;
+  for (const OptionSpec& option : schema) {
+    SCOPED_TRACE(option.name);
+    EXPECT_EQ(&OptionOf(option.member), &option);  // no member twice
+    std::vector<std::string> keys = {option.name};
+    for (const char* alias : option.aliases) keys.emplace_back(alias);
+    std::string flags = option.flags;
+    for (size_t at = 0; (at = flags.find("--", at)) != std::string::npos; at += 2) {
+      keys.push_back(flags.substr(at + 2, flags.find(',', at) - at - 2));
+    }
+    std::set<std::string> own;  // '-' and '_' alike
+    for (std::string key : keys) {
+      EXPECT_EQ(FindOption(key), &option) << key;
+      std::replace(key.begin(), key.end(), '-', '_');
+      EXPECT_EQ(FindOption(key), &option) << key;
+      own.insert(key);
+    }
+    for (const std::string& key : own) EXPECT_TRUE(names.insert(key).second) << key << " twice";
+  }
+  EXPECT_EQ(FindOption("nonsense"), nullptr);
+  EXPECT_EQ(OptionName(OptionOf(&DecodeOptions::topk_clusters), Vocabulary::kCli),
+            "--topk-clusters");
+  EXPECT_EQ(FindOption("topk"), &OptionOf(&DecodeOptions::topk_clusters));
+  EXPECT_EQ(FindOption("diffusion-steps"), &OptionOf(&DecodeOptions::steps));
+}
+
+// A bad value throws an error that knows its option and names it in either vocabulary.
+TEST(OptionSchema, ErrorsNameTheOptionAsTheCliAndTheServerCallIt) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  auto error_of = [&](const DecodeOptions& o) -> std::optional<OptionError> {
+    try {
+      o.Validate(model->config(), 8);
+    } catch (const OptionError& e) {
+      return e;
+    }
+    return std::nullopt;
+  };
+  DecodeOptions o;
+  o.threshold = 0;
+  std::optional<OptionError> e = error_of(o);
+  ASSERT_TRUE(e);
+  EXPECT_STREQ(e->option().name, "threshold");
+  EXPECT_STREQ(e->what(), "--threshold must lie in (0, 1] (got 0)");
+  EXPECT_EQ(e->Message(Vocabulary::kHttp), "threshold must lie in (0, 1] (got 0)");
+  o = {};
+  o.gen_length = 30;
+  o.block_length = 8;
+  e = error_of(o);
+  ASSERT_TRUE(e);
+  EXPECT_STREQ(e->option().name, "block_length");
+  EXPECT_STREQ(e->what(), "--block-length 8 does not divide --gen-length 30");
+  EXPECT_EQ(e->Message(Vocabulary::kHttp),
+            "block_length 8 does not divide max_tokens (rounded up to the block length) 30");
+  o = {};
+  o.drift_metric = "l2";
+  e = error_of(o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->Message(Vocabulary::kHttp), "unknown drift_metric 'l2' (kl, cosine)");
+  o = {};
+  o.clusters = 4;
+  o.topk_clusters = 5;  // its range depends on another option
+  e = error_of(o);
+  ASSERT_TRUE(e);
+  EXPECT_STREQ(e->what(), "--topk-clusters must lie in [1, 4] (got 5)");
 }
 
 TEST(Schedules, NumTransferTokensSpreadsTheRemainderOverTheFirstSteps) {

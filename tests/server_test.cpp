@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
 #include "io/json_file.h"
 #include "model/model.h"
 #include "server/api.h"
@@ -376,6 +378,125 @@ TEST(Codecs, IdTextReadsAndWritesIds) {
   std::string text;
   for (int id : {157, 3, 157, 40}) text += stream->Push(id);
   EXPECT_EQ(text + stream->Finish(), "3 40");
+}
+
+// --- decoding fields, generated from the option schema ----------------------------------
+
+struct FieldParse {
+  ModelConfig config;
+  IdTextCodec codec;
+  RequestLimits limits{.max_prompt_tokens = 64, .max_tokens = 256};
+  FieldParse() : config(DreamConfig()), codec(config) {}
+  static ModelConfig DreamConfig() {
+    ModelConfig config;
+    config.arch = Arch::kDream;
+    config.sampler = SamplerFamily::kDream;  // every field valid, --alg included
+    config.vocab = 160;
+    return config;
+  }
+  CompletionRequest Parse(const json& fields) const {
+    json body = {{"prompt", {1, 2, 3}}};
+    body.update(fields);
+    return ParseCompletionRequest(body, Endpoint::kCompletions, DecodeOptions{}, codec, config,
+                                  limits);
+  }
+};
+
+// A valid value unlike the default, as JSON.
+json OtherFieldValue(const OptionSpec& option) {
+  json value;
+  const DecodeOptions defaults;
+  std::visit(
+      [&](auto member) {
+        const auto& base = defaults.*member;
+        using T = std::remove_cvref_t<decltype(base)>;
+        if constexpr (std::is_same_v<T, std::optional<double>>) {
+          value = 0.25;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          value = !base;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          value = option.allowed.empty() ? "fast-dllm-dual" : option.allowed.back();
+        } else if constexpr (std::is_same_v<T, double>) {
+          value = base > 0 ? base * 0.95 : 0.5;  // tau_s stays above early_floor
+        } else {
+          value = base > 1 ? base / 2 : base + 1;
+        }
+      },
+      option.member);
+  return value;
+}
+
+// Every request field (name, alias, or a flag's name with '_') sets its option and nothing
+// else; the lengths the server derives aside.
+TEST(DecodeFields, EveryFieldAndAliasSetsItsOptionAlone) {
+  const FieldParse parse;
+  const DecodeOptions baseline = parse.Parse(json::object()).options;
+  const OptionSpec& gen_length = OptionOf(&DecodeOptions::gen_length);
+  const OptionSpec& steps = OptionOf(&DecodeOptions::steps);
+  for (const OptionSpec& option : OptionSchema()) {
+    if (option.http_name != nullptr) continue;  // gen_length: max_tokens
+    std::vector<std::string> keys = {option.name};
+    for (const char* alias : option.aliases) keys.emplace_back(alias);
+    std::string flags = option.flags;
+    for (size_t at = 0; (at = flags.find("--", at)) != std::string::npos; at += 2) {
+      std::string key = flags.substr(at + 2, flags.find(',', at) - at - 2);
+      std::replace(key.begin(), key.end(), '-', '_');
+      keys.push_back(key);
+    }
+    const json value = OtherFieldValue(option);
+    for (const std::string& key : keys) {
+      SCOPED_TRACE(key + "=" + value.dump());
+      for (const json& fields : {json{{key, value}}, json{{"diffusion", {{key, value}}}}}) {
+        const DecodeOptions got = parse.Parse(fields).options;
+        std::visit(
+            [&](auto member) {
+              using T = std::remove_cvref_t<decltype(got.*member)>;
+              if constexpr (std::is_same_v<T, std::optional<double>>) {
+                EXPECT_EQ(got.*member, std::optional<double>(value.get<double>()));
+              } else {
+                EXPECT_EQ(got.*member, value.get<T>());
+              }
+            },
+            option.member);
+        for (const OptionSpec& other : OptionSchema()) {
+          if (&other == &option || &other == &gen_length || &other == &steps) continue;
+          std::visit([&](auto member) { EXPECT_EQ(got.*member, baseline.*member) << other.name; },
+                     other.member);
+        }
+      }
+    }
+  }
+  // A name and its alias together name one option twice.
+  try {
+    parse.Parse({{"topk", 2}, {"topk_clusters", 3}});
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "topk_clusters");
+  }
+}
+
+// Range errors name the field, as the CLI's name the flag (cli_test), from the same schema.
+TEST(DecodeFields, ValidationErrorsNameTheField) {
+  const FieldParse parse;
+  for (const auto& [fields, message] : std::vector<std::pair<json, std::string>>{
+           {{{"threshold", 0}}, "threshold must lie in (0, 1] (got 0)"},
+           {{{"topk", 9}}, "topk_clusters must lie in [1, 8] (got 9)"},
+           {{{"tau_s", 2}}, "tau_s must lie in (0, 1] (got 2)"},
+           {{{"threshold", 0.5}, {"factor", 1}}, "threshold and factor cannot be combined"},
+           {{{"max_tokens", 32}, {"block_length", 8}, {"steps", 3}},
+            "steps 3 is not divisible by the number of blocks (4)"},
+           {{{"policy", "polestar"}, {"alg", "entropy"}},
+            "polestar uses the threshold commit rule; alg does not apply"}}) {
+    SCOPED_TRACE(fields.dump());
+    try {
+      parse.Parse(fields);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_STREQ(e.what(), message.c_str());
+      EXPECT_EQ(e.param, "");
+    }
+  }
 }
 
 // --- endpoints -------------------------------------------------------------------------

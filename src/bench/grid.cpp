@@ -4,6 +4,8 @@
 #include <set>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
+#include "decode/policy_registry.h"
 
 namespace polestar::bench {
 namespace {
@@ -58,7 +60,9 @@ std::vector<GridAxis> ParseGrid(const std::string& spec) {
     GridAxis axis;
     axis.key = NormaliseKey(Trim(part.substr(0, eq)));
     if (axis.key.empty()) Fail("--grid: axis '", part, "' has no key");
-    if (!seen.insert(axis.key).second)
+    // An option named twice, by its name and by an alias ("topk", "topk-clusters"), too.
+    const OptionSpec* option = FindOption(axis.key);
+    if (!seen.insert(option ? option->name : axis.key).second)
       Fail("--grid: key '", axis.key, "' appears twice in '", spec, "'");
     const std::string values = part.substr(eq + 1);
     if (Trim(values).empty()) Fail("--grid: key '", axis.key, "' has no values");

@@ -1,8 +1,9 @@
 // Grids of decoding settings: which (policy, settings) points a benchmark runs.
 //
 // A grid spec is a ';'-separated list of axes, each "key=value,value,...", where a key is a
-// decoding flag without its dashes (threshold, block_length or block-length, gen_length,
-// clusters, early-commit, ...) or "policy". The points are the cartesian product of the
+// decoding option by any of its names in the option schema: a flag without its dashes or a
+// field (threshold, block_length or block-length, gen_length, clusters, topk, early-commit,
+// ...), or "policy". The points are the cartesian product of the
 // axes, the first axis varying slowest. Every grid is crossed with the --policies list
 // unless it has a policy axis of its own, and several grids are concatenated:
 //

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "bench/machine.h"
 #include "decode/generate.h"
+#include "decode/option_schema.h"
 
 namespace polestar::bench {
 namespace {
@@ -189,46 +190,21 @@ RunSummary Summarize(const std::vector<ItemRecord>& records,
 }
 
 nlohmann::json OptionsToJson(const DecodeOptions& o) {
-  auto optional = [](const std::optional<double>& v) {
-    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
-  };
-  return {{"policy", o.policy},
-          {"gen_length", o.gen_length},
-          {"block_length", o.block_length},
-          {"steps", o.steps},
-          {"threshold", optional(o.threshold)},
-          {"factor", optional(o.factor)},
-          {"temperature", o.temperature},
-          {"seed", o.seed},
-          {"remasking", o.remasking},
-          {"alg", o.alg},
-          {"eps", o.eps},
-          {"alg_temp", o.alg_temp},
-          {"cfg_scale", o.cfg_scale},
-          {"top_p", o.top_p},
-          {"top_k", o.top_k},
-          {"refresh_all", o.refresh_all},
-          {"track_num", o.track_num},
-          {"gamma", o.gamma},
-          {"window", o.window},
-          {"tau_s", o.tau_s},
-          {"early_floor", o.early_floor},
-          {"alpha", o.alpha},
-          {"drift_cap", o.drift_cap},
-          {"drift_history", o.drift_history},
-          {"clusters", o.clusters},
-          {"topk_clusters", o.topk_clusters},
-          {"kmeans_iters", o.kmeans_iters},
-          {"window_prefix_blocks", o.window_prefix_blocks},
-          {"window_suffix_blocks", o.window_suffix_blocks},
-          {"full_refresh_period", o.full_refresh_period},
-          {"tau_upd", o.tau_upd},
-          {"polestar_cache", o.polestar_cache},
-          {"early_commit", o.early_commit},
-          {"suffix_commit", o.suffix_commit},
-          {"drift_metric", o.drift_metric},
-          {"nvfp4_hidden", o.nvfp4_hidden},
-          {"overlap", o.overlap}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const OptionSpec& option : OptionSchema()) {
+    std::visit(
+        [&](auto member) {
+          const auto& value = o.*member;
+          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>,
+                                       std::optional<double>>) {
+            j[option.name] = value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+          } else {
+            j[option.name] = value;
+          }
+        },
+        option.member);
+  }
+  return j;
 }
 
 std::string RunKey(const std::string& model_id, const nlohmann::json& selection,

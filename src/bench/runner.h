@@ -83,7 +83,8 @@ struct RunSummary {
 RunSummary Summarize(const std::vector<ItemRecord>& records,
                      const std::vector<std::string>& metric_names);
 
-// Every decoding option, for the record (and the result key).
+// Every decoding option by its canonical name (option_schema.h), for the record (and the
+// result key).
 nlohmann::json OptionsToJson(const DecodeOptions& options);
 
 // A short stable hash of what determines a run's results: the model, the suite selection

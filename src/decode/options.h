@@ -1,5 +1,7 @@
 // Every decoding knob, with the reference implementations' defaults. One struct feeds the
-// CLI, the server and the benchmark, so a flag means the same thing everywhere.
+// CLI, the server and the benchmark, so a flag means the same thing everywhere; each field
+// is declared once more in option_schema.cpp (its names, help and valid values), which
+// generates the flags, the request fields and the range checks.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +13,7 @@
 namespace polestar {
 
 struct DecodeOptions {
-  std::string policy =
-      "vanilla";  // vanilla | fast-dllm-prefix | fast-dllm-dual | elastic-cache | polestar
+  std::string policy = "vanilla";  // a registered policy (policy_registry.h)
   int gen_length = 128;
   int block_length = 32;  // 0: one block over the whole canvas
   int steps = 128;        // total over all blocks (LLaDA generate.py convention)
@@ -61,16 +62,13 @@ struct DecodeOptions {
   // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
   // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).
   DecodeOptions Resolved(const ModelConfig& config) const;
-  // Throws Error naming the first invalid value (by its CLI flag) or combination, before any
-  // work is done. Call it on the options as given, before Resolved().
+  // Throws Error naming the first invalid value or combination (an OptionError naming the
+  // options), before any work is done. Call it on the options as given, before Resolved().
   void Validate(const ModelConfig& config, int prompt_length) const;
   // The number of blocks and steps per block this configuration decodes with.
   int EffectiveBlockLength() const { return block_length > 0 ? block_length : gen_length; }
   int BlockCount() const { return gen_length / EffectiveBlockLength(); }
   int StepsPerBlock() const { return steps / BlockCount(); }
 };
-
-bool IsKnownPolicy(const std::string& name);
-const char* KnownPolicies();
 
 }  // namespace polestar

@@ -74,13 +74,8 @@ class Policy {
 // Rows [begin, end) as a list.
 std::vector<int> Range(int begin, int end);
 
-// Builds the named policy (options.policy); throws Error for an unknown name.
+// Builds the named policy (options.policy) through its registration (policy_registry.h);
+// throws Error for an unknown name.
 std::unique_ptr<Policy> MakePolicy(const DecodeOptions& options, const Model& model);
-
-// Factories, one per policy file.
-std::unique_ptr<Policy> MakeVanillaPolicy();
-std::unique_ptr<Policy> MakeFastDllmPolicy(bool dual);
-std::unique_ptr<Policy> MakeElasticCachePolicy(const DecodeOptions& options, const Model& model);
-std::unique_ptr<Policy> MakePolestarPolicy(const DecodeOptions& options, const Model& model);
 
 }  // namespace polestar

@@ -31,7 +31,7 @@
 #include <cmath>
 
 #include "base/error.h"
-#include "decode/policy.h"
+#include "decode/policy_registry.h"
 #include "drift/drift.h"
 #include "model/forward.h"
 #include "ops/ops.h"
@@ -46,9 +46,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
         gamma_(options.gamma),
         track_num_(options.track_num),
         refresh_all_(options.refresh_all),
-        window_size_(options.window > 0
-                         ? options.window
-                         : (model.config().sampler == SamplerFamily::kDream ? 32 : 16)),
+        window_size_(options.window),  // resolved: never 0
         config_(model.config()),
         heads_(model.config().heads),
         tracks_(size_t(model.config().layers)) {}
@@ -226,10 +224,15 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   std::vector<int64_t> rows_per_layer_;  // [layers] |Q_l|
 };
 
+const PolicyRegistration kElasticCache({
+    .name = "elastic-cache",
+    .description = "Elastic-Cache: a sliding window of masks, layers refreshed on attention drift",
+    .options = {"track_num", "gamma", "window", "refresh_all"},
+    .rank = 20,
+    .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
+      return std::make_unique<ElasticCachePolicy>(options.Resolved(model.config()), model);
+    },
+});
+
 }  // namespace
-
-std::unique_ptr<Policy> MakeElasticCachePolicy(const DecodeOptions& options, const Model& model) {
-  return std::make_unique<ElasticCachePolicy>(options, model);
-}
-
 }  // namespace polestar

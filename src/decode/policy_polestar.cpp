@@ -38,7 +38,7 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
-#include "decode/policy.h"
+#include "decode/policy_registry.h"
 #include "decode/sampling.h"
 #include "drift/drift.h"
 
@@ -491,10 +491,18 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   nlohmann::json stats_;
 };
 
+const PolicyRegistration kPolestar({
+    .name = "polestar",
+    .description = "Polestar: drift-aware sparse refresh by clusters, drift-gated early commit",
+    .options = {"tau_s", "early_floor", "alpha", "drift_cap", "drift_history", "clusters",
+                "topk_clusters", "kmeans_iters", "window_prefix_blocks", "window_suffix_blocks",
+                "full_refresh_period", "tau_upd", "polestar_cache", "early_commit", "suffix_commit",
+                "drift_metric", "nvfp4_hidden", "overlap", "refresh_all"},
+    .rank = 30,
+    .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
+      return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
+    },
+});
+
 }  // namespace
-
-std::unique_ptr<Policy> MakePolestarPolicy(const DecodeOptions& options, const Model& model) {
-  return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
-}
-
 }  // namespace polestar

@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
 #include "server/utf8.h"
 
 namespace polestar {
@@ -20,58 +21,12 @@ ApiError BadRequest(const std::string& message, const std::string& param = "") {
   return ApiError(400, "invalid_request_error", message, param);
 }
 
-// Every decoding knob of `polestar generate`, by its flag name with underscores.
-using Member = std::variant<int DecodeOptions::*, double DecodeOptions::*,
-                            std::optional<double> DecodeOptions::*, bool DecodeOptions::*,
-                            std::string DecodeOptions::*, uint64_t DecodeOptions::*>;
-struct DecodeField {
-  const char* name;
-  Member member;
-};
-const DecodeField kDecodeFields[] = {
-    {"policy", &DecodeOptions::policy},
-    {"block_length", &DecodeOptions::block_length},
-    {"steps", &DecodeOptions::steps},
-    {"threshold", &DecodeOptions::threshold},
-    {"factor", &DecodeOptions::factor},
-    {"temperature", &DecodeOptions::temperature},
-    {"seed", &DecodeOptions::seed},
-    {"remasking", &DecodeOptions::remasking},
-    {"alg", &DecodeOptions::alg},
-    {"eps", &DecodeOptions::eps},
-    {"alg_temp", &DecodeOptions::alg_temp},
-    {"cfg_scale", &DecodeOptions::cfg_scale},
-    {"top_p", &DecodeOptions::top_p},
-    {"top_k", &DecodeOptions::top_k},
-    {"refresh_all", &DecodeOptions::refresh_all},
-    {"track_num", &DecodeOptions::track_num},
-    {"gamma", &DecodeOptions::gamma},
-    {"window", &DecodeOptions::window},
-    {"tau_s", &DecodeOptions::tau_s},
-    {"early_floor", &DecodeOptions::early_floor},
-    {"alpha", &DecodeOptions::alpha},
-    {"drift_cap", &DecodeOptions::drift_cap},
-    {"drift_history", &DecodeOptions::drift_history},
-    {"clusters", &DecodeOptions::clusters},
-    {"topk", &DecodeOptions::topk_clusters},
-    {"kmeans_iters", &DecodeOptions::kmeans_iters},
-    {"window_prefix_blocks", &DecodeOptions::window_prefix_blocks},
-    {"window_suffix_blocks", &DecodeOptions::window_suffix_blocks},
-    {"full_refresh_period", &DecodeOptions::full_refresh_period},
-    {"tau_upd", &DecodeOptions::tau_upd},
-    {"polestar_cache", &DecodeOptions::polestar_cache},
-    {"early_commit", &DecodeOptions::early_commit},
-    {"suffix_commit", &DecodeOptions::suffix_commit},
-    {"drift_metric", &DecodeOptions::drift_metric},
-    {"nvfp4", &DecodeOptions::nvfp4_hidden},
-    {"overlap", &DecodeOptions::overlap},
-};
-
-const DecodeField* FindDecodeField(const std::string& name) {
-  for (const DecodeField& f : kDecodeFields) {
-    if (name == f.name) return &f;
-  }
-  return nullptr;
+// The decoding option a request field names: its canonical name, an alias or a flag's name
+// with underscores ("diffusion_steps"). The generation length is set through max_tokens.
+const OptionSpec* FindDecodeField(const std::string& name) {
+  if (name.find('-') != std::string::npos) return nullptr;
+  const OptionSpec* option = FindOption(name);
+  return option != nullptr && option->http_name == nullptr ? option : nullptr;
 }
 
 enum class Kind { kInt, kNumber, kBool, kString, kStrings, kAny };
@@ -168,8 +123,9 @@ std::string ReadString(const json& v, const std::string& name) {
   return v.get<std::string>();
 }
 
-void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json& v) {
-  const std::string name = field.name;
+// Sets `option` from the request's field `name` (the name the client used, for errors).
+void SetDecodeField(DecodeOptions& options, const OptionSpec& option, const std::string& name,
+                    const json& v) {
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(options.*member)>;
@@ -187,28 +143,7 @@ void SetDecodeField(DecodeOptions& options, const DecodeField& field, const json
           options.*member = ReadString(v, name);
         }
       },
-      field.member);
-}
-
-// The engine's messages name CLI flags ("--block-length"); requests name fields.
-std::string FlagsToFields(const std::string& message) {
-  std::string out;
-  for (size_t i = 0; i < message.size();) {
-    if (message.compare(i, 2, "--") == 0 && i + 2 < message.size() &&
-        std::islower(static_cast<unsigned char>(message[i + 2]))) {
-      size_t end = i + 2;
-      while (end < message.size() &&
-             (std::islower(static_cast<unsigned char>(message[end])) || message[end] == '-'))
-        ++end;
-      std::string flag = message.substr(i + 2, end - i - 2);
-      for (char& c : flag) c = c == '-' ? '_' : c;
-      out += flag == "gen_length" ? "max_tokens (rounded up to the block length)" : flag;
-      i = end;
-    } else {
-      out += message[i++];
-    }
-  }
-  return out;
+      option.member);
 }
 
 std::vector<std::string> ReadStop(const json& v, int limit) {
@@ -460,9 +395,11 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
   if (const json* v = get("stop")) r.stop = ReadStop(*v, limits.max_stop_strings);
 
   r.options = defaults;
+  std::set<const OptionSpec*> set_options;  // by any of its names, each at most once
   for (const auto& [key, value] : fields.items()) {
-    if (const DecodeField* f = FindDecodeField(key); f != nullptr && !value.is_null()) {
-      SetDecodeField(r.options, *f, value);
+    if (const OptionSpec* option = FindDecodeField(key); option != nullptr && !value.is_null()) {
+      if (!set_options.insert(option).second) throw BadRequest("'" + key + "' is given twice", key);
+      SetDecodeField(r.options, *option, key, value);
     }
   }
 
@@ -484,7 +421,7 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
     throw BadRequest("'block_length' must not be negative", "block_length");
   const int block = r.options.block_length > 0 ? r.options.block_length : r.max_tokens;
   r.options.gen_length = (r.max_tokens + block - 1) / block * block;
-  if (!get("steps")) {
+  if (!set_options.count(&OptionOf(&DecodeOptions::steps))) {
     // Keep the server's steps-per-token ratio, on whole steps per block.
     const int blocks = r.options.gen_length / block;
     const double ratio = double(defaults.steps) / std::max(defaults.gen_length, 1);
@@ -512,8 +449,10 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
     }
     try {
       r.options.Validate(config, int(prompt.size()));
+    } catch (const OptionError& e) {
+      throw BadRequest(e.Message(Vocabulary::kHttp));
     } catch (const Error& e) {
-      throw BadRequest(FlagsToFields(e.what()));
+      throw BadRequest(e.what());
     }
   }
   return r;
@@ -557,7 +496,7 @@ json RequestFromQuery(const std::multimap<std::string, std::string>& params) {
       body[key] = number(true);
     } else if (key == "stop_early") {
       body[key] = boolean();
-    } else if (const DecodeField* f = FindDecodeField(key)) {
+    } else if (const OptionSpec* option = FindDecodeField(key)) {
       std::visit(
           [&](auto member) {
             using T = std::remove_reference_t<decltype(std::declval<DecodeOptions&>().*member)>;
@@ -572,7 +511,7 @@ json RequestFromQuery(const std::multimap<std::string, std::string>& params) {
               body[key] = text;
             }
           },
-          f->member);
+          option->member);
     } else {
       throw BadRequest("unknown query parameter '" + key + "'", key);
     }

@@ -62,8 +62,9 @@ struct CompletionRequest {
 };
 
 // Validates `body` against `endpoint`'s fields, the model and the limits; the decoding
-// fields (policy, block_length, steps, threshold, ... as the generate flags) may stand at
-// the top level or inside a "diffusion" object. Throws ApiError.
+// fields (option_schema.h: an option's name, an alias, or a flag's name with '_') may stand
+// at the top level or inside a "diffusion" object. Throws ApiError; a validation error names
+// the fields as a request does.
 CompletionRequest ParseCompletionRequest(const nlohmann::json& body, Endpoint endpoint,
                                          const DecodeOptions& defaults, const TextCodec& codec,
                                          const ModelConfig& config, const RequestLimits& limits);

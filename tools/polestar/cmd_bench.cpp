@@ -8,6 +8,7 @@
 #include "bench/bench.h"
 #include "bench/scale.h"
 #include "commands.h"
+#include "decode/policy_registry.h"
 #include "decode_flags.h"
 #include "suite_flags.h"
 
@@ -17,7 +18,7 @@ namespace {
 struct BenchArgs {
   SuiteFlags suite;
   std::string out;
-  std::string policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
+  std::string policies = KnownPolicies(",");  // every registered policy
   std::vector<std::string> grids;
   std::string protocol = "until-eos", clock = "wall";
   DecodeOptions options;
@@ -26,7 +27,7 @@ struct BenchArgs {
   // --scale
   bool scale = false;
   bench::ScaleOptions scale_options;
-  std::string scale_policies = "vanilla,fast-dllm-prefix,fast-dllm-dual,elastic-cache,polestar";
+  std::string scale_policies = KnownPolicies(",");
   std::string tpf_from;
 };
 

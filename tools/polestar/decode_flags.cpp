@@ -1,10 +1,12 @@
 #include "decode_flags.h"
 
-#include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
+#include "decode/policy_registry.h"
 #include "io/json_file.h"
 #include "tokenizer/unicode.h"
 
@@ -49,97 +51,38 @@ CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& 
 }
 
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
-  cmd->add_option("--policy", o.policy, std::string("decoding policy: ") + KnownPolicies())
-      ->capture_default_str();
-  cmd->add_option("--gen-length", o.gen_length, "generated positions (canvas length)")
-      ->capture_default_str();
-  cmd->add_option("--block-length,--diffusion-block-length", o.block_length,
-                  "semi-autoregressive block length (0: one block)")
-      ->capture_default_str();
-  cmd->add_option("--steps,--diffusion-steps", o.steps, "steps over all blocks")
-      ->capture_default_str();
-  cmd->add_option_function<double>(
-      "--threshold", [&o](double v) { o.threshold = v; },
-      "confidence threshold commit (Fast-dLLM), in (0, 1], e.g. 0.9");
-  cmd->add_option_function<double>(
-      "--factor", [&o](double v) { o.factor = v; }, "factor commit rule (Fast-dLLM), > 0");
-  cmd->add_option("--temperature,--temp", o.temperature, "sampling temperature")
-      ->capture_default_str();
-  AddUint64Option(cmd, "--seed,-s", o.seed, "random seed");
-  cmd->add_option("--remasking", o.remasking, "LLaDA: low_confidence | random")
-      ->capture_default_str();
-  cmd->add_option(
-      "--alg", o.alg,
-      "Dream sampler: origin | maskgit_plus | topk_margin | entropy | confidence_threshold");
-  cmd->add_option("--eps,--diffusion-eps", o.eps, "Dream time schedule epsilon")
-      ->capture_default_str();
-  cmd->add_option("--alg-temp,--diffusion-alg-temp", o.alg_temp,
-                  "Dream: order sampling temperature");
-  cmd->add_option("--cfg-scale,--diffusion-cfg-scale", o.cfg_scale,
-                  "classifier-free guidance scale");
-  cmd->add_option("--top-p", o.top_p, "Dream: nucleus sampling")->capture_default_str();
-  cmd->add_option("--top-k", o.top_k, "Dream: top-k sampling (0: off)")->capture_default_str();
-  cmd->add_flag("--refresh-all", o.refresh_all, "cached policies: recompute everything every step");
-  // Elastic-Cache.
-  cmd->add_option("--track-num", o.track_num, "Elastic-Cache: most-attended tokens tracked")
-      ->capture_default_str();
-  cmd->add_option("--gamma", o.gamma, "Elastic-Cache: cosine trigger threshold")
-      ->capture_default_str();
-  cmd->add_option("--window", o.window, "Elastic-Cache: sliding window (0: 16 LLaDA, 32 Dream)");
-  // Polestar.
-  cmd->add_option("--tau-s", o.tau_s, "Polestar: commit threshold")->capture_default_str();
-  cmd->add_option("--early-floor", o.early_floor, "Polestar: early-commit confidence floor")
-      ->capture_default_str();
-  cmd->add_option("--alpha", o.alpha, "Polestar: drift gate coefficient")->capture_default_str();
-  cmd->add_option("--drift-cap", o.drift_cap, "Polestar: drift gate cap")->capture_default_str();
-  cmd->add_option("--drift-history", o.drift_history, "Polestar: drift history steps")
-      ->capture_default_str();
-  cmd->add_option("--clusters", o.clusters, "Polestar: clusters per layer")->capture_default_str();
-  cmd->add_option("--topk", o.topk_clusters, "Polestar: clusters refreshed per layer")
-      ->capture_default_str();
-  cmd->add_option("--kmeans-iters", o.kmeans_iters, "Polestar: k-means iterations")
-      ->capture_default_str();
-  cmd->add_option("--window-prefix-blocks", o.window_prefix_blocks,
-                  "Polestar: prefix window blocks")
-      ->capture_default_str();
-  cmd->add_option("--window-suffix-blocks", o.window_suffix_blocks,
-                  "Polestar: suffix window blocks")
-      ->capture_default_str();
-  cmd->add_option("--full-refresh-period", o.full_refresh_period,
-                  "Polestar: every n-th block starts windowed")
-      ->capture_default_str();
-  cmd->add_option("--tau-upd", o.tau_upd, "Polestar: refresh after more than this many commits")
-      ->capture_default_str();
-  cmd->add_option("--polestar-cache", o.polestar_cache,
-                  "Polestar: drift-aware sparse refresh (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--early-commit", o.early_commit,
-                  "Polestar: drift-gated early commit (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--suffix-commit", o.suffix_commit,
-                  "Polestar: commit refreshed suffix positions (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--drift-metric", o.drift_metric, "Polestar: kl | cosine")->capture_default_str();
-  cmd->add_option("--nvfp4", o.nvfp4_hidden,
-                  "Polestar: NVFP4 residual hidden-state cache (true/false)")
-      ->capture_default_str();
-  cmd->add_option("--overlap", o.overlap,
-                  "Polestar: auxiliary work on a worker thread (true/false)")
-      ->capture_default_str();
+  for (const OptionSpec& spec : OptionSchema()) {
+    // The policy's help lists the registered policies; "--policy help" describes them.
+    const std::string help =
+        spec.member == OptionMember(&DecodeOptions::policy)
+            ? Cat(spec.help, ": ", KnownPolicies(), " ('--policy help' describes them)")
+            : std::string(spec.help);
+    CLI::Option* option = std::visit(
+        [&](auto member) -> CLI::Option* {
+          auto& target = o.*member;
+          using T = std::remove_reference_t<decltype(target)>;
+          if constexpr (std::is_same_v<T, std::optional<double>>) {
+            return cmd->add_option_function<double>(
+                spec.flags, [&target](double v) { target = v; }, help);
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            return AddUint64Option(cmd, spec.flags, target, help);
+          } else if constexpr (std::is_same_v<T, bool>) {
+            return spec.is_switch ? cmd->add_flag(spec.flags, target, help)
+                                  : cmd->add_option(spec.flags, target, help);
+          } else {
+            return cmd->add_option(spec.flags, target, help);
+          }
+        },
+        spec.member);
+    if (spec.help_shows_default) option->capture_default_str();
+  }
+  // "--policy help" prints the policies and ends the command (CLI11's Success exits 0).
+  cmd->get_option("--policy")->each([](const std::string& value) {
+    if (value != "help") return;
+    std::fputs(PolicyHelp().c_str(), stdout);
+    throw CLI::Success();
+  });
 }
-
-namespace {
-
-bool IsDecodeFlag(const std::string& name) {
-  CLI::App parser;
-  DecodeOptions unused;
-  AddDecodeFlags(&parser, unused);
-  const CLI::Option* option = parser.get_option_no_throw("--" + name);
-  return option != nullptr && !option->get_lnames().empty() &&
-         option->get_lnames().front() != "help";
-}
-
-}  // namespace
 
 DecodeOptions ModelDecodeDefaults(const std::string& model_path) {
   namespace fs = std::filesystem;
@@ -153,14 +96,14 @@ DecodeOptions ModelDecodeDefaults(const std::string& model_path) {
     Fail(path.string(), ": give gen_length or max_new_tokens, not both");
   }
   for (const auto& [key, value] : config.items()) {
-    std::string flag = key == "max_new_tokens" ? "gen-length" : key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    if (value.is_null() || !IsDecodeFlag(flag)) continue;
+    const OptionSpec* option = FindOption(key == "max_new_tokens" ? "gen_length" : key);
+    if (value.is_null() || option == nullptr) continue;
     if (value.is_object() || value.is_array()) {
       Fail(path.string(), ": '", key, "' must be a number, a string or a boolean");
     }
     try {
-      SetDecodeOption(options, flag, value.is_string() ? value.get<std::string>() : value.dump());
+      SetDecodeOption(options, CanonicalFlag(*option),
+                      value.is_string() ? value.get<std::string>() : value.dump());
     } catch (const Error& e) {
       Fail(path.string(), ": '", key, "': ", e.what());
     }
@@ -200,19 +143,12 @@ std::string DefaultModelPath() {
 }
 
 std::string CanonicalDecodeFlag(const std::string& key) {
-  CLI::App parser;
-  DecodeOptions unused;
-  AddDecodeFlags(&parser, unused);
-  const CLI::Option* option = key.empty() ? nullptr : parser.get_option_no_throw("--" + key);
-  if (option == nullptr || option->get_lnames().empty() || option->get_lnames().front() == "help") {
-    std::string known;
-    for (const CLI::Option* o : parser.get_options()) {
-      if (o->get_lnames().empty() || o->get_lnames().front() == "help") continue;
-      known += (known.empty() ? "" : ", ") + o->get_lnames().front();
-    }
-    Fail("unknown decoding setting '", key, "' (known: ", known, ")");
+  if (const OptionSpec* option = FindOption(key)) return CanonicalFlag(*option);
+  std::string known;
+  for (const OptionSpec& spec : OptionSchema()) {
+    known += (known.empty() ? "" : ", ") + CanonicalFlag(spec);
   }
-  return option->get_lnames().front();
+  Fail("unknown decoding setting '", key, "' (known: ", known, ")");
 }
 
 void SetDecodeOption(DecodeOptions& options, const std::string& key, const std::string& value) {
@@ -228,15 +164,11 @@ void SetDecodeOption(DecodeOptions& options, const std::string& key, const std::
 }
 
 std::set<std::string> GivenDecodeFlags(const CLI::App* cmd) {
-  CLI::App probe;
-  DecodeOptions unused;
-  AddDecodeFlags(&probe, unused);
   std::set<std::string> given;
-  for (const CLI::Option* option : probe.get_options()) {
-    for (const std::string& name : option->get_lnames()) {
-      const CLI::Option* mine = cmd->get_option_no_throw("--" + name);
-      if (mine != nullptr && mine->count() > 0) given.insert(option->get_lnames().front());
-    }
+  for (const OptionSpec& spec : OptionSchema()) {
+    const std::string flag = CanonicalFlag(spec);
+    const CLI::Option* option = cmd->get_option_no_throw("--" + flag);
+    if (option != nullptr && option->count() > 0) given.insert(flag);
   }
   return given;
 }

@@ -1,4 +1,4 @@
-// The decoding flags shared by generate, eval, bench and serve, declared once.
+// The decoding flags shared by generate, eval, bench and serve, generated from the option schema.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,13 +22,14 @@ CLI::Validator Utf8Text();
 CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& target,
                              const std::string& help);
 
-// Registers the decoding flags on `cmd`, bound to `options`; their defaults (shown by --help)
-// are the values `options` holds now.
+// Registers the decoding flags on `cmd`, one per option of the schema (option_schema.h) with
+// its aliases, bound to `options`; their defaults (shown by --help) are the values `options`
+// holds now. "--policy help" prints the registered policies and exits.
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& options);
 
 // The decoding defaults of a model: the built-in ones, overridden by the model folder's
 // generation_config.json (Hugging Face's file for generation defaults) where it names a
-// decoding option by its HTTP field name ("gen_length", "block_length", "steps",
+// decoding option by any of its names ("gen_length", "block_length", "steps",
 // "threshold", ...; "max_new_tokens" as gen_length). Other keys (bos_token_id,
 // transformers_version, ...) belong to Hugging Face and are ignored, as are null values.
 // Throws Error naming the file and key for a bad value.
@@ -43,15 +44,16 @@ DecodeOptions CommandLineDecodeDefaults(int argc, const char* const* argv);
 // tree this binary was built from; used when -m is omitted.
 std::string DefaultModelPath();
 
-// Sets one decoding option by its flag name without dashes ("threshold", "block-length",
-// "early-commit"), exactly as the flag would; throws Error for an unknown name or a bad value.
+// Sets one decoding option by any of its names ("threshold", "block-length", "block_length",
+// "topk"), exactly as its flag would; throws Error for an unknown name or a bad value.
 void SetDecodeOption(DecodeOptions& options, const std::string& key, const std::string& value);
 
-// The canonical flag name of `key` (its first long name: "diffusion-steps" -> "steps");
-// throws Error listing the known names when there is no such flag.
+// The canonical flag name of `key` ("diffusion-steps" -> "steps", "topk" ->
+// "topk-clusters"); throws Error listing the known names when there is no such option.
 std::string CanonicalDecodeFlag(const std::string& key);
 
-// The long names (without dashes) of the decode flags given on `cmd`'s command line.
+// The canonical flags (without dashes) of the decode options given on `cmd`'s command line,
+// by any of their names.
 std::set<std::string> GivenDecodeFlags(const CLI::App* cmd);
 
 // Parses "1,2,3" into ids; throws Error naming `flag` on bad input.

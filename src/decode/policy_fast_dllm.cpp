@@ -1,0 +1,52 @@
+// Fast-dLLM's prefix cache (block start: full pass; then the block and everything after it)
+// and dual cache (block start: full pass; then the block only, prefix and suffix K/V from
+// cache): one policy, registered under two names.
+#include "decode/policy_registry.h"
+
+namespace polestar {
+namespace {
+
+class FastDllmPolicy : public Policy {
+ public:
+  explicit FastDllmPolicy(bool dual) : dual_(dual) {}
+  bool RunsStepAfterFilledBlockStart() const override { return true; }
+
+  StepPlan Plan(const DecodeContext& context) override {
+    StepPlan plan;
+    const int length = int(context.canvas.size());
+    if (context.step_in_block == 0 || context.options.refresh_all) {
+      plan.input_rows = Range(0, length);
+      return plan;
+    }
+    // Dream predicts position p from output p-1, so the row before the block is computed too.
+    const int begin = context.model.config().PredictingRow(context.block.start);
+    plan.input_rows = Range(begin, dual_ ? context.block.end : length);
+    return plan;
+  }
+
+ private:
+  bool dual_;
+};
+
+const PolicyRegistration kPrefix({
+    .name = "fast-dllm-prefix",
+    .description = "Fast-dLLM prefix cache: block start full, then the block and its suffix",
+    .options = {"refresh_all"},
+    .rank = 10,
+    .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
+      return std::make_unique<FastDllmPolicy>(/*dual=*/false);
+    },
+});
+
+const PolicyRegistration kDual({
+    .name = "fast-dllm-dual",
+    .description = "Fast-dLLM dual cache: block start full, then the block only",
+    .options = {"refresh_all"},
+    .rank = 11,
+    .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
+      return std::make_unique<FastDllmPolicy>(/*dual=*/true);
+    },
+});
+
+}  // namespace
+}  // namespace polestar

@@ -1,0 +1,45 @@
+// The decoding policies by name. Each policy's own file registers itself (a
+// PolicyRegistration at namespace scope) with its names, factory, description and the
+// options it reads; every list of policies (validation, --policy help, the server, the
+// benchmark's default --policies, MakePolicy) comes from here. The library is linked whole
+// (src/decode/CMakeLists.txt), so no registration is dropped by the linker.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "decode/policy.h"
+
+namespace polestar {
+
+struct PolicyEntry {
+  const char* name;
+  const char* description;  // one line
+  // Canonical names of the options the policy reads beyond the shared decoding loop's
+  // (option_schema.h); each must be in the schema.
+  std::vector<const char*> options;
+  // Where the policy stands in every list: the baselines first, in the order they appeared.
+  int rank;
+  std::unique_ptr<Policy> (*make)(const DecodeOptions& options, const Model& model);
+};
+
+class PolicyRegistration {
+ public:
+  explicit PolicyRegistration(PolicyEntry entry);
+};
+
+// Every registered policy, by rank.
+const std::vector<PolicyEntry>& RegisteredPolicies();
+const PolicyEntry* FindPolicy(std::string_view name);
+bool IsKnownPolicy(std::string_view name);
+// "vanilla, fast-dllm-prefix, ..." (`separator` between the names).
+std::string KnownPolicies(const char* separator = ", ");
+// The policies that read option `name` (its canonical name), by rank.
+std::vector<std::string> PoliciesReading(std::string_view name);
+// Each policy with its description and options, then the options every policy shares:
+// what --policy help prints.
+std::string PolicyHelp();
+
+}  // namespace polestar
