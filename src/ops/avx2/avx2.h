@@ -1,5 +1,6 @@
 // AVX2 + FMA + F16C kernels. The files in ops/avx2/ are the only ones compiled with those
-// instruction sets; ops.cpp calls them only after Supported() said yes, and otherwise runs
+// instruction sets; the CPU backend (backend/cpu_backend.cpp) chooses them once, when
+// Supported() says yes, and otherwise runs
 // the scalar twins in ops/reference.h. Each function here computes what its twin of the
 // same name computes (up to the order of float additions); ops_test.cpp holds them to it.
 //
@@ -27,7 +28,9 @@ void SiluMul(float* gate, const float* up, int64_t count);
 void AddInPlace(float* x, const float* y, int64_t n);
 void SoftmaxRow(float* x, int64_t n);
 
-// See reference::AttendHead.
+// See reference::HeadProbabilities and reference::AttendHead.
+void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
+                       float* probs);
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out);
 
