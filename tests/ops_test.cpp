@@ -615,17 +615,19 @@ TEST(CpuBackend, AttentionProbabilitiesAreTheAttentionsProbabilities) {
   const auto v = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
   std::vector<float> out(size_t(m * heads * head_dim)), with_values(size_t(m * heads * l));
   std::vector<float> got(with_values.size()), want(with_values.size());
-  for (const CpuKernels kernels : {CpuKernels::kBest, CpuKernels::kReference}) {
-    const CpuBackend backend(kernels);
-    backend.Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
-                      out.data(), with_values.data());
-    backend.AttentionProbabilities(q.data() + 1, m, k.data() + 1, l, heads, kv_heads, head_dim,
-                                   got.data());
-    EXPECT_EQ(got, with_values);  // the same kernel: bit for bit
-  }
+  // The scalar kernel on every kernel set: bit for bit the reference attention's
+  // probabilities, and within rounding of the best attention's.
   reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
                        out.data(), want.data());
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;  // scalar run last
+  for (const CpuKernels kernels : {CpuKernels::kBest, CpuKernels::kReference}) {
+    const CpuBackend backend(kernels);
+    backend.AttentionProbabilities(q.data() + 1, m, k.data() + 1, l, heads, kv_heads, head_dim,
+                                   got.data());
+    EXPECT_EQ(got, want);
+    backend.Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                      out.data(), with_values.data());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], with_values[i], 1e-6f) << i;
+  }
 }
 
 TEST(CpuBackend, CopyRowsGathersAndScatters) {

@@ -89,7 +89,9 @@ class Backend {
   virtual void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l,
                          int heads, int kv_heads, int head_dim, float* out,
                          float* probs = nullptr) const = 0;
-  // The probabilities alone: probs[M, H, L] = softmax_L(q · k^T / sqrt(D)).
+  // The probabilities alone: probs[M, H, L] = softmax_L(q · k^T / sqrt(D)). The drift
+  // measurements run on it; the CPU backend computes it with the scalar kernel, bit for bit
+  // what the drift-aware policies were validated with.
   virtual void AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l,
                                       int heads, int kv_heads, int head_dim,
                                       float* probs) const = 0;

@@ -60,7 +60,6 @@ class CpuBackend final : public Backend {
   using DequantizeRowFn = void (*)(const WeightView&, int64_t, float*);
   using AttendHeadFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int,
                                 float*, float*);
-  using HeadProbabilitiesFn = void (*)(const float*, const float*, int64_t, int64_t, int, float*);
 
   bool simd_ = false;
   MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
@@ -68,7 +67,6 @@ class CpuBackend final : public Backend {
   RowsFn rms_norm_;
   BinaryFn silu_mul_, add_in_place_;
   AttendHeadFn attend_head_;
-  HeadProbabilitiesFn head_probabilities_;
 };
 
 }  // namespace polestar

@@ -57,15 +57,10 @@ void WeightedSum(const float* probs, const float* v, int64_t l, int64_t kv_strid
 
 }  // namespace
 
-void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
-                       float* probs) {
-  Scores(q, k, l, kv_stride, head_dim, 1.0f / std::sqrt(float(head_dim)), probs);
-  SoftmaxRow(probs, l);
-}
-
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out) {
-  HeadProbabilities(q, k, l, kv_stride, head_dim, probs);
+  Scores(q, k, l, kv_stride, head_dim, 1.0f / std::sqrt(float(head_dim)), probs);
+  SoftmaxRow(probs, l);
   int d = 0;
   for (; d + 64 <= head_dim; d += 64) WeightedSum<8>(probs, v + d, l, kv_stride, out + d);
   using SumFn = void (*)(const float*, const float*, int64_t, int64_t, float*);

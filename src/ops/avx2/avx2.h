@@ -28,9 +28,7 @@ void SiluMul(float* gate, const float* up, int64_t count);
 void AddInPlace(float* x, const float* y, int64_t n);
 void SoftmaxRow(float* x, int64_t n);
 
-// See reference::HeadProbabilities and reference::AttendHead.
-void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
-                       float* probs);
+// See reference::AttendHead.
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out);
 
