@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_backend.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
 #include "ops/ops.h"
@@ -182,7 +183,7 @@ int Run(const Options& options) {
                     int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
       }};
       for (const Case& c : cases) {
-        fns.push_back([&] { MatMul(x.data(), m, c.view, y.data()); });
+        fns.push_back([&] { CpuBackend::Host().MatMul(x.data(), m, c.view, y.data()); });
       }
       const std::vector<double> best = BestSeconds(options.reps, options.cpu_clock, fns);
       const double blas = best[0];

@@ -1,6 +1,7 @@
 // Every AVX2 kernel against its scalar twin over many sizes (tails of every vector width,
-// odd K, M = 1..7 and beyond, pointers off alignment), and the scalar BF16/F16 conversions
-// against hand-computed bit patterns.
+// odd K, M = 1..7 and beyond, pointers off alignment), the CPU backend's threaded ops against
+// the scalar reference backend and hand-computed values, and the scalar BF16/F16
+// conversions against hand-computed bit patterns.
 #include "ops/ops.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu_backend.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/parallel.h"
@@ -293,7 +295,7 @@ TEST(MatMul, ThreadedWithBiasMatchesScalar) {
       std::vector<float> x(size_t(m * k) + 1);
       for (float& v : x) v = uniform(rng);
       std::vector<float> got(size_t(m * n)), want(size_t(m * n));
-      MatMul(x.data() + 1, m, w.view, got.data(), bias.data());
+      CpuBackend::Host().MatMul(x.data() + 1, m, w.view, got.data(), bias.data());
       reference::MatMulColumns(x.data() + 1, m, w.view, 0, n, want.data(), n);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) want[size_t(i * n + j)] += bias[size_t(j)];
@@ -495,10 +497,11 @@ TEST(Attention, ThreadedGroupedHeadsMatchScalar) {
   const auto v = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
   std::vector<float> got(size_t(m * heads * head_dim)), want(got.size()), no_probs(got.size());
   std::vector<float> got_p(size_t(m * heads * l)), want_p(got_p.size());
-  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim, got.data(),
-            got_p.data());
-  Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
-            no_probs.data());
+  const CpuBackend& backend = CpuBackend::Host();
+  backend.Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                    got.data(), got_p.data());
+  backend.Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                    no_probs.data());
   reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
                        want.data(), want_p.data());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -507,6 +510,175 @@ TEST(Attention, ThreadedGroupedHeadsMatchScalar) {
   }
   for (size_t i = 0; i < got_p.size(); ++i) ASSERT_NEAR(got_p[i], want_p[i], 1e-6f) << i;
   SetThreadCount(saved_threads);
+}
+
+// ---------------------------------------------------------------------------------------
+// The CPU backend: the best kernels, threaded, against the scalar reference backend.
+
+TEST(CpuBackend, ChoosesItsKernelsOnce) {
+  EXPECT_EQ(CpuBackend::Host().simd(), avx2::Supported());
+  EXPECT_FALSE(CpuBackend(CpuKernels::kReference).simd());
+  EXPECT_EQ(CpuBackend(CpuKernels::kReference).name(), "cpu-scalar");
+}
+
+TEST(CpuBackend, BuffersAreZeroedCopiedDeepAndGrownOnlyWhenTooSmall) {
+  const CpuBackend& backend = CpuBackend::Host();
+  Buffer a(backend, 5);
+  for (int64_t i = 0; i < a.size(); ++i) EXPECT_EQ(a.data()[i], 0.0f);
+  a.data()[2] = 7;
+  Buffer b = a;
+  b.data()[2] = 8;
+  EXPECT_EQ(a.data()[2], 7.0f);
+  EXPECT_EQ(b.data()[2], 8.0f);
+  const float* before = a.data();
+  a.Reserve(3);  // fits: nothing moves, contents stay
+  EXPECT_EQ(a.data(), before);
+  EXPECT_EQ(a.data()[2], 7.0f);
+  a.Reserve(64);
+  EXPECT_EQ(a.size(), 64);
+  Buffer moved = std::move(b);
+  EXPECT_EQ(b.data(), nullptr);
+  EXPECT_EQ(moved.data()[2], 8.0f);
+}
+
+TEST(CpuBackend, RowOpsMatchTheReferenceBackend) {
+  std::mt19937 rng(21);
+  const CpuBackend& best = CpuBackend::Host();
+  const CpuBackend scalar(CpuKernels::kReference);
+  const int64_t m = 7, c = 77;
+  const auto x = RandomVector(m * c, 2.0f, rng), weight = RandomVector(c, 1.0f, rng);
+  std::vector<float> got(size_t(m * c)), want(got.size());
+  best.RmsNorm(x.data() + 1, m, c, weight.data() + 1, 1e-5f, got.data());
+  scalar.RmsNorm(x.data() + 1, m, c, weight.data() + 1, 1e-5f, want.data());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])));
+
+  auto gate = RandomVector(m * c, 6.0f, rng);
+  auto gate_want = gate;
+  const auto up = RandomVector(m * c, 1.0f, rng);
+  best.SiluMul(gate.data() + 1, up.data() + 1, m * c);
+  scalar.SiluMul(gate_want.data() + 1, up.data() + 1, m * c);
+  for (size_t i = 1; i < gate.size(); ++i)
+    ASSERT_NEAR(gate[i], gate_want[i], 1e-5f * (1 + std::fabs(gate_want[i])));
+
+  auto sum = RandomVector(m * c, 1.0f, rng);
+  auto sum_want = sum;
+  best.AddInPlace(sum.data() + 1, up.data() + 1, m * c);
+  scalar.AddInPlace(sum_want.data() + 1, up.data() + 1, m * c);
+  EXPECT_EQ(sum, sum_want);  // exact
+}
+
+TEST(CpuBackend, MatMulAndLmHeadMatchTheReferenceBackend) {
+  std::mt19937 rng(22);
+  const CpuBackend& best = CpuBackend::Host();
+  const CpuBackend scalar(CpuKernels::kReference);
+  const int64_t m = 3, n = 70, k = 96;
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, n, k, 0, 0, rng);
+    auto x = RandomVector(m * k, 1.0f, rng);
+    std::vector<float> got(size_t(m * n)), want(got.size());
+    best.MatMul(x.data() + 1, m, w.view, got.data());
+    scalar.MatMul(x.data() + 1, m, w.view, want.data());
+    ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), n, std::string(DTypeName(type)));
+
+    // LM head: rmsnorm in place, then the projection; the norm's reference computed by hand.
+    const auto norm = RandomVector(k, 1.0f, rng);
+    std::vector<float> rows(x.begin() + 1, x.end()), normed(rows.size());  // [M, K]
+    reference::RmsNorm(rows.data(), m, k, norm.data() + 1, 1e-6f, normed.data());
+    best.LmHead(rows.data(), m, k, norm.data() + 1, 1e-6f, w.view, got.data());
+    for (size_t i = 0; i < rows.size(); ++i) ASSERT_NEAR(rows[i], normed[i], 1e-5f);
+    reference::MatMulColumns(normed.data(), m, w.view, 0, n, want.data(), n);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f);
+  }
+}
+
+TEST(CpuBackend, RopeUndoesItselfAndRotatesPairsByTheTable) {
+  const RopeTable table(4, 8, 10000.0f);
+  const CpuBackend& backend = CpuBackend::Host();
+  // One head of D = 4 at position 3: pairs (0, 2) and (1, 3) turn by 3 * theta^(-2f/D).
+  std::vector<float> x = {1, 0, 0, 0};
+  const int position[1] = {3};
+  backend.ApplyRope(x.data(), position, 1, table, false);
+  EXPECT_NEAR(x[0], std::cos(3.0f), 1e-6f);
+  EXPECT_NEAR(x[2], std::sin(3.0f), 1e-6f);
+  backend.UndoRope(x.data(), position, 1, table, false);
+  EXPECT_NEAR(x[0], 1.0f, 1e-6f);
+  EXPECT_NEAR(x[2], 0.0f, 1e-6f);
+}
+
+TEST(CpuBackend, AttentionProbabilitiesAreTheAttentionsProbabilities) {
+  std::mt19937 rng(23);
+  const int heads = 4, kv_heads = 2, head_dim = 20;
+  const int64_t m = 3, l = 29;
+  const auto q = RandomVector(m * heads * head_dim, 1.0f, rng);
+  const auto k = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
+  const auto v = RandomVector(l * kv_heads * head_dim, 1.0f, rng);
+  std::vector<float> out(size_t(m * heads * head_dim)), with_values(size_t(m * heads * l));
+  std::vector<float> got(with_values.size()), want(with_values.size());
+  // The scalar kernel on every kernel set: bit for bit the reference attention's
+  // probabilities, and within rounding of the best attention's.
+  reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                       out.data(), want.data());
+  for (const CpuKernels kernels : {CpuKernels::kBest, CpuKernels::kReference}) {
+    const CpuBackend backend(kernels);
+    backend.AttentionProbabilities(q.data() + 1, m, k.data() + 1, l, heads, kv_heads, head_dim,
+                                   got.data());
+    EXPECT_EQ(got, want);
+    backend.Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
+                      out.data(), with_values.data());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], with_values[i], 1e-6f) << i;
+  }
+}
+
+TEST(CpuBackend, CopyRowsGathersAndScatters) {
+  const CpuBackend& backend = CpuBackend::Host();
+  const std::vector<float> src = {0, 1, 10, 11, 20, 21};  // [3, 2]
+  std::vector<float> gathered(4);
+  const int rows[2] = {2, 0};
+  backend.CopyRows(src.data(), rows, gathered.data(), {}, 2);
+  EXPECT_EQ(gathered, (std::vector<float>{20, 21, 0, 1}));
+  std::vector<float> scattered(6, -1);
+  backend.CopyRows(gathered.data(), {}, scattered.data(), rows, 2);
+  EXPECT_EQ(scattered, (std::vector<float>{0, 1, -1, -1, 20, 21}));
+  std::vector<float> both(6, -1);
+  const int from[1] = {1}, to[1] = {2};
+  backend.CopyRows(src.data(), from, both.data(), to, 2);
+  EXPECT_EQ(both, (std::vector<float>{-1, -1, -1, -1, 10, 11}));
+}
+
+TEST(CpuBackend, EmbedLooksUpTheTokensOfTheRows) {
+  std::mt19937 rng(24);
+  const TestWeights table = MakeWeights(DType::kBF16, 5, 16, 0, 0, rng);
+  const std::vector<int> tokens = {4, 1, 3};
+  const int rows[2] = {2, 0};
+  std::vector<float> out(32);
+  CpuBackend::Host().Embed(table.view, tokens, rows, out.data());
+  for (int c = 0; c < 16; ++c) {
+    EXPECT_EQ(out[size_t(c)], table.values[size_t(3 * 16 + c)]);
+    EXPECT_EQ(out[size_t(16 + c)], table.values[size_t(4 * 16 + c)]);
+  }
+}
+
+TEST(CpuBackend, DriftMatchesHandComputedValues) {
+  const CpuBackend& backend = CpuBackend::Host();
+  // Two rows, two heads, L = 2: row 0 differs in head 0 only; row 1 not at all.
+  const std::vector<float> now = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 1.0f, 0.0f};
+  const std::vector<float> before = {0.25f, 0.75f, 0.5f, 0.5f, 0.5f, 0.5f, 1.0f, 0.0f};
+  std::vector<double> drift(2);
+  backend.HeadMeanDrift(DriftMetric::kKl, now.data(), before.data(), 2, 2, 2, drift.data());
+  EXPECT_NEAR(drift[0], (0.5 * std::log(2.0) + 0.5 * std::log(2.0 / 3.0)) / 2, 1e-7);
+  EXPECT_NEAR(drift[1], 0.0, 1e-9);  // zero entries floored on both sides
+  backend.HeadMeanDrift(DriftMetric::kCosine, now.data(), before.data(), 2, 2, 2, drift.data());
+  EXPECT_NEAR(drift[0], (1 - (0.5 * 0.25 + 0.5 * 0.75) / (std::sqrt(0.5) * std::sqrt(0.625))) / 2,
+              1e-7);
+  EXPECT_NEAR(drift[1], 0.0, 1e-12);
+
+  // Across heads: key j of row i compares (now[i, 0, j], now[i, 1, j]) with before's.
+  // now row 1 against before row 0: key 0 (0.5, 1) vs (0.25, 0.5): cos 1; key 1 (0.5, 0) vs
+  // (0.75, 0.5): 0.75 / sqrt(0.8125).
+  const int now_rows[1] = {1};
+  EXPECT_NEAR(backend.MeanCrossHeadCosine(now.data(), now_rows, before.data(), 2, 2),
+              (1.0 + 0.75 / std::sqrt(0.8125)) / 2, 1e-7);
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "decode/generate.h"
+#include "decode/policy.h"
 #include "drift/drift.h"
 #include "io/json_file.h"
 #include "model/forward.h"
+#include "ops/reference.h"
 #include "test_support.h"
 
 namespace polestar {
@@ -17,11 +20,12 @@ namespace {
 
 TEST(DriftMetrics, KlAndCosineMatchHandComputedValues) {
   const float p[2] = {0.5f, 0.5f}, q[2] = {0.25f, 0.75f};
-  EXPECT_NEAR(KlDivergence(p, q, 2), 0.5 * std::log(2.0) + 0.5 * std::log(2.0 / 3.0), 1e-7);
-  EXPECT_NEAR(KlDivergence(p, p, 2), 0.0, 1e-12);
+  EXPECT_NEAR(reference::KlDivergence(p, q, 2), 0.5 * std::log(2.0) + 0.5 * std::log(2.0 / 3.0),
+              1e-7);
+  EXPECT_NEAR(reference::KlDivergence(p, p, 2), 0.0, 1e-12);
   const float a[2] = {1, 0}, b[2] = {1, 1}, zero[2] = {0, 0};
-  EXPECT_NEAR(CosineSimilarity(a, b, 2), 1 / std::sqrt(2.0), 1e-7);
-  EXPECT_EQ(CosineSimilarity(a, zero, 2), 0.0);
+  EXPECT_NEAR(reference::CosineSimilarity(a, b, 2), 1 / std::sqrt(2.0), 1e-7);
+  EXPECT_EQ(reference::CosineSimilarity(a, zero, 2), 0.0);
 }
 
 TEST(KMeans, SeparatesDirectionsWithDeterministicSeeding) {
@@ -157,6 +161,98 @@ TEST(PolestarCache, PacketPropagationEqualsAFullRecomputeOfThoseRows) {
       ASSERT_NEAR(cache.keys(1)[p * kv + j], reference_cache.keys(1)[p * kv + j], 1e-5) << p;
       ASSERT_NEAR(cache.values(1)[p * kv + j], reference_cache.values(1)[p * kv + j], 1e-5) << p;
     }
+  }
+}
+
+// The model's drift ops against the same math written out with the scalar kernels: proxy
+// queries W_q rmsnorm(x) without RoPE, over the cache's keys with RoPE undone.
+TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
+    SCOPED_TRACE(fixture);
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const ModelConfig& c = model->config();
+    const int length = 24;
+    std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
+    canvas.resize(size_t(length), c.mask_id);
+    KvCache cache = MakeCache(*model, length, true);
+    Forward forward(*model, cache);
+    forward.Run(canvas, {Range(0, length), {}, {}, nullptr});
+    const int layer = c.layers - 1;
+    const std::vector<int> rows = {3, 17};
+    const int64_t m = int64_t(rows.size()), q_width = int64_t(c.heads) * c.head_dim;
+    std::vector<float> x(size_t(m * c.width));  // [M, C]
+    forward.ReadHidden(layer, rows, x.data());
+    for (int64_t j = 0; j < c.width; ++j)
+      ASSERT_EQ(x[size_t(c.width + j)], cache.hidden(layer)[17 * c.width + j]);
+    std::vector<float> got(size_t(m * c.heads * length));  // [M, H, L]
+    forward.ProxyAttention(layer, x.data(), m, got.data());
+
+    const LayerWeights& w = model->layer(layer);
+    std::vector<float> normed(x.size()), q(size_t(m * q_width));
+    reference::RmsNorm(x.data(), m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
+    reference::MatMulColumns(normed.data(), m, w.wq, 0, q_width, q.data(), q_width);
+    for (int64_t i = 0; i < m && !w.bq.empty(); ++i) {
+      for (int64_t j = 0; j < q_width; ++j) q[size_t(i * q_width + j)] += w.bq[size_t(j)];
+    }
+    const int64_t kv = cache.kv_width();
+    std::vector<float> keys(cache.keys(layer), cache.keys(layer) + length * kv);  // [L, Hkv*D]
+    const std::vector<int> positions = Range(0, length);
+    UndoRope(keys.data(), positions, c.kv_heads, model->rope(), c.rope_interleaved);
+    std::vector<float> want(got.size()), out(size_t(m * q_width));
+    reference::Attention(q.data(), m, keys.data(), keys.data(), length, c.heads, c.kv_heads,
+                         c.head_dim, out.data(), want.data());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+    // The un-rotated keys really differ from the cached ones (RoPE was applied).
+    std::vector<float> unrotated(keys.size());
+    forward.UnrotatedKeys(layer, unrotated.data());
+    EXPECT_EQ(unrotated, keys);
+    EXPECT_NE(unrotated[size_t(5 * kv + 1)], cache.keys(layer)[5 * kv + 1]);
+  }
+}
+
+// Captures each layer's attention probabilities of a step.
+class CaptureAttention final : public LayerHook {
+ public:
+  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+    probs_[layer].assign(probs, probs + query_rows.size() * row_size_);
+  }
+  int64_t row_size_ = 0;
+  std::map<int, std::vector<float>> probs_;
+};
+
+// The attention of cached rows (Elastic-Cache's "before the step") is the attention the
+// forward pass computed for those rows when it cached them.
+TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const ModelConfig& c = model->config();
+  const int length = 24;
+  std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
+  canvas.resize(size_t(length), c.mask_id);
+  KvCache cache = MakeCache(*model, length, true);
+  Forward forward(*model, cache);
+  CaptureAttention capture;
+  capture.row_size_ = int64_t(c.heads) * length;
+  forward.Run(canvas, {Range(0, length), {}, Range(0, c.layers), &capture});
+  const std::vector<int> rows = {2, 11, 20};
+  std::vector<float> got(rows.size() * size_t(capture.row_size_));  // [3, H, L]
+  std::vector<double> drift(rows.size());
+  for (int layer = 0; layer < c.layers; ++layer) {
+    forward.CachedRowsAttention(layer, rows, got.data());
+    const std::vector<float>& all = capture.probs_[layer];  // [L, H, L]
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (int64_t j = 0; j < capture.row_size_; ++j) {
+        ASSERT_NEAR(got[r * size_t(capture.row_size_) + size_t(j)],
+                    all[size_t(rows[r]) * size_t(capture.row_size_) + size_t(j)], 1e-6f)
+            << "layer " << layer << " row " << rows[r];
+      }
+    }
+    // Their drift from the captured rows is nil; from other rows it is not.
+    EXPECT_NEAR(forward.MeanCrossHeadCosine(all.data(), rows, got.data()), 1.0, 1e-6);
+    forward.HeadMeanDrift(DriftMetric::kKl, got.data(), got.data(), int64_t(rows.size()),
+                          drift.data());
+    for (double d : drift) EXPECT_EQ(d, 0.0);
+    const std::vector<int> shifted = {5, 0, 3};  // other prompt tokens
+    EXPECT_LT(forward.MeanCrossHeadCosine(all.data(), shifted, got.data()), 1.0 - 1e-6);
   }
 }
 

@@ -324,11 +324,11 @@ TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t c = 0; c < n; ++c) want[i * n + c] += bias[c];
   }
-  ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data()));
+  ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), avx2::Supported()));
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
-  EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr));
+  EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr, avx2::Supported()));
 }
 
 }  // namespace

@@ -389,7 +389,6 @@ struct FieldParse {
   FieldParse() : config(DreamConfig()), codec(config) {}
   static ModelConfig DreamConfig() {
     ModelConfig config;
-    config.arch = Arch::kDream;
     config.sampler = SamplerFamily::kDream;  // every field valid, --alg included
     config.vocab = 160;
     return config;

@@ -198,49 +198,43 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
                       : 0;
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
   StepTiming kmeans{"k-means (all layers)", 0, {}};
+  std::vector<float> hidden(window.size() * size_t(C));  // [window, C] cached layer inputs
   for (int r = 0; r < options.reps; ++r) {
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
-      const float* hidden = cache.hidden(l);
+      forward.ReadHidden(l, window, hidden.data());
       if (prefix_clusters > 0) {
-        SphericalKMeans({hidden + int64_t(window.front()) * C, size_t(prefix_rows) * C},
-                        prefix_rows, C, prefix_clusters, o.kmeans_iters);
+        SphericalKMeans({hidden.data(), size_t(prefix_rows) * C}, prefix_rows, C, prefix_clusters,
+                        o.kmeans_iters);
       }
       if (suffix_clusters > 0) {
-        SphericalKMeans(
-            {hidden + int64_t(window[size_t(prefix_rows)]) * C, size_t(suffix_rows) * C},
-            suffix_rows, C, suffix_clusters, o.kmeans_iters);
+        SphericalKMeans({hidden.data() + int64_t(prefix_rows) * C, size_t(suffix_rows) * C},
+                        suffix_rows, C, suffix_clusters, o.kmeans_iters);
       }
     }
     kmeans.seconds.push_back(ClockSeconds(options.clock) - start);
   }
   timings.push_back(kmeans);
+  // The proxy step exactly as Polestar runs it (the model's drift ops): every layer's proxy
+  // attention of the centroids and its drift from the last time.
   StepTiming proxy{"proxy attention (all layers)", 0, {}};
-  const int64_t kv_width = int64_t(config.kv_heads) * config.head_dim;
   const int clusters = prefix_clusters + suffix_clusters;
+  std::vector<int> seeds;  // [K] one window row per cluster
+  for (int c = 0; c < clusters; ++c)
+    seeds.push_back(window[size_t(c) * window.size() / size_t(clusters)]);
   std::vector<float> centroids(size_t(clusters) * C);  // [K, C]
-  for (int c = 0; c < clusters; ++c) {
-    std::copy_n(cache.hidden(0) + int64_t(window[size_t(c) * window.size() / size_t(clusters)]) * C,
-                C, centroids.begin() + int64_t(c) * C);
-  }
-  std::vector<float> queries(size_t(clusters) * config.heads * config.head_dim);  // [K, H*D]
-  std::vector<float> keys;                                                        // [L, Hkv*D]
-  std::vector<float> probs(size_t(clusters) * config.heads * g.length);           // [K, H, L]
+  forward.ReadHidden(0, seeds, centroids.data());
+  std::vector<float> probs(size_t(clusters) * config.heads * g.length);  // [K, H, L]
   std::vector<float> previous = probs;
-  const std::vector<int> positions = Range(0, g.length);
-  double drift_sum = 0;  // keeps the KL from being optimised away
+  std::vector<double> drift(static_cast<size_t>(clusters));  // [K]
+  double drift_sum = 0;  // keeps the drift from being optimised away
   for (int r = 0; r < options.reps; ++r) {
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
-      forward.ProjectQueries(l, centroids.data(), clusters, queries.data());
-      keys.assign(cache.keys(l), cache.keys(l) + int64_t(g.length) * kv_width);
-      UndoRope(keys.data(), positions, config.kv_heads, model.rope(), config.rope_interleaved);
-      AttentionProbabilities(queries.data(), clusters, keys.data(), g.length, config.heads,
-                             config.kv_heads, config.head_dim, probs.data());
-      for (int64_t row = 0; row < int64_t(clusters) * config.heads; ++row) {
-        drift_sum += KlDivergence(&probs[size_t(row * g.length)], &previous[size_t(row * g.length)],
-                                  g.length);
-      }
+      forward.ProxyAttention(l, centroids.data(), clusters, probs.data());
+      forward.HeadMeanDrift(DriftMetric::kKl, probs.data(), previous.data(), clusters,
+                            drift.data());
+      for (double d : drift) drift_sum += d;
       std::swap(probs, previous);
     }
     proxy.seconds.push_back(ClockSeconds(options.clock) - start);

@@ -32,9 +32,7 @@
 
 #include "base/error.h"
 #include "decode/policy_registry.h"
-#include "drift/drift.h"
 #include "model/forward.h"
-#include "ops/ops.h"
 
 namespace polestar {
 namespace {
@@ -54,6 +52,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   bool NeedsHiddenStates() const override { return true; }
 
   StepPlan Plan(const DecodeContext& context) override {
+    forward_ = &context.forward;
     canvas_.assign(context.canvas.begin(), context.canvas.end());
     mask_id_ = context.mask_id;
     const int length = int(canvas_.size());
@@ -90,7 +89,7 @@ class ElasticCachePolicy : public Policy, private LayerHook {
       for (int p = 0; p < length; ++p) {
         if (chosen[size_t(p)]) plan.input_rows.push_back(p);
       }
-      if (!tracked_.empty()) RecordAttentionBefore(context);
+      if (!tracked_.empty()) RecordAttentionBefore(context.forward);
     }
     input_rows_ = int(plan.input_rows.size());
     previous_canvas_ = canvas_;
@@ -124,24 +123,12 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   // before_[l][|tracked|, H, L]: each tracked token's attention at layer l as the cache stands
   // before this step: the query of its cached layer input (the input its last query came
   // from) over the keys no row of this step has rewritten yet.
-  void RecordAttentionBefore(const DecodeContext& context) {
-    const ModelConfig& config = model_.config();
+  void RecordAttentionBefore(const Forward& forward) {
     const int64_t length = int64_t(canvas_.size()), count = int64_t(tracked_.size());
-    const int64_t width = config.width;
-    std::vector<float> inputs(size_t(count * width));                            // [|tracked|, C]
-    std::vector<float> queries(size_t(count * config.heads * config.head_dim));  // [|tracked|, H*D]
     before_.resize(tracks_.size());
     for (int layer = 0; layer < int(tracks_.size()); ++layer) {
-      const float* hidden = context.cache.hidden(layer);
-      for (int64_t i = 0; i < count; ++i) {
-        std::copy_n(hidden + int64_t(tracked_[size_t(i)]) * width, width,
-                    inputs.data() + i * width);
-      }
-      context.forward.ProjectQueries(layer, inputs.data(), count, queries.data());
-      ApplyRope(queries.data(), tracked_, config.heads, model_.rope(), config.rope_interleaved);
-      before_[size_t(layer)].resize(size_t(count * config.heads * length));
-      AttentionProbabilities(queries.data(), count, context.cache.keys(layer), length, config.heads,
-                             config.kv_heads, config.head_dim, before_[size_t(layer)].data());
+      before_[size_t(layer)].resize(size_t(count * heads_ * length));
+      forward.CachedRowsAttention(layer, tracked_, before_[size_t(layer)].data());
     }
   }
 
@@ -162,22 +149,13 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     };
 
     if (!full_ && fired_layer_ < 0 && !tracked_.empty()) {
-      const float* before = before_[size_t(layer)].data();
-      std::vector<float> head_now(static_cast<size_t>(heads_)),
-          head_before(static_cast<size_t>(heads_));  // [H]
-      double sum = 0;
-      for (size_t k = 0; k < tracked_.size(); ++k) {
-        const float* now = row(tracked_[k]);
-        const float* then = before + int64_t(k) * heads_ * length;  // [H, L]
-        for (int64_t j = 0; j < length; ++j) {
-          for (int h = 0; h < heads_; ++h) {
-            head_now[size_t(h)] = now[h * length + j];
-            head_before[size_t(h)] = then[h * length + j];
-          }
-          sum += CosineSimilarity(head_before.data(), head_now.data(), heads_);
-        }
+      tracked_rows_.clear();  // [|tracked|] index of each tracked token in query_rows
+      for (int p : tracked_) {
+        PS_CHECK(row_of_[size_t(p)] >= 0);  // tracked rows are query rows
+        tracked_rows_.push_back(int(row_of_[size_t(p)]));
       }
-      const double sigma = sum / double(int64_t(tracked_.size()) * length);
+      const double sigma =
+          forward_->MeanCrossHeadCosine(probs, tracked_rows_, before_[size_t(layer)].data());
       similarity_[size_t(layer)] = sigma;
       if (sigma < gamma_) fired_layer_ = layer;
     }
@@ -217,6 +195,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   std::vector<int> tracked_;                // union of tracks_ at the plan, ascending
   std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
   std::vector<int64_t> row_of_;             // [L] index of a position in the layer's query rows
+  std::vector<int> tracked_rows_;           // [|tracked|] their index in the layer's query rows
+  const Forward* forward_ = nullptr;        // the step's model (drift ops)
   bool full_ = false;
   int fired_layer_ = -1;
   int input_rows_ = 0;

@@ -20,6 +20,8 @@
 // Choices where the released code leaves room (see docs/policies.md):
 //   - k-means seeding is deterministic (SPEC §5.2); ties in top-k go to the lower cluster.
 //   - The cache stores rotated keys; proxy attention un-rotates a copy of the layer's keys.
+//   - Proxy attention, drift and cache reads are the model's drift ops (Forward), so the
+//     scale bench times exactly this code's proxy step.
 //   - The NVFP4 store keeps each window row as frozen-at-clustering centroid + NVFP4
 //     residual (one FP32 scale per layer window); packet rows are re-quantised.
 //   - "cosine" drift (the ablation) replaces the per-cluster KL with 1 - cos; the token
@@ -125,7 +127,6 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   StepPlan Plan(const DecodeContext& context) override {
     WaitForWorker();
-    cache_ = &context.cache;
     forward_ = &context.forward;
     canvas_ = context.canvas;
     stats_ = nlohmann::json::object();
@@ -260,17 +261,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int64_t length = int64_t(canvas_.size());
     std::vector<double> drift(static_cast<size_t>(lc.count), 0.0);  // [K]
     if (!lc.previous_proxy.empty()) {
-      for (int c = 0; c < lc.count; ++c) {
-        double total = 0;
-        for (int h = 0; h < config.heads; ++h) {
-          const float* now = &proxy[size_t((int64_t(c) * config.heads + h) * length)];
-          const float* before =
-              &lc.previous_proxy[size_t((int64_t(c) * config.heads + h) * length)];
-          total += options_.drift_metric == "kl" ? KlDivergence(now, before, length)
-                                                 : 1.0 - CosineSimilarity(now, before, length);
-        }
-        drift[size_t(c)] = total / config.heads;
-      }
+      forward_->HeadMeanDrift(
+          options_.drift_metric == "kl" ? DriftMetric::kKl : DriftMetric::kCosine, proxy.data(),
+          lc.previous_proxy.data(), lc.count, drift.data());
     }
     lc.previous_proxy = std::move(proxy);
     const bool last = rows.layer == config.layers - 1;
@@ -317,15 +310,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
     if (token_drift_valid_) {
       token_drift_.assign(size_t(block), 0.0);
-      for (int b = 0; b < block; ++b) {
-        double total = 0;
-        for (int h = 0; h < config.heads; ++h) {
-          const int64_t offset = int64_t(b) * row_size + int64_t(h) * length;
-          total +=
-              KlDivergence(&current[size_t(offset)], &previous_attention_[size_t(offset)], length);
-        }
-        token_drift_[size_t(b)] = total / config.heads;
-      }
+      forward_->HeadMeanDrift(DriftMetric::kKl, current.data(), previous_attention_.data(), block,
+                              token_drift_.data());
     }
     previous_attention_ = std::move(current);
   }
@@ -342,7 +328,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
         DequantizeNvfp4(lc.residuals[size_t(p)], C, lc.tensor_scale, row);
         for (int64_t j = 0; j < C; ++j) row[j] += lc.base[size_t(label * C + j)];
       } else {
-        std::memcpy(row, cache_->hidden(layer) + int64_t(p) * C, C * 4);
+        forward_->ReadHidden(layer, positions.subspan(i, 1), row);
       }
     }
   }
@@ -384,10 +370,13 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     lc.labels.assign(size_t(length), -1);
     lc.centroids.assign(size_t(lc.count) * C, 0.0f);
     lc.members.assign(size_t(lc.count), 0.0f);
-    const float* hidden = cache_->hidden(layer);
+    // The window's cached layer inputs; hidden(p) is row p's.
+    std::vector<float> window(size_t(window_end_ - window_begin_) * C);  // [window, C]
+    forward_->ReadHidden(layer, Range(window_begin_, window_end_), window.data());
+    auto hidden = [&](int p) { return window.data() + int64_t(p - window_begin_) * C; };
     auto cluster_part = [&](int begin, int end, int k, int first_label) {
       if (end <= begin || k == 0) return;
-      std::span<const float> points(hidden + int64_t(begin) * C, size_t(end - begin) * C);
+      std::span<const float> points(hidden(begin), size_t(end - begin) * C);
       const Clustering part = SphericalKMeans(points, end - begin, C, k, options_.kmeans_iters);
       std::copy(part.centroids.begin(), part.centroids.end(),
                 lc.centroids.begin() + int64_t(first_label) * C);
@@ -406,12 +395,12 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
         const int label = lc.labels[size_t(p)];
         if (label < 0) continue;
         for (int64_t j = 0; j < C; ++j) {
-          amax = std::max(amax, std::fabs(hidden[p * C + j] - lc.base[size_t(label * C + j)]));
+          amax = std::max(amax, std::fabs(hidden(p)[j] - lc.base[size_t(label * C + j)]));
         }
       }
       lc.tensor_scale = Nvfp4TensorScale(amax);
       for (int p = window_begin_; p < window_end_; ++p) {
-        if (lc.labels[size_t(p)] >= 0) StoreResidual(lc, p, hidden + int64_t(p) * C);
+        if (lc.labels[size_t(p)] >= 0) StoreResidual(lc, p, hidden(p));
       }
     }
     ComputeProxy(layer, lc, lc.previous_proxy);
@@ -427,18 +416,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   // proxy[K, H, L]: attention of q_c = W_q rmsnorm(centroid) (no RoPE) over un-rotated keys.
   void ComputeProxy(int layer, const LayerClusters& lc, std::vector<float>& proxy) const {
-    const ModelConfig& config = model_.config();
-    const int64_t length = int64_t(canvas_.size());
-    const int64_t kv_width = int64_t(config.kv_heads) * config.head_dim;
-    std::vector<float> queries(size_t(lc.count) * config.heads * config.head_dim);  // [K, H*D]
-    forward_->ProjectQueries(layer, lc.centroids.data(), lc.count, queries.data());
-    std::vector<float> keys(cache_->keys(layer),
-                            cache_->keys(layer) + length * kv_width);  // [L, Hkv*D]
-    const std::vector<int> positions = Range(0, int(length));
-    UndoRope(keys.data(), positions, config.kv_heads, model_.rope(), config.rope_interleaved);
-    proxy.resize(size_t(lc.count) * config.heads * length);
-    AttentionProbabilities(queries.data(), lc.count, keys.data(), length, config.heads,
-                           config.kv_heads, config.head_dim, proxy.data());
+    proxy.resize(size_t(lc.count) * model_.config().heads * canvas_.size());
+    forward_->ProxyAttention(layer, lc.centroids.data(), lc.count, proxy.data());
   }
 
   int SuffixCommits(const DecodeContext& context, const StepResult& result,
@@ -472,7 +451,6 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   const DecodeOptions options_;
   const Model& model_;
   Rng rng_;
-  KvCache* cache_ = nullptr;
   Forward* forward_ = nullptr;
   std::span<const int> canvas_;
   Mode mode_ = Mode::kBlockStart;

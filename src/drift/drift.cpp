@@ -6,30 +6,8 @@
 #include <limits>
 
 #include "base/error.h"
-#include "base/parallel.h"
 
 namespace polestar {
-
-double KlDivergence(const float* current, const float* previous, int64_t n, float floor) {
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const float c = std::max(current[i], floor);
-    const float p = std::max(previous[i], floor);
-    sum += double(c) * (std::log(double(c)) - std::log(double(p)));
-  }
-  return std::max(sum, 0.0);
-}
-
-double CosineSimilarity(const float* a, const float* b, int64_t n) {
-  double dot = 0, na = 0, nb = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    dot += double(a[i]) * b[i];
-    na += double(a[i]) * a[i];
-    nb += double(b[i]) * b[i];
-  }
-  if (na == 0 || nb == 0) return 0;
-  return dot / (std::sqrt(na) * std::sqrt(nb));
-}
 
 Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k,
                            int iterations) {
@@ -97,36 +75,6 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
     }
   }
   return result;
-}
-
-void AttentionProbabilities(const float* q, int64_t k, const float* keys, int64_t l, int heads,
-                            int kv_heads, int head_dim, float* probs) {
-  const int group = heads / kv_heads;
-  const float scale = 1.0f / std::sqrt(float(head_dim));
-  const int64_t q_stride = int64_t(heads) * head_dim;
-  const int64_t kv_stride = int64_t(kv_heads) * head_dim;
-  ParallelFor(k * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t c = item / heads;
-      const int h = int(item % heads);
-      const float* qh = q + c * q_stride + h * head_dim;
-      const float* kh = keys + int64_t(h / group) * head_dim;
-      float* row = probs + item * l;
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < l; ++j) {
-        float dot = 0;
-        for (int t = 0; t < head_dim; ++t) dot += qh[t] * kh[j * kv_stride + t];
-        row[j] = dot * scale;
-        max_score = std::max(max_score, row[j]);
-      }
-      float total = 0;
-      for (int64_t j = 0; j < l; ++j) {
-        row[j] = std::exp(row[j] - max_score);
-        total += row[j];
-      }
-      for (int64_t j = 0; j < l; ++j) row[j] /= total;
-    }
-  });
 }
 
 bool PassesDriftGate(double confidence, double delta, double floor, double tau_s, double alpha,

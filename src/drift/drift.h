@@ -1,5 +1,7 @@
-// Drift measurement and grouping: pure functions on rows of floats, used by the
-// drift-aware policies (Polestar, Elastic-Cache). Nothing here knows about models.
+// Grouping, gates and compressed storage for the drift-aware policies (Polestar,
+// Elastic-Cache): pure functions on rows of floats. Nothing here knows about models. The
+// drift measurements themselves (proxy attention, KL and cosine drift) are the model's
+// drift ops (model/forward.h) on the backend's kernels.
 #pragma once
 
 #include <cstdint>
@@ -7,13 +9,6 @@
 #include <vector>
 
 namespace polestar {
-
-// KL(current || previous) of two distributions, summed over n entries, each clamped to
-// at least `floor` before the logs, the result clamped at >= 0.
-double KlDivergence(const float* current, const float* previous, int64_t n, float floor = 1e-12f);
-
-// cos(a, b); 0 when either is all zeros.
-double CosineSimilarity(const float* a, const float* b, int64_t n);
 
 // Spherical k-means on points[n, d]: points are assigned to the centroid of largest
 // cosine similarity; centroids are the mean of their (un-normalised) members, computed as
@@ -26,11 +21,6 @@ struct Clustering {
 };
 Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k,
                            int iterations);
-
-// Proxy attention: probs[k, H, L] = softmax_over_L(q[k, H*D] · keys[L, Hkv*D]^T / sqrt(D)),
-// query head h reading key head h / (H / Hkv).
-void AttentionProbabilities(const float* q, int64_t k, const float* keys, int64_t l, int heads,
-                            int kv_heads, int head_dim, float* probs);
 
 // Polestar-Commit's gate: a masked position with floor < conf < tau_s commits early when
 // alpha (tau_s - conf)^2 <= delta < cap (delta: its drift jump over the recent mean).

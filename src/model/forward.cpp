@@ -1,27 +1,35 @@
 #include "model/forward.h"
 
 #include <algorithm>
-#include <cstring>
 #include <unordered_map>
 
 #include "base/error.h"
 
 namespace polestar {
 
-KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden) {
+KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden, const Backend& backend) {
   const ModelConfig& c = model.config();
-  return KvCache(c.layers, positions, int64_t(c.kv_heads) * c.head_dim, c.width, keep_hidden);
+  return KvCache(backend, c.layers, positions, int64_t(c.kv_heads) * c.head_dim, c.width,
+                 keep_hidden);
 }
 
-Forward::Forward(const Model& model, KvCache& cache) : model_(model), cache_(cache) {}
-
-void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) {
-  const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
-  std::vector<float> normed(static_cast<size_t>(m * c.width));  // [M, C]
-  RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
-  MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
-}
+Forward::Forward(const Model& model, KvCache& cache)
+    : model_(model),
+      cache_(cache),
+      backend_(cache.backend()),
+      x_(backend_, 0),
+      x_next_(backend_, 0),
+      normed_(backend_, 0),
+      q_(backend_, 0),
+      k_(backend_, 0),
+      v_(backend_, 0),
+      attn_(backend_, 0),
+      proj_(backend_, 0),
+      gate_(backend_, 0),
+      up_(backend_, 0),
+      probs_(backend_, 0),
+      loaded_(backend_, 0),
+      final_(backend_, 0) {}
 
 // K/V of the fresh rows x[|rows|, C] at `layer`, written into the cache by position.
 void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook) {
@@ -29,21 +37,18 @@ void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x, La
   const LayerWeights& w = model_.layer(layer);
   const int64_t m = int64_t(rows.size());
   const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
-  normed_.resize(size_t(m * c.width));  // [M, C]
-  k_.resize(size_t(m * kv_width));      // [M, Hkv*D]
-  v_.resize(size_t(m * kv_width));      // [M, Hkv*D]
-  RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed_.data());
-  MatMul(normed_.data(), m, w.wk, k_.data(), w.bk.empty() ? nullptr : w.bk.data());
-  MatMul(normed_.data(), m, w.wv, v_.data(), w.bv.empty() ? nullptr : w.bv.data());
-  ApplyRope(k_.data(), rows, c.kv_heads, model_.rope(), c.rope_interleaved);
+  normed_.Reserve(m * c.width);  // [M, C]
+  k_.Reserve(m * kv_width);      // [M, Hkv*D]
+  v_.Reserve(m * kv_width);      // [M, Hkv*D]
+  backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed_.data());
+  backend_.MatMul(normed_.data(), m, w.wk, k_.data(), w.bk.empty() ? nullptr : w.bk.data());
+  backend_.MatMul(normed_.data(), m, w.wv, v_.data(), w.bv.empty() ? nullptr : w.bv.data());
+  backend_.ApplyRope(k_.data(), rows, c.kv_heads, model_.rope(), c.rope_interleaved);
   if (hook != nullptr) hook->BeforeFreshRowsStored(layer, rows, x);
-  for (int64_t i = 0; i < m; ++i) {
-    std::memcpy(cache_.keys(layer) + rows[i] * kv_width, &k_[i * kv_width], kv_width * 4);
-    std::memcpy(cache_.values(layer) + rows[i] * kv_width, &v_[i * kv_width], kv_width * 4);
-    if (cache_.keeps_hidden()) {
-      std::memcpy(cache_.hidden(layer) + rows[i] * c.width, x + i * c.width, c.width * 4);
-    }
-  }
+  if (rows.empty()) return;
+  backend_.CopyRows(k_.data(), {}, cache_.keys(layer), rows, kv_width);
+  backend_.CopyRows(v_.data(), {}, cache_.values(layer), rows, kv_width);
+  if (cache_.keeps_hidden()) backend_.CopyRows(x, {}, cache_.hidden(layer), rows, c.width);
 }
 
 StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
@@ -56,14 +61,12 @@ StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
   StepResult result;
   result.logit_rows = plan.logit_rows;
   std::vector<int> fresh(plan.input_rows.begin(), plan.input_rows.end());
-  // x_: [|F|, C] layer inputs of the fresh rows.
-  x_.resize(fresh.size() * C);
-  for (size_t i = 0; i < fresh.size(); ++i) {
-    PS_CHECK(fresh[i] >= 0 && fresh[i] < length);
-    const int token = canvas[fresh[i]];
-    PS_CHECK(token >= 0 && token < c.vocab);
-    DequantizeRow(model_.embedding(), token, &x_[i * C]);
+  for (const int row : fresh) {
+    PS_CHECK(row >= 0 && row < length);
+    PS_CHECK(canvas[row] >= 0 && canvas[row] < c.vocab);
   }
+  x_.Reserve(int64_t(fresh.size()) * C);  // [|F|, C] layer inputs of the fresh rows
+  backend_.Embed(model_.embedding(), canvas, fresh, x_.data());
 
   std::vector<int> query;
   for (int layer = 0; layer < c.layers; ++layer) {
@@ -81,90 +84,148 @@ StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
     const int64_t m = int64_t(query.size());
     result.rows_computed += m;
 
-    // Gather the query rows' inputs: fresh rows from x_, others from the hidden cache.
-    x_next_.resize(size_t(m * C));  // [|Q|, C]
+    // The query rows' inputs: fresh rows from x_, others from the hidden-state store.
     const bool same_rows = query == fresh;
-    if (same_rows) {
-      std::copy(x_.begin(), x_.end(), x_next_.begin());
-    } else {
-      std::unordered_map<int, int64_t> fresh_index;
-      for (size_t i = 0; i < fresh.size(); ++i) fresh_index[fresh[i]] = int64_t(i);
-      std::vector<int> cached_rows;    // positions read from the hidden-state store
-      std::vector<int64_t> cached_at;  // their index in Q
-      for (int64_t i = 0; i < m; ++i) {
-        auto it = fresh_index.find(query[i]);
+    if (!same_rows) {
+      x_next_.Reserve(m * C);  // [|Q|, C]
+      std::unordered_map<int, int> fresh_index;
+      for (size_t i = 0; i < fresh.size(); ++i) fresh_index[fresh[i]] = int(i);
+      std::vector<int> fresh_from, fresh_at;  // index in x_, index in Q
+      std::vector<int> cached_rows;           // positions read from the hidden-state store
+      std::vector<int> cached_at;             // their index in Q
+      for (int i = 0; i < int(m); ++i) {
+        auto it = fresh_index.find(query[size_t(i)]);
         if (it != fresh_index.end()) {
-          std::memcpy(&x_next_[i * C], &x_[it->second * C], C * 4);
+          fresh_from.push_back(it->second);
+          fresh_at.push_back(i);
         } else {
-          cached_rows.push_back(query[i]);
+          cached_rows.push_back(query[size_t(i)]);
           cached_at.push_back(i);
         }
       }
+      if (!fresh_from.empty())
+        backend_.CopyRows(x_.data(), fresh_from, x_next_.data(), fresh_at, C);
       if (!cached_rows.empty()) {
-        std::vector<float> loaded(cached_rows.size() * C);  // [rows, C]
         if (hidden_source != nullptr) {
-          hidden_source->Read(layer, cached_rows, loaded.data());
+          loaded_.Reserve(int64_t(cached_rows.size()) * C);  // [rows, C]
+          hidden_source->Read(layer, cached_rows, loaded_.data());
+          backend_.CopyRows(loaded_.data(), {}, x_next_.data(), cached_at, C);
         } else {
           PS_CHECK(cache_.keeps_hidden());
-          for (size_t r = 0; r < cached_rows.size(); ++r) {
-            std::memcpy(&loaded[r * C], cache_.hidden(layer) + int64_t(cached_rows[r]) * C, C * 4);
-          }
-        }
-        for (size_t r = 0; r < cached_rows.size(); ++r) {
-          std::memcpy(&x_next_[cached_at[r] * C], &loaded[r * C], C * 4);
+          backend_.CopyRows(cache_.hidden(layer), cached_rows, x_next_.data(), cached_at, C);
         }
       }
+      std::swap(x_, x_next_);  // x_: [|Q|, C]
     }
-    std::swap(x_, x_next_);  // x_: [|Q|, C]
 
     // Attention block.
     if (!same_rows) {
-      normed_.resize(size_t(m * C));
-      RmsNorm(x_.data(), m, C, w.attn_norm.data(), c.rms_eps, normed_.data());
+      normed_.Reserve(m * C);
+      backend_.RmsNorm(x_.data(), m, C, w.attn_norm.data(), c.rms_eps, normed_.data());
     }  // else normed_ still holds rmsnorm(x) of exactly these rows from ComputeKv
-    q_.resize(size_t(m * q_width));  // [|Q|, H*D]
-    MatMul(normed_.data(), m, w.wq, q_.data(), w.bq.empty() ? nullptr : w.bq.data());
-    ApplyRope(q_.data(), query, c.heads, model_.rope(), c.rope_interleaved);
+    q_.Reserve(m * q_width);  // [|Q|, H*D]
+    backend_.MatMul(normed_.data(), m, w.wq, q_.data(), w.bq.empty() ? nullptr : w.bq.data());
+    backend_.ApplyRope(q_.data(), query, c.heads, model_.rope(), c.rope_interleaved);
     const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
                          plan.capture_layers.end();
-    attn_.resize(size_t(m * q_width));                         // [|Q|, H*D]
-    if (capture) probs_.resize(size_t(m * c.heads * length));  // [|Q|, H, L]
-    Attention(q_.data(), m, cache_.keys(layer), cache_.values(layer), length, c.heads, c.kv_heads,
-              c.head_dim, attn_.data(), capture ? probs_.data() : nullptr);
+    attn_.Reserve(m * q_width);                         // [|Q|, H*D]
+    if (capture) probs_.Reserve(m * c.heads * length);  // [|Q|, H, L]
+    backend_.Attention(q_.data(), m, cache_.keys(layer), cache_.values(layer), length, c.heads,
+                       c.kv_heads, c.head_dim, attn_.data(), capture ? probs_.data() : nullptr);
     if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, query, probs_.data());
-    proj_.resize(size_t(m * C));  // [|Q|, C]
-    MatMul(attn_.data(), m, w.wo, proj_.data());
-    AddInPlace(x_.data(), proj_.data(), m * C);
+    proj_.Reserve(m * C);  // [|Q|, C]
+    backend_.MatMul(attn_.data(), m, w.wo, proj_.data());
+    backend_.AddInPlace(x_.data(), proj_.data(), m * C);
 
     // SwiGLU MLP block.
-    normed_.resize(size_t(m * C));
-    RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
-    gate_.resize(size_t(m * c.ffn));  // [|Q|, F]
-    up_.resize(size_t(m * c.ffn));    // [|Q|, F]
-    MatMul(normed_.data(), m, w.gate, gate_.data());
-    MatMul(normed_.data(), m, w.up, up_.data());
-    SiluMul(gate_.data(), up_.data(), m * c.ffn);
-    MatMul(gate_.data(), m, w.down, proj_.data());
-    AddInPlace(x_.data(), proj_.data(), m * C);
+    normed_.Reserve(m * C);
+    backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
+    gate_.Reserve(m * c.ffn);  // [|Q|, F]
+    up_.Reserve(m * c.ffn);    // [|Q|, F]
+    backend_.MatMul(normed_.data(), m, w.gate, gate_.data());
+    backend_.MatMul(normed_.data(), m, w.up, up_.data());
+    backend_.SiluMul(gate_.data(), up_.data(), m * c.ffn);
+    backend_.MatMul(gate_.data(), m, w.down, proj_.data());
+    backend_.AddInPlace(x_.data(), proj_.data(), m * C);
     fresh = query;
   }
 
   // Final norm and LM head for the logit rows, which must be rows of the last layer.
   const int64_t n_logits = int64_t(result.logit_rows.size());
   if (n_logits > 0) {
-    std::unordered_map<int, int64_t> index;
-    for (size_t i = 0; i < fresh.size(); ++i) index[fresh[i]] = int64_t(i);
-    std::vector<float> rows(static_cast<size_t>(n_logits * C));  // [n_logits, C]
-    for (int64_t i = 0; i < n_logits; ++i) {
-      auto it = index.find(result.logit_rows[i]);
+    std::unordered_map<int, int> index;
+    for (size_t i = 0; i < fresh.size(); ++i) index[fresh[i]] = int(i);
+    std::vector<int> rows;  // [n_logits] index of each logit row in x_
+    rows.reserve(size_t(n_logits));
+    for (const int row : result.logit_rows) {
+      auto it = index.find(row);
       PS_CHECK(it != index.end());
-      std::memcpy(&rows[i * C], &x_[it->second * C], C * 4);
+      rows.push_back(it->second);
     }
-    RmsNorm(rows.data(), n_logits, C, model_.final_norm().data(), c.rms_eps, rows.data());
+    final_.Reserve(n_logits * C);  // [n_logits, C]
+    backend_.CopyRows(x_.data(), rows, final_.data(), {}, C);
     result.logits.resize(size_t(n_logits * c.vocab));
-    MatMul(rows.data(), n_logits, model_.lm_head(), result.logits.data());
+    backend_.LmHead(final_.data(), n_logits, C, model_.final_norm().data(), c.rms_eps,
+                    model_.lm_head(), result.logits.data());
   }
   return result;
+}
+
+void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) const {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = model_.layer(layer);
+  Buffer normed(backend_, m * c.width, Buffer::Init::kNone);  // [M, C]
+  backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
+  backend_.MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
+}
+
+void Forward::ReadHidden(int layer, std::span<const int> positions, float* out) const {
+  PS_CHECK(cache_.keeps_hidden());
+  if (positions.empty()) return;
+  backend_.CopyRows(cache_.hidden(layer), positions, out, {}, cache_.hidden_width());
+}
+
+void Forward::UnrotatedKeys(int layer, float* out) const {
+  const ModelConfig& c = model_.config();
+  const int64_t length = cache_.positions();
+  backend_.Copy(cache_.keys(layer), length * cache_.kv_width(), out);
+  std::vector<int> positions(static_cast<size_t>(length));  // [L] 0, 1, ...
+  for (int p = 0; p < int(length); ++p) positions[size_t(p)] = p;
+  backend_.UndoRope(out, positions, c.kv_heads, model_.rope(), c.rope_interleaved);
+}
+
+void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs) const {
+  const ModelConfig& c = model_.config();
+  const int64_t length = cache_.positions();
+  Buffer queries(backend_, m * c.heads * c.head_dim, Buffer::Init::kNone);  // [M, H*D]
+  Buffer keys(backend_, length * cache_.kv_width(), Buffer::Init::kNone);   // [L, Hkv*D]
+  ProjectQueries(layer, x, m, queries.data());
+  UnrotatedKeys(layer, keys.data());
+  backend_.AttentionProbabilities(queries.data(), m, keys.data(), length, c.heads, c.kv_heads,
+                                  c.head_dim, probs);
+}
+
+void Forward::CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const {
+  const ModelConfig& c = model_.config();
+  const int64_t count = int64_t(positions.size());
+  Buffer inputs(backend_, count * c.width, Buffer::Init::kNone);                // [|P|, C]
+  Buffer queries(backend_, count * c.heads * c.head_dim, Buffer::Init::kNone);  // [|P|, H*D]
+  ReadHidden(layer, positions, inputs.data());
+  ProjectQueries(layer, inputs.data(), count, queries.data());
+  backend_.ApplyRope(queries.data(), positions, c.heads, model_.rope(), c.rope_interleaved);
+  backend_.AttentionProbabilities(queries.data(), count, cache_.keys(layer), cache_.positions(),
+                                  c.heads, c.kv_heads, c.head_dim, probs);
+}
+
+void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
+                            double* out) const {
+  backend_.HeadMeanDrift(metric, now, before, rows, model_.config().heads, cache_.positions(), out);
+}
+
+double Forward::MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
+                                    const float* before) const {
+  return backend_.MeanCrossHeadCosine(now, now_rows, before, model_.config().heads,
+                                      cache_.positions());
 }
 
 }  // namespace polestar

@@ -9,11 +9,18 @@
 //     choose others, whose input then comes from the hidden-state cache.
 //   Attention of Q_l runs over all L cached rows (bidirectional).
 // Logits are computed for plan.logit_rows (which must be query rows of the last layer).
+//
+// Every op runs on the cache's backend (backend/backend.h); Forward's scratch lives there
+// too. A batched step (the next issue) would take one plan per sequence, run the row-wise
+// ops once over the concatenation of every sequence's rows, attend each sequence's rows
+// over its own KvCache, and return one StepResult per sequence.
 #pragma once
 
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/cpu_backend.h"
 #include "cache/kv_cache.h"
 #include "model/model.h"
 
@@ -39,8 +46,8 @@ struct LayerRows {
 class LayerHook {
  public:
   virtual ~LayerHook() = default;
-  // Before the fresh rows' inputs x[|F_l|, C] overwrite the hidden-state cache (which still
-  // holds the old rows), so a policy can see both.
+  // Before the fresh rows' inputs x[|F_l|, C] (backend memory) overwrite the hidden-state cache
+  // (which still holds the old rows), so a policy can see both.
   virtual void BeforeFreshRowsStored(int layer, std::span<const int> fresh_rows, const float* x) {}
   // After F_l's K/V were written, before Q_l is computed.
   virtual void BeforeQueries(LayerRows& rows) {}
@@ -66,21 +73,48 @@ struct StepResult {
 // Holds the scratch buffers of the forward pass so steps do not allocate afresh.
 class Forward {
  public:
+  // Runs on the cache's backend.
   Forward(const Model& model, KvCache& cache);
   StepResult Run(std::span<const int> canvas, const StepPlan& plan);
 
+  // Drift ops: the model operations the drift-aware policies (and the scale bench, which
+  // times them) measure drift with, so no policy touches the cache or re-derives model math.
+  // Their inputs and outputs are host memory: the small summaries that cross the backend
+  // seam. They allocate their own scratch and only read the cache, so a policy may call them
+  // from a worker thread while Run computes other layers. L is the cache's length.
+
   // q[M, H*D] = W_q · rmsnorm(x[M, C]) (+ bias), without RoPE: Polestar's proxy queries.
-  void ProjectQueries(int layer, const float* x, int64_t m, float* q);
+  void ProjectQueries(int layer, const float* x, int64_t m, float* q) const;
+  // out[|positions|, C]: the cached layer-input hidden states of `positions` at `layer`.
+  void ReadHidden(int layer, std::span<const int> positions, float* out) const;
+  // out[L, Hkv*D]: the layer's cached keys with RoPE undone.
+  void UnrotatedKeys(int layer, float* out) const;
+  // probs[M, H, L]: the attention of the proxy queries of x[M, C] (ProjectQueries) over the
+  // un-rotated keys: Polestar's proxy attention of cluster centroids.
+  void ProxyAttention(int layer, const float* x, int64_t m, float* probs) const;
+  // probs[|positions|, H, L]: the attention the cached layer inputs of `positions` pay over
+  // the cached keys, with RoPE as in Run: Elastic-Cache's attention before a step.
+  void CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const;
+  // out[r] = the mean over heads of the drift of now from before, both [rows, H, L].
+  void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
+                     double* out) const;
+  // The mean over rows i and keys j of the cosine across heads between before[i, :, j] and
+  // now[now_rows[i], :, j]; before[|now_rows|, H, L], now[*, H, L].
+  double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
+                             const float* before) const;
 
  private:
   void ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook);
 
   const Model& model_;
   KvCache& cache_;
-  std::vector<float> x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_;
+  const Backend& backend_;
+  // Scratch, grown to the largest step seen. Shapes in Run.
+  Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
 };
 
-// A fresh cache sized for `positions` rows of this model.
-KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden);
+// A fresh cache sized for `positions` rows of this model, on `backend`.
+KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden,
+                  const Backend& backend = CpuBackend::Host());
 
 }  // namespace polestar

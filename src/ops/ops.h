@@ -2,7 +2,9 @@
 // or policies. Legend: M rows (positions) computed, K input width, N output width,
 // L canvas length, H query heads, Hkv key/value heads, D head dim.
 //
-// Every SIMD kernel has a scalar twin in ops/reference.h; tests compare the two.
+// Every SIMD kernel has a scalar twin in ops/reference.h; tests compare the two. The
+// threaded drivers that pick one set once and run it are the CPU backend's
+// (backend/cpu_backend.h); what is left here needs no choice.
 #pragma once
 
 #include <cstdint>
@@ -25,14 +27,8 @@ struct WeightView {
   const uint8_t* Row(int64_t n) const { return data + n * row_bytes; }
 };
 
-// y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given). Multi-threaded over N.
-void MatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias = nullptr);
-
-// Converts row `n` of `w` to floats: out[K].
+// Converts row `n` of `w` to floats: out[K] (for loading weights; AVX2 when the CPU has it).
 void DequantizeRow(const WeightView& w, int64_t n, float* out);
-
-// out[M, C] = x[M, C] / rms(x) * weight[C]. out may alias x.
-void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* out);
 
 // cos/sin of every (position, frequency) pair, computed once per model as the reference
 // does: angle = float(pos) * inv_freq[i] in fp32, inv_freq[i] = 1 / theta^(2i/D).
@@ -52,21 +48,5 @@ void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTa
 // The inverse rotation (for keys that must be compared un-rotated).
 void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
               bool interleaved);
-
-// Bidirectional attention of M query rows against all L cached rows.
-// q[M, H*D] (rotated), k[L, Hkv*D] (rotated), v[L, Hkv*D] -> out[M, H*D].
-// Query head h reads key/value head h / (H / Hkv). Scale 1/sqrt(D), softmax in fp32.
-// When probs is non-null it receives the attention probabilities [M, H, L].
-void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
-               int kv_heads, int head_dim, float* out, float* probs = nullptr);
-
-// gate[M, F] = silu(gate) * up, in place.
-void SiluMul(float* gate, const float* up, int64_t count);
-
-// x[n] += y[n]
-void AddInPlace(float* x, const float* y, int64_t n);
-
-// Numerically stable softmax of one row, in place.
-void SoftmaxRow(float* x, int64_t n);
 
 }  // namespace polestar

@@ -485,21 +485,22 @@ void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
   }
 }
 
-bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias) {
+bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
+                 bool simd) {
   if (!IsBlockQuantized(w.dtype)) return false;
-  static const bool use_avx2 = avx2::Supported();
   // Each chunk of output columns dequantises its own weight rows once and reuses them for
   // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
   const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));
   ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
-    if (use_avx2) {
+    if (simd) {
       avx2::QuantMatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
     } else {
       reference::MatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
     }
   });
   if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) AddInPlace(y + i * w.rows, bias, w.rows);
+    // The bias add is exact, so the scalar loop matches the AVX2 one bit for bit.
+    for (int64_t i = 0; i < m; ++i) reference::AddInPlace(y + i * w.rows, bias, w.rows);
   }
   return true;
 }

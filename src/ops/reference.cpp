@@ -89,11 +89,16 @@ void SoftmaxRow(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] /= total;
 }
 
-void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
-                int head_dim, float* probs, float* out) {
+void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
+                       float* probs) {
   const float scale = 1.0f / std::sqrt(float(head_dim));
   for (int64_t j = 0; j < l; ++j) probs[j] = Dot(q, k + j * kv_stride, head_dim) * scale;
   SoftmaxRow(probs, l);
+}
+
+void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
+                int head_dim, float* probs, float* out) {
+  HeadProbabilities(q, k, l, kv_stride, head_dim, probs);
   std::fill(out, out + head_dim, 0.0f);
   for (int64_t j = 0; j < l; ++j) {
     const float* vj = v + j * kv_stride;
@@ -115,6 +120,27 @@ void Attention(const float* q, int64_t m, const float* k, const float* v, int64_
       if (probs != nullptr) std::copy(scores.begin(), scores.end(), probs + (i * heads + h) * l);
     }
   }
+}
+
+double KlDivergence(const float* current, const float* previous, int64_t n, float floor) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float c = std::max(current[i], floor);
+    const float p = std::max(previous[i], floor);
+    sum += double(c) * (std::log(double(c)) - std::log(double(p)));
+  }
+  return std::max(sum, 0.0);
+}
+
+double CosineSimilarity(const float* a, const float* b, int64_t n) {
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    dot += double(a[i]) * b[i];
+    na += double(a[i]) * a[i];
+    nb += double(b[i]) * b[i];
+  }
+  if (na == 0 || nb == 0) return 0;
+  return dot / (std::sqrt(na) * std::sqrt(nb));
 }
 
 }  // namespace polestar::reference

@@ -22,14 +22,27 @@ void SiluMul(float* gate, const float* up, int64_t count);
 void AddInPlace(float* x, const float* y, int64_t n);
 void SoftmaxRow(float* x, int64_t n);
 
+// One query head's attention probabilities over all L cached rows:
+// probs[L] = softmax(q·k_j / sqrt(D)). q[D]; k points at this head's slice of row 0 and rows
+// are kv_stride floats apart.
+void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
+                       float* probs);
+
 // One query head against all L cached rows: probs[L] = softmax(q·k_j / sqrt(D)) and
 // out[D] = sum_j probs[j] v_j. q[D]; k and v point at this head's slice of row 0 and rows
 // are kv_stride floats apart.
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out);
 
-// Every (query row, head) pair of ops.h's Attention, one after another.
+// Every (query row, head) pair of the backend's Attention, one after another.
 void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
                int kv_heads, int head_dim, float* out, float* probs);
+
+// Drift metrics of two rows of n floats, accumulated in double.
+// KL(current || previous), each entry clamped to at least `floor` before the logs, the
+// result clamped at >= 0.
+double KlDivergence(const float* current, const float* previous, int64_t n, float floor = 1e-12f);
+// cos(a, b); 0 when either is all zeros.
+double CosineSimilarity(const float* a, const float* b, int64_t n);
 
 }  // namespace polestar::reference

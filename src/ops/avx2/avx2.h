@@ -1,5 +1,6 @@
 // AVX2 + FMA + F16C kernels. The files in ops/avx2/ are the only ones compiled with those
-// instruction sets; ops.cpp calls them only after Supported() said yes, and otherwise runs
+// instruction sets; the CPU backend (backend/cpu_backend.cpp) chooses them once, when
+// Supported() says yes, and otherwise runs
 // the scalar twins in ops/reference.h. Each function here computes what its twin of the
 // same name computes (up to the order of float additions); ops_test.cpp holds them to it.
 //

@@ -1,0 +1,186 @@
+#include "backend/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+#include "base/parallel.h"
+#include "ops/avx2/avx2.h"
+#include "ops/quant.h"
+#include "ops/reference.h"
+
+namespace polestar {
+namespace {
+
+// Work below this many multiply-adds is not worth waking another thread for.
+constexpr int64_t kMinParallelWork = 1 << 16;
+
+int64_t GrainFor(int64_t work_per_item) {
+  return std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(work_per_item, 1));
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(CpuKernels kernels)
+    : simd_(kernels == CpuKernels::kBest && avx2::Supported()),
+      matmul_columns_(simd_ ? avx2::MatMulColumns : reference::MatMulColumns),
+      dequantize_row_(simd_ ? avx2::DequantizeRow : reference::DequantizeRow),
+      rms_norm_(simd_ ? avx2::RmsNorm : reference::RmsNorm),
+      silu_mul_(simd_ ? avx2::SiluMul : reference::SiluMul),
+      add_in_place_(simd_ ? avx2::AddInPlace : reference::AddInPlace),
+      attend_head_(simd_ ? avx2::AttendHead : reference::AttendHead) {}
+
+const CpuBackend& CpuBackend::Host() {
+  static const CpuBackend backend(CpuKernels::kBest);
+  return backend;
+}
+
+float* CpuBackend::Allocate(int64_t size, bool zero) const {
+  return zero ? new float[size_t(size)]() : new float[size_t(size)];
+}
+
+void CpuBackend::Free(float* data) const { delete[] data; }
+
+void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
+  if (size > 0) std::memcpy(dst, src, size_t(size) * 4);
+}
+
+void CpuBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* y,
+                        const float* bias) const {
+  if (QuantMatMul(x, m, w, y, bias, simd_)) return;  // block-quantised weights (ops/quant.h)
+  // Threads take whole 16-row panels of w, so every thread converts its own weights once.
+  constexpr int64_t kPanel = 16;
+  const int64_t panels = (w.rows + kPanel - 1) / kPanel;
+  ParallelFor(panels, GrainFor(kPanel * w.cols * m), [&](int64_t p_begin, int64_t p_end) {
+    const int64_t n_begin = p_begin * kPanel;
+    const int64_t n_end = std::min(p_end * kPanel, w.rows);
+    matmul_columns_(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+  });
+  if (bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) add_in_place_(y + i * w.rows, bias, w.rows);
+  }
+}
+
+void CpuBackend::RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
+                         float* out) const {
+  ParallelFor(m, GrainFor(c), [&](int64_t begin, int64_t end) {
+    rms_norm_(x + begin * c, end - begin, c, weight, eps, out + begin * c);
+  });
+}
+
+void CpuBackend::ApplyRope(float* x, std::span<const int> positions, int heads,
+                           const RopeTable& table, bool interleaved) const {
+  polestar::ApplyRope(x, positions, heads, table, interleaved);
+}
+
+void CpuBackend::UndoRope(float* x, std::span<const int> positions, int heads,
+                          const RopeTable& table, bool interleaved) const {
+  polestar::UndoRope(x, positions, heads, table, interleaved);
+}
+
+void CpuBackend::Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l,
+                           int heads, int kv_heads, int head_dim, float* out, float* probs) const {
+  PS_CHECK(kv_heads > 0 && heads % kv_heads == 0);
+  const int group = heads / kv_heads;
+  const int64_t kv_stride = int64_t(kv_heads) * head_dim;
+  // Each (query row, head) pair is independent; pair p is row p / H, head p % H.
+  ParallelFor(m * heads, GrainFor(2 * l * head_dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(probs == nullptr ? size_t(l) : 0);  // [L]
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int h = int(pair % heads);
+      const int64_t kv_offset = int64_t(h / group) * head_dim;
+      attend_head_(q + pair * head_dim, k + kv_offset, v + kv_offset, l, kv_stride, head_dim,
+                   probs == nullptr ? scratch.data() : probs + pair * l, out + pair * head_dim);
+    }
+  });
+}
+
+void CpuBackend::AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l,
+                                        int heads, int kv_heads, int head_dim, float* probs) const {
+  PS_CHECK(kv_heads > 0 && heads % kv_heads == 0);
+  const int group = heads / kv_heads;
+  const int64_t kv_stride = int64_t(kv_heads) * head_dim;
+  // The scalar kernel on every kernel set: Polestar ranks clusters and gates commits on
+  // these probabilities, and the AVX2 ones (equal but for the last bits) change its traces.
+  ParallelFor(m * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t kv_offset = int64_t(int(pair % heads) / group) * head_dim;
+      reference::HeadProbabilities(q + pair * head_dim, k + kv_offset, l, kv_stride, head_dim,
+                                   probs + pair * l);
+    }
+  });
+}
+
+void CpuBackend::SiluMul(float* gate, const float* up, int64_t n) const {
+  ParallelFor(n, kMinParallelWork / 16, [&](int64_t begin, int64_t end) {
+    silu_mul_(gate + begin, up + begin, end - begin);
+  });
+}
+
+void CpuBackend::AddInPlace(float* x, const float* y, int64_t n) const { add_in_place_(x, y, n); }
+
+void CpuBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
+                          std::span<const int> dst_rows, int64_t width) const {
+  PS_CHECK(!src_rows.empty() || !dst_rows.empty());
+  PS_CHECK(src_rows.empty() || dst_rows.empty() || src_rows.size() == dst_rows.size());
+  const size_t rows = std::max(src_rows.size(), dst_rows.size());
+  for (size_t i = 0; i < rows; ++i) {
+    const int64_t from = src_rows.empty() ? int64_t(i) : src_rows[i];
+    const int64_t to = dst_rows.empty() ? int64_t(i) : dst_rows[i];
+    std::memcpy(dst + to * width, src + from * width, size_t(width) * 4);
+  }
+}
+
+void CpuBackend::Embed(const WeightView& embedding, std::span<const int> tokens,
+                       std::span<const int> rows, float* out) const {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    PS_CHECK(rows[i] >= 0 && size_t(rows[i]) < tokens.size());
+    const int token = tokens[size_t(rows[i])];
+    PS_CHECK(token >= 0 && token < embedding.rows);
+    dequantize_row_(embedding, token, out + int64_t(i) * embedding.cols);
+  }
+}
+
+void CpuBackend::LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
+                        const WeightView& lm_head, float* logits) const {
+  RmsNorm(x, m, c, final_norm, eps, x);
+  MatMul(x, m, lm_head, logits);
+}
+
+// The drift metrics stay scalar (double accumulation, reference.h) on every kernel set:
+// Polestar's cluster ranking and gate compare them, and the authors' code fixes their values.
+void CpuBackend::HeadMeanDrift(DriftMetric metric, const float* now, const float* before,
+                               int64_t rows, int heads, int64_t l, double* out) const {
+  for (int64_t r = 0; r < rows; ++r) {
+    double total = 0;
+    for (int h = 0; h < heads; ++h) {
+      const int64_t offset = (r * heads + h) * l;
+      total += metric == DriftMetric::kKl
+                   ? reference::KlDivergence(now + offset, before + offset, l)
+                   : 1.0 - reference::CosineSimilarity(now + offset, before + offset, l);
+    }
+    out[r] = total / heads;
+  }
+}
+
+double CpuBackend::MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
+                                       const float* before, int heads, int64_t l) const {
+  std::vector<float> head_now(static_cast<size_t>(heads)),
+      head_before(static_cast<size_t>(heads));  // [H]
+  double sum = 0;
+  for (size_t i = 0; i < now_rows.size(); ++i) {
+    const float* row_now = now + int64_t(now_rows[i]) * heads * l;  // [H, L]
+    const float* row_before = before + int64_t(i) * heads * l;      // [H, L]
+    for (int64_t j = 0; j < l; ++j) {
+      for (int h = 0; h < heads; ++h) {
+        head_now[size_t(h)] = row_now[h * l + j];
+        head_before[size_t(h)] = row_before[h * l + j];
+      }
+      sum += reference::CosineSimilarity(head_before.data(), head_now.data(), heads);
+    }
+  }
+  return sum / double(int64_t(now_rows.size()) * l);
+}
+
+}  // namespace polestar

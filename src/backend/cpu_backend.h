@@ -1,0 +1,72 @@
+// The CPU backend: today's kernels behind the Backend seam. The AVX2-or-scalar choice is
+// made once, when the backend is built; every op then runs the chosen kernel, threaded
+// with ParallelFor. The scalar kernels (ops/reference.h) stay the test oracle:
+// CpuBackend(CpuKernels::kReference) runs them alone.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace polestar {
+
+enum class CpuKernels {
+  kBest,       // AVX2 + FMA + F16C when the CPU has them, the scalar kernels otherwise
+  kReference,  // the scalar kernels of ops/reference.h
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(CpuKernels kernels);
+  // The process-wide backend with the best kernels this CPU runs.
+  static const CpuBackend& Host();
+
+  // Whether the AVX2 kernels were chosen.
+  bool simd() const { return simd_; }
+
+  std::string_view name() const override { return simd_ ? "cpu-avx2" : "cpu-scalar"; }
+  float* Allocate(int64_t size, bool zero) const override;
+  void Free(float* data) const override;
+  void Copy(const float* src, int64_t size, float* dst) const override;
+
+  void MatMul(const float* x, int64_t m, const WeightView& w, float* y,
+              const float* bias = nullptr) const override;
+  void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
+               float* out) const override;
+  void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
+                 bool interleaved) const override;
+  void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
+                bool interleaved) const override;
+  void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
+                 int kv_heads, int head_dim, float* out, float* probs = nullptr) const override;
+  void AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l, int heads,
+                              int kv_heads, int head_dim, float* probs) const override;
+  void SiluMul(float* gate, const float* up, int64_t n) const override;
+  void AddInPlace(float* x, const float* y, int64_t n) const override;
+  void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
+                std::span<const int> dst_rows, int64_t width) const override;
+  void Embed(const WeightView& embedding, std::span<const int> tokens, std::span<const int> rows,
+             float* out) const override;
+  void LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
+              const WeightView& lm_head, float* logits) const override;
+  void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
+                     int heads, int64_t l, double* out) const override;
+  double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
+                             int heads, int64_t l) const override;
+
+ private:
+  using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
+                                   float*, int64_t);
+  using RowsFn = void (*)(const float*, int64_t, int64_t, const float*, float, float*);
+  using BinaryFn = void (*)(float*, const float*, int64_t);
+  using DequantizeRowFn = void (*)(const WeightView&, int64_t, float*);
+  using AttendHeadFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int,
+                                float*, float*);
+
+  bool simd_ = false;
+  MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
+  DequantizeRowFn dequantize_row_;
+  RowsFn rms_norm_;
+  BinaryFn silu_mul_, add_in_place_;
+  AttendHeadFn attend_head_;
+};
+
+}  // namespace polestar
