@@ -183,7 +183,6 @@ struct TwoSteps {
             Block{0, prompt_length, int(canvas.size())},
             step,
             committed,
-            cache,
             forward};
   }
   static std::vector<int> BlankCanvas(const Model& model, const DecodeOptions& options) {

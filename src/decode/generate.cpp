@@ -118,7 +118,7 @@ class Decoder {
   bool Step(const Block& block, int step, std::vector<int> block_masked) {
     DecodeContext context{model_,          options_, canvas_, prompt_length_,
                           config_.mask_id, block,    step,    committed_last_step_,
-                          cache_,          forward_};
+                          forward_};
     StepPlan plan = policy_->Plan(context);
     const std::vector<int> masked = policy_->CommitCandidates(context, std::move(block_masked));
     for (int p : masked) plan.logit_rows.push_back(config_.PredictingRow(p));

@@ -29,7 +29,6 @@ struct DecodeContext {
   Block block;
   int step_in_block = 0;  // 0 at the block's first forward
   int committed_last_step = 0;
-  KvCache& cache;
   Forward& forward;
 };
 

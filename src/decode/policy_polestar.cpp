@@ -40,8 +40,8 @@
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "decode/commit_rules.h"
 #include "decode/policy_registry.h"
-#include "decode/sampling.h"
 #include "drift/drift.h"
 
 namespace polestar {
@@ -423,6 +423,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   int SuffixCommits(const DecodeContext& context, const StepResult& result,
                     std::vector<Commit>& commits) {
     const ModelConfig& config = model_.config();
+    const TokenSampler sample(config, options_);  // as the commit rule draws its candidates
     int added = 0;
     for (int r : packet_rows_) {
       const int p = config.PredictedPosition(r);
@@ -432,12 +433,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       if (it == result.logit_rows.end() || *it != r) continue;
       const size_t index = size_t(it - result.logit_rows.begin());
       std::span<const float> logits(&result.logits[index * config.vocab], size_t(config.vocab));
-      const TokenChoice choice =
-          config.sampler == SamplerFamily::kDream
-              ? ChooseDream(logits, config.mask_id, options_.temperature, options_.top_p,
-                            options_.top_k, DreamConfidence::kProbability, rng_)
-              : ChooseLlada(logits, config.mask_id, options_.temperature,
-                            options_.remasking == "random", rng_);
+      const TokenChoice choice = sample(logits, rng_);
       if (choice.confidence >= options_.tau_s) {
         commits.push_back({p, choice.token});
         ++added;
