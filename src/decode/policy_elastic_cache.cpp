@@ -207,7 +207,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
 const PolicyRegistration kElasticCache({
     .name = "elastic-cache",
     .description = "Elastic-Cache: a sliding window of masks, layers refreshed on attention drift",
-    .options = {"track_num", "gamma", "window", "refresh_all"},
+    .options = {&DecodeOptions::track_num, &DecodeOptions::gamma, &DecodeOptions::window,
+                &DecodeOptions::refresh_all},
     .rank = 20,
     .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
       return std::make_unique<ElasticCachePolicy>(options.Resolved(model.config()), model);

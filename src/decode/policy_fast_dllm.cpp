@@ -31,7 +31,7 @@ class FastDllmPolicy : public Policy {
 const PolicyRegistration kPrefix({
     .name = "fast-dllm-prefix",
     .description = "Fast-dLLM prefix cache: block start full, then the block and its suffix",
-    .options = {"refresh_all"},
+    .options = {&DecodeOptions::refresh_all},
     .rank = 10,
     .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
       return std::make_unique<FastDllmPolicy>(/*dual=*/false);
@@ -41,7 +41,7 @@ const PolicyRegistration kPrefix({
 const PolicyRegistration kDual({
     .name = "fast-dllm-dual",
     .description = "Fast-dLLM dual cache: block start full, then the block only",
-    .options = {"refresh_all"},
+    .options = {&DecodeOptions::refresh_all},
     .rank = 11,
     .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
       return std::make_unique<FastDllmPolicy>(/*dual=*/true);

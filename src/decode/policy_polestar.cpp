@@ -468,10 +468,14 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 const PolicyRegistration kPolestar({
     .name = "polestar",
     .description = "Polestar: drift-aware sparse refresh by clusters, drift-gated early commit",
-    .options = {"tau_s", "early_floor", "alpha", "drift_cap", "drift_history", "clusters",
-                "topk_clusters", "kmeans_iters", "window_prefix_blocks", "window_suffix_blocks",
-                "full_refresh_period", "tau_upd", "polestar_cache", "early_commit", "suffix_commit",
-                "drift_metric", "nvfp4_hidden", "overlap", "refresh_all"},
+    .options = {&DecodeOptions::tau_s, &DecodeOptions::early_floor, &DecodeOptions::alpha,
+                &DecodeOptions::drift_cap, &DecodeOptions::drift_history, &DecodeOptions::clusters,
+                &DecodeOptions::topk_clusters, &DecodeOptions::kmeans_iters,
+                &DecodeOptions::window_prefix_blocks, &DecodeOptions::window_suffix_blocks,
+                &DecodeOptions::full_refresh_period, &DecodeOptions::tau_upd,
+                &DecodeOptions::polestar_cache, &DecodeOptions::early_commit,
+                &DecodeOptions::suffix_commit, &DecodeOptions::drift_metric,
+                &DecodeOptions::nvfp4_hidden, &DecodeOptions::overlap, &DecodeOptions::refresh_all},
     .rank = 30,
     .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
       return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);

@@ -18,7 +18,7 @@ std::vector<PolicyEntry>& Registry() {
 
 PolicyRegistration::PolicyRegistration(PolicyEntry entry) {
   PS_CHECK(!FindPolicy(entry.name));
-  for (const char* option : entry.options) PS_CHECK(FindOption(option) != nullptr);
+  for (const OptionMember& option : entry.options) OptionOf(option);  // each in the schema
   std::vector<PolicyEntry>& entries = Registry();
   const auto at =
       std::upper_bound(entries.begin(), entries.end(), entry.rank,
@@ -47,29 +47,31 @@ std::string KnownPolicies(const char* separator) {
 std::vector<std::string> PoliciesReading(std::string_view name) {
   std::vector<std::string> readers;
   for (const PolicyEntry& entry : Registry()) {
-    for (const char* option : entry.options) {
-      if (name == option) readers.emplace_back(entry.name);
+    for (const OptionMember& option : entry.options) {
+      if (name == OptionOf(option).name) readers.emplace_back(entry.name);
     }
   }
   return readers;
 }
 
 std::string PolicyHelp() {
-  auto flags = [](const std::vector<const char*>& options) {
+  auto flags = [](const std::vector<const OptionSpec*>& options) {
     std::string text;
-    for (const char* option : options) {
-      text += Cat(text.empty() ? "" : " ", OptionName(*FindOption(option), Vocabulary::kCli));
+    for (const OptionSpec* option : options) {
+      text += Cat(text.empty() ? "" : " ", OptionName(*option, Vocabulary::kCli));
     }
     return text;
   };
   std::string text;
   for (const PolicyEntry& entry : Registry()) {
     text += Cat(entry.name, ": ", entry.description, "\n");
-    if (!entry.options.empty()) text += Cat("    options: ", flags(entry.options), "\n");
+    std::vector<const OptionSpec*> reads;
+    for (const OptionMember& option : entry.options) reads.push_back(&OptionOf(option));
+    if (!reads.empty()) text += Cat("    options: ", flags(reads), "\n");
   }
-  std::vector<const char*> shared;  // read by the decoding loop every policy runs in
+  std::vector<const OptionSpec*> shared;  // read by the decoding loop every policy runs in
   for (const OptionSpec& option : OptionSchema()) {
-    if (PoliciesReading(option.name).empty()) shared.push_back(option.name);
+    if (PoliciesReading(option.name).empty()) shared.push_back(&option);
   }
   return text + Cat("every policy: ", flags(shared), "\n");
 }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "decode/option_schema.h"
 #include "decode/policy.h"
 
 namespace polestar {
@@ -17,9 +18,9 @@ namespace polestar {
 struct PolicyEntry {
   const char* name;
   const char* description;  // one line
-  // Canonical names of the options the policy reads beyond the shared decoding loop's
-  // (option_schema.h); each must be in the schema.
-  std::vector<const char*> options;
+  // The options the policy reads beyond the shared decoding loop's, as DecodeOptions
+  // members (the schema, option_schema.h, names them).
+  std::vector<OptionMember> options;
   // Where the policy stands in every list: the baselines first, in the order they appeared.
   int rank;
   std::unique_ptr<Policy> (*make)(const DecodeOptions& options, const Model& model);
