@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "decode/policy_registry.h"
 #include "io/json_file.h"
 #include "model/model.h"
 #include "server/codecs.h"
@@ -229,6 +230,22 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
                         "document.getElementById('model').textContent.startsWith('llada-probe')",
                         std::chrono::seconds(20)))
       << "the page did not load or did not reach /v1/models";
+
+  // The policy list and each policy's fields come from the server's registry.
+  const json policies = browser.Evaluate(
+      page, "[...document.getElementById('policy').options].map((o) => o.value).join(',')");
+  EXPECT_EQ(policies, KnownPolicies(","));
+  auto shown_fields = [&](const std::string& policy) {
+    browser.Evaluate(page, "document.getElementById('policy').value = '" + policy +
+                               "'; document.getElementById('policy').dispatchEvent("
+                               "new Event('change'))");
+    return browser.Evaluate(page,
+                            "[...document.querySelectorAll('.knobs')].filter((e) => !e.hidden)"
+                            ".map((e) => e.querySelector('input').id).join(',')");
+  };
+  EXPECT_EQ(shown_fields("polestar"), "tau_s,early_floor");
+  EXPECT_EQ(shown_fields("elastic-cache"), "gamma,track_num");
+  EXPECT_EQ(shown_fields("fast-dllm-dual"), "");
 
   // Fill the form as a person would, and press Generate.
   const json form = {{"mode", "completions"},

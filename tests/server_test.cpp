@@ -529,6 +529,28 @@ TEST(Server, ModelsListsTheModel) {
   EXPECT_EQ(r.body["data"][0]["meta"]["n_ctx"], 128);
 }
 
+// The page builds its policy list and per-policy fields from these.
+TEST(Server, ModelsListThePoliciesWithTheFieldsTheyReadAndTheirDefaults) {
+  ServerOptions o = ProbeOptions();
+  o.defaults.tau_s = 0.8;
+  TestServer s(o);
+  Reply r = s.Get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  const json& meta = r.body["data"][0]["meta"];
+  std::vector<std::string> names;
+  for (const json& policy : meta["policies"]) names.push_back(policy["name"]);
+  EXPECT_EQ(names, (std::vector<std::string>{"vanilla", "fast-dllm-prefix", "fast-dllm-dual",
+                                             "elastic-cache", "polestar"}));
+  const json& elastic = meta["policies"][3];
+  EXPECT_EQ(elastic["options"], json({"track_num", "gamma", "window", "refresh_all"}));
+  EXPECT_FALSE(elastic["description"].get<std::string>().empty());
+  EXPECT_EQ(meta["policies"][0]["options"], json::array());
+  EXPECT_EQ(meta["defaults"]["tau_s"], 0.8);
+  EXPECT_EQ(meta["defaults"]["gamma"], 0.9);
+  EXPECT_EQ(meta["defaults"]["topk_clusters"], 4);
+  EXPECT_EQ(meta["defaults"]["policy"], "vanilla");
+}
+
 TEST(Server, CompletionsReproduceTheReferenceAnswers) {
   TestServer s(ProbeOptions());
   const std::vector<ProbeCase> cases = ProbeCases();

@@ -191,19 +191,7 @@ RunSummary Summarize(const std::vector<ItemRecord>& records,
 
 nlohmann::json OptionsToJson(const DecodeOptions& o) {
   nlohmann::json j = nlohmann::json::object();
-  for (const OptionSpec& option : OptionSchema()) {
-    std::visit(
-        [&](auto member) {
-          const auto& value = o.*member;
-          if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>,
-                                       std::optional<double>>) {
-            j[option.name] = value ? nlohmann::json(*value) : nlohmann::json(nullptr);
-          } else {
-            j[option.name] = value;
-          }
-        },
-        option.member);
-  }
+  for (const OptionSpec& option : OptionSchema()) j[option.name] = OptionValueJson(option, o);
   return j;
 }
 

@@ -252,6 +252,19 @@ std::string Interval::Text() const {
   return Cat(low_open ? "(" : "[", bound(low), ", ", bound(high), high_open ? ")" : "]");
 }
 
+nlohmann::json OptionValueJson(const OptionSpec& option, const DecodeOptions& options) {
+  return std::visit(
+      [&](auto member) {
+        const auto& value = options.*member;
+        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>, std::optional<double>>) {
+          return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+        } else {
+          return nlohmann::json(value);
+        }
+      },
+      option.member);
+}
+
 const std::vector<OptionSpec>& OptionSchema() {
   static const std::vector<OptionSpec> schema = BuildSchema();
   return schema;

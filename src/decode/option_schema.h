@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -93,6 +94,9 @@ std::string OptionName(const OptionSpec& option, Vocabulary vocabulary);
 
 // The canonical flag without dashes ("block-length").
 std::string CanonicalFlag(const OptionSpec& option);
+
+// `options`' value of `option` as JSON (null for an unset optional number).
+nlohmann::json OptionValueJson(const OptionSpec& option, const DecodeOptions& options);
 
 // Throws OptionError when `options`' value of `option` is outside its range or its allowed
 // strings.

@@ -3,6 +3,8 @@
 #include <filesystem>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
+#include "decode/policy_registry.h"
 #include "io/gguf.h"
 #include "io/mapped_file.h"
 #include "server/server_impl.h"
@@ -161,6 +163,28 @@ void Server::Impl::Health(const http::Request& req, http::ResponseWriter& writer
 
 json Server::Impl::ModelEntry() const {
   const ModelConfig& c = model->config();
+  // The policies, each with the request fields it reads beyond the shared ones, and those
+  // fields' defaults: the page builds its policy list and fields from them.
+  json policies = json::array(), policy_defaults = json::object();
+  for (const PolicyEntry& policy : RegisteredPolicies()) {
+    json fields = json::array();
+    for (const OptionMember& member : policy.options) {
+      const OptionSpec& option = OptionOf(member);
+      fields.push_back(OptionName(option, Vocabulary::kHttp));
+      policy_defaults[OptionName(option, Vocabulary::kHttp)] =
+          OptionValueJson(option, options.defaults);
+    }
+    policies.push_back(
+        {{"name", policy.name}, {"description", policy.description}, {"options", fields}});
+  }
+  json defaults = {
+      {"policy", options.defaults.policy},
+      {"max_tokens", options.defaults.gen_length},
+      {"block_length", options.defaults.block_length},
+      {"steps", options.defaults.steps},
+      {"threshold", OptionValueJson(OptionOf(&DecodeOptions::threshold), options.defaults)},
+      {"temperature", options.defaults.temperature}};
+  defaults.update(policy_defaults);
   return {{"id", options.model_id},
           {"object", "model"},
           {"created", 0},
@@ -173,14 +197,8 @@ json Server::Impl::ModelEntry() const {
             {"mask_id", c.mask_id},
             {"source", model->source()},
             // What a request that names no decoding field gets (the page starts from these).
-            {"defaults",
-             {{"policy", options.defaults.policy},
-              {"max_tokens", options.defaults.gen_length},
-              {"block_length", options.defaults.block_length},
-              {"steps", options.defaults.steps},
-              {"threshold", options.defaults.threshold ? nlohmann::json(*options.defaults.threshold)
-                                                       : nlohmann::json()},
-              {"temperature", options.defaults.temperature}}}}}};
+            {"defaults", defaults},
+            {"policies", policies}}}};
 }
 
 void Server::Impl::Models(const http::Request&, http::ResponseWriter& writer) {
