@@ -117,6 +117,8 @@ TEST(Grid, PointsGetSuiteAndPolicyDefaultsUnlessGiven) {
   EXPECT_EQ(dual.threshold, 0.9);
   const DecodeOptions vanilla = ResolvePoint(base, {}, {"vanilla", {}}, suite, TestSetter);
   EXPECT_FALSE(vanilla.threshold.has_value());  // one token a step
+  EXPECT_EQ(ResolvePoint(base, {}, {"elastic-cache", {}}, suite, TestSetter).threshold, 0.9);
+  EXPECT_FALSE(ResolvePoint(base, {}, {"polestar", {}}, suite, TestSetter).threshold.has_value());
   const DecodeOptions set = ResolvePoint(
       base, {"block-length"}, {"fast-dllm-prefix", {{"threshold", "0.7"}}}, suite, TestSetter);
   EXPECT_EQ(set.block_length, 32);  // given on the command line: kept

@@ -374,6 +374,13 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
   o.block_length = 8;
   o.steps = 2000;
   expect_error(o, "--steps must lie in [1, 512] (got 2000)");
+  // Guidance's unconditional pass runs without a policy's layer hook.
+  for (const char* policy : {"elastic-cache", "polestar"}) {
+    o = {};
+    o.policy = policy;
+    o.cfg_scale = 1;
+    expect_error(o, "--cfg-scale is supported by vanilla, fast-dllm-prefix, fast-dllm-dual only");
+  }
   // Every number out of its range or not finite is an error naming the option, never a
   // rule quietly switched off.
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "base/error.h"
+#include "decode/policy_registry.h"
 #include "io/atomic_file.h"
 
 namespace polestar::bench {
@@ -57,11 +58,10 @@ DecodeOptions ResolvePoint(const DecodeOptions& base, const std::set<std::string
   if (!Given(explicit_keys, point, "block-length")) o.block_length = suite.block_length;
   for (const auto& [key, value] : point.settings) set(o, key, value);
   if (!Given(explicit_keys, point, "steps")) o.steps = o.gen_length;
-  const bool fast_dllm_like =
-      o.policy == "fast-dllm-prefix" || o.policy == "fast-dllm-dual" || o.policy == "elastic-cache";
-  if (fast_dllm_like && !Given(explicit_keys, point, "threshold") &&
+  const PolicyEntry* entry = FindPolicy(o.policy);
+  if (entry && entry->paper_threshold && !Given(explicit_keys, point, "threshold") &&
       !Given(explicit_keys, point, "factor")) {
-    o.threshold = 0.9;
+    o.threshold = entry->paper_threshold;
   }
   return o;
 }

@@ -48,9 +48,12 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   if (alg == "confidence_threshold" && (gen_length / BlockCount()) % StepsPerBlock() != 0) {
     Fail("confidence_threshold needs the block length to be divisible by the steps per block");
   }
-  if (cfg_scale > 0 && (policy == "elastic-cache" || policy == "polestar")) {
-    FailOption(OptionOf(&DecodeOptions::cfg_scale),
-               " is supported by vanilla and the Fast-dLLM policies only");
+  if (const PolicyEntry* entry = FindPolicy(policy); cfg_scale > 0 && entry && !entry->guidance) {
+    std::string supported;
+    for (const PolicyEntry& other : RegisteredPolicies()) {
+      if (other.guidance) supported += Cat(supported.empty() ? "" : ", ", other.name);
+    }
+    FailOption(OptionOf(&DecodeOptions::cfg_scale), " is supported by ", supported, " only");
   }
   if (policy == "polestar" && config.sampler == SamplerFamily::kDream && !alg.empty()) {
     FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),

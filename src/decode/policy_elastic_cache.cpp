@@ -213,6 +213,8 @@ const PolicyRegistration kElasticCache({
     .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
       return std::make_unique<ElasticCachePolicy>(options.Resolved(model.config()), model);
     },
+    .guidance = false,
+    .paper_threshold = 0.9,
 });
 
 }  // namespace

@@ -36,6 +36,7 @@ const PolicyRegistration kPrefix({
     .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
       return std::make_unique<FastDllmPolicy>(/*dual=*/false);
     },
+    .paper_threshold = 0.9,
 });
 
 const PolicyRegistration kDual({
@@ -46,6 +47,7 @@ const PolicyRegistration kDual({
     .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
       return std::make_unique<FastDllmPolicy>(/*dual=*/true);
     },
+    .paper_threshold = 0.9,
 });
 
 }  // namespace

@@ -480,6 +480,7 @@ const PolicyRegistration kPolestar({
     .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
       return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
     },
+    .guidance = false,
 });
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,12 @@ struct PolicyEntry {
   // Where the policy stands in every list: the baselines first, in the order they appeared.
   int rank;
   std::unique_ptr<Policy> (*make)(const DecodeOptions& options, const Model& model);
+  // Whether classifier-free guidance applies: its unconditional pass runs each step's plan
+  // without the policy's layer hook, so policies that decide layer by layer cannot have it.
+  bool guidance = true;
+  // The threshold its paper reports it at: `bench` and `eval` decode with it unless told
+  // otherwise (Fast-dLLM's and Elastic-Cache's parallel decoding at 0.9).
+  std::optional<double> paper_threshold = std::nullopt;
 };
 
 class PolicyRegistration {
