@@ -18,8 +18,8 @@ const char* ArchName(const Architecture* arch);
 
 struct ModelConfig {
   const Architecture* arch = nullptr;  // the registered architecture that parsed the config
-  int vocab = 0;  // V: embedding / LM-head rows
-  int width = 0;  // C
+  int vocab = 0;                       // V: embedding / LM-head rows
+  int width = 0;                       // C
   int layers = 0;
   int heads = 0;     // H
   int kv_heads = 0;  // Hkv (GQA when < H)
