@@ -549,6 +549,9 @@ TEST(Server, ModelsListThePoliciesWithTheFieldsTheyReadAndTheirDefaults) {
   EXPECT_EQ(meta["defaults"]["gamma"], 0.9);
   EXPECT_EQ(meta["defaults"]["topk_clusters"], 4);
   EXPECT_EQ(meta["defaults"]["policy"], "vanilla");
+  EXPECT_EQ(meta["defaults"]["max_tokens"], 32);
+  EXPECT_EQ(meta["defaults"]["block_length"], 8);
+  EXPECT_EQ(meta["defaults"]["threshold"], nullptr);
 }
 
 TEST(Server, CompletionsReproduceTheReferenceAnswers) {

@@ -163,28 +163,22 @@ void Server::Impl::Health(const http::Request& req, http::ResponseWriter& writer
 
 json Server::Impl::ModelEntry() const {
   const ModelConfig& c = model->config();
-  // The policies, each with the request fields it reads beyond the shared ones, and those
-  // fields' defaults: the page builds its policy list and fields from them.
-  json policies = json::array(), policy_defaults = json::object();
+  // What a request that names no decoding field gets, by request field, and the policies
+  // with the fields each reads beyond the shared ones: the page builds its form from these.
+  json defaults = {{"max_tokens", options.defaults.gen_length}};
+  for (const OptionSpec& option : OptionSchema()) {
+    // Options with an http_name are set through another field (gen_length: max_tokens).
+    if (!option.http_name) defaults[option.name] = OptionValueJson(option, options.defaults);
+  }
+  json policies = json::array();
   for (const PolicyEntry& policy : RegisteredPolicies()) {
     json fields = json::array();
     for (const OptionMember& member : policy.options) {
-      const OptionSpec& option = OptionOf(member);
-      fields.push_back(OptionName(option, Vocabulary::kHttp));
-      policy_defaults[OptionName(option, Vocabulary::kHttp)] =
-          OptionValueJson(option, options.defaults);
+      fields.push_back(OptionOf(member).name);
     }
     policies.push_back(
         {{"name", policy.name}, {"description", policy.description}, {"options", fields}});
   }
-  json defaults = {
-      {"policy", options.defaults.policy},
-      {"max_tokens", options.defaults.gen_length},
-      {"block_length", options.defaults.block_length},
-      {"steps", options.defaults.steps},
-      {"threshold", OptionValueJson(OptionOf(&DecodeOptions::threshold), options.defaults)},
-      {"temperature", options.defaults.temperature}};
-  defaults.update(policy_defaults);
   return {{"id", options.model_id},
           {"object", "model"},
           {"created", 0},
@@ -196,7 +190,6 @@ json Server::Impl::ModelEntry() const {
             {"n_ctx", c.max_positions},
             {"mask_id", c.mask_id},
             {"source", model->source()},
-            // What a request that names no decoding field gets (the page starts from these).
             {"defaults", defaults},
             {"policies", policies}}}};
 }
