@@ -166,14 +166,20 @@ TEST(PolestarCache, PacketPropagationEqualsAFullRecomputeOfThoseRows) {
 
 // The model's drift ops against the same math written out with the scalar kernels: proxy
 // queries W_q rmsnorm(x) without RoPE, over the cache's keys with RoPE undone.
+// A canvas of `length`: eight prompt tokens, then masks.
+std::vector<int> PromptAndMasks(const ModelConfig& config, int length) {
+  std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
+  canvas.resize(size_t(length), config.mask_id);
+  return canvas;
+}
+
 TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
   for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
     SCOPED_TRACE(fixture);
     auto model = Model::Load(testing::FixtureDir(fixture));
     const ModelConfig& c = model->config();
     const int length = 24;
-    std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
-    canvas.resize(size_t(length), c.mask_id);
+    const std::vector<int> canvas = PromptAndMasks(c, length);
     KvCache cache = MakeCache(*model, length, true);
     Forward forward(*model, cache);
     forward.Run(canvas, {Range(0, length), {}, {}, nullptr});
@@ -226,8 +232,7 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
   auto model = Model::Load(testing::FixtureDir("llada-tiny"));
   const ModelConfig& c = model->config();
   const int length = 24;
-  std::vector<int> canvas = {3, 8, 1, 22, 40, 7, 9, 2};
-  canvas.resize(size_t(length), c.mask_id);
+  const std::vector<int> canvas = PromptAndMasks(c, length);
   KvCache cache = MakeCache(*model, length, true);
   Forward forward(*model, cache);
   CaptureAttention capture;
