@@ -26,7 +26,7 @@
 
 #include "backend/cpu_backend.h"
 #include "base/parallel.h"
-#include "ops/avx2/avx2.h"
+#include "ops/isa.h"
 #include "ops/ops.h"
 
 namespace polestar {
@@ -150,8 +150,8 @@ int Run(const Options& options) {
     return 2;
   }
   openblas_set_num_threads(threads);
-  std::printf("threads %d, %s clock, avx2 kernels %s, openblas core %s\n", threads,
-              options.cpu_clock ? "cpu" : "wall", avx2::Supported() ? "yes" : "no (scalar)",
+  std::printf("threads %d, %s clock, kernels %s, openblas core %s\n", threads,
+              options.cpu_clock ? "cpu" : "wall", std::string(IsaName(BestIsa())).c_str(),
               openblas_get_corename());
   std::printf("%6s %6s %6s | %-39s | %s\n", "", "", "", "GFLOP/s",
               "speed ratio (OpenBLAS time / ours)");

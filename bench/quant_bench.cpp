@@ -28,7 +28,7 @@
 #include "base/parallel.h"
 #include "io/gguf.h"
 #include "model/forward.h"
-#include "ops/avx2/avx2.h"
+#include "ops/isa.h"
 #include "ops/quant.h"
 #include "ops/reference.h"
 
@@ -368,8 +368,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     SetThreadCount(threads);
-    std::printf("threads %d, AVX2 %s\n", ThreadCount(), avx2::Supported() ? "yes" : "no");
-    nlohmann::json out = {{"threads", ThreadCount()}, {"avx2", avx2::Supported()}};
+    std::printf("threads %d, kernels %s\n", ThreadCount(), std::string(IsaName(BestIsa())).c_str());
+    nlohmann::json out = {{"threads", ThreadCount()}, {"kernels", IsaName(BestIsa())}};
     if (!skip_matmul) out["matmul"] = MatMulBench(min_seconds);
     if (!skip_decode) out["decode"] = DecodeBench(shape, block, steps);
     std::ofstream(json_path) << out.dump(2) << "\n";

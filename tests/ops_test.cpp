@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
+#include "ops/isa.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -37,7 +38,7 @@ uint32_t Bits(float value) {
 }
 
 #define SKIP_WITHOUT_AVX2() \
-  if (!avx2::Supported()) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C"
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C"
 
 // ---------------------------------------------------------------------------------------
 // Conversions
@@ -516,9 +517,16 @@ TEST(Attention, ThreadedGroupedHeadsMatchScalar) {
 // The CPU backend: the best kernels, threaded, against the scalar reference backend.
 
 TEST(CpuBackend, ChoosesItsKernelsOnce) {
-  EXPECT_EQ(CpuBackend::Host().simd(), avx2::Supported());
-  EXPECT_FALSE(CpuBackend(CpuKernels::kReference).simd());
-  EXPECT_EQ(CpuBackend(CpuKernels::kReference).name(), "cpu-scalar");
+  EXPECT_EQ(CpuBackend::Host().isa(), BestIsa());
+  EXPECT_TRUE(IsaSupported(BestIsa()));
+  EXPECT_EQ(CpuBackend(Isa::kScalar).name(), "cpu-scalar");
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (IsaSupported(isa)) {
+      EXPECT_EQ(CpuBackend(isa).name(), "cpu-" + std::string(IsaName(isa)));
+    } else {
+      EXPECT_THROW(CpuBackend{isa}, Error);
+    }
+  }
 }
 
 TEST(CpuBackend, BuffersAreZeroedCopiedDeepAndGrownOnlyWhenTooSmall) {
@@ -544,7 +552,7 @@ TEST(CpuBackend, BuffersAreZeroedCopiedDeepAndGrownOnlyWhenTooSmall) {
 TEST(CpuBackend, RowOpsMatchTheReferenceBackend) {
   std::mt19937 rng(21);
   const CpuBackend& best = CpuBackend::Host();
-  const CpuBackend scalar(CpuKernels::kReference);
+  const CpuBackend scalar(Isa::kScalar);
   const int64_t m = 7, c = 77;
   const auto x = RandomVector(m * c, 2.0f, rng), weight = RandomVector(c, 1.0f, rng);
   std::vector<float> got(size_t(m * c)), want(got.size());
@@ -571,7 +579,7 @@ TEST(CpuBackend, RowOpsMatchTheReferenceBackend) {
 TEST(CpuBackend, MatMulAndLmHeadMatchTheReferenceBackend) {
   std::mt19937 rng(22);
   const CpuBackend& best = CpuBackend::Host();
-  const CpuBackend scalar(CpuKernels::kReference);
+  const CpuBackend scalar(Isa::kScalar);
   const int64_t m = 3, n = 70, k = 96;
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
     const TestWeights w = MakeWeights(type, n, k, 0, 0, rng);
@@ -619,8 +627,8 @@ TEST(CpuBackend, AttentionProbabilitiesAreTheAttentionsProbabilities) {
   // probabilities, and within rounding of the best attention's.
   reference::Attention(q.data() + 1, m, k.data() + 1, v.data() + 1, l, heads, kv_heads, head_dim,
                        out.data(), want.data());
-  for (const CpuKernels kernels : {CpuKernels::kBest, CpuKernels::kReference}) {
-    const CpuBackend backend(kernels);
+  for (const Isa isa : {BestIsa(), Isa::kScalar}) {
+    const CpuBackend backend(isa);
     backend.AttentionProbabilities(q.data() + 1, m, k.data() + 1, l, heads, kv_heads, head_dim,
                                    got.data());
     EXPECT_EQ(got, want);

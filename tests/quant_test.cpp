@@ -12,6 +12,7 @@
 
 #include "base/dtype.h"
 #include "ops/avx2/avx2.h"
+#include "ops/isa.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -265,7 +266,7 @@ std::vector<uint8_t> RandomBlocks(DType type, int64_t blocks, std::mt19937& rng)
 }
 
 TEST(Avx2Kernels, DequantizeMatchesScalarBitForBit) {
-  if (!avx2::Supported()) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(1);
   for (DType type : kBlockTypes) {
     for (int64_t blocks : {1, 2, 3, 8, 17}) {
@@ -281,7 +282,7 @@ TEST(Avx2Kernels, DequantizeMatchesScalarBitForBit) {
 }
 
 TEST(Avx2Kernels, MatMulMatchesScalar) {
-  if (!avx2::Supported()) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(2);
   for (DType type : kBlockTypes) {
     const std::vector<int64_t> widths =
@@ -324,11 +325,11 @@ TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t c = 0; c < n; ++c) want[i * n + c] += bias[c];
   }
-  ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), avx2::Supported()));
+  ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), BestIsa()));
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
-  EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr, avx2::Supported()));
+  EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa()));
 }
 
 }  // namespace

@@ -22,17 +22,19 @@ int64_t GrainFor(int64_t work_per_item) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(CpuKernels kernels)
-    : simd_(kernels == CpuKernels::kBest && avx2::Supported()),
-      matmul_columns_(simd_ ? avx2::MatMulColumns : reference::MatMulColumns),
-      dequantize_row_(simd_ ? avx2::DequantizeRow : reference::DequantizeRow),
-      rms_norm_(simd_ ? avx2::RmsNorm : reference::RmsNorm),
-      silu_mul_(simd_ ? avx2::SiluMul : reference::SiluMul),
-      add_in_place_(simd_ ? avx2::AddInPlace : reference::AddInPlace),
-      attend_head_(simd_ ? avx2::AttendHead : reference::AttendHead) {}
+CpuBackend::CpuBackend(Isa isa) : isa_(isa), name_("cpu-" + std::string(IsaName(isa))) {
+  if (!IsaSupported(isa)) Fail("this CPU does not run the ", IsaName(isa), " kernels");
+  const bool avx2 = isa >= Isa::kAvx2;
+  matmul_columns_ = avx2 ? avx2::MatMulColumns : reference::MatMulColumns;
+  dequantize_row_ = avx2 ? avx2::DequantizeRow : reference::DequantizeRow;
+  rms_norm_ = avx2 ? avx2::RmsNorm : reference::RmsNorm;
+  silu_mul_ = avx2 ? avx2::SiluMul : reference::SiluMul;
+  add_in_place_ = avx2 ? avx2::AddInPlace : reference::AddInPlace;
+  attend_head_ = avx2 ? avx2::AttendHead : reference::AttendHead;
+}
 
 const CpuBackend& CpuBackend::Host() {
-  static const CpuBackend backend(CpuKernels::kBest);
+  static const CpuBackend backend(BestIsa());
   return backend;
 }
 
@@ -48,7 +50,7 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
 
 void CpuBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* y,
                         const float* bias) const {
-  if (QuantMatMul(x, m, w, y, bias, simd_)) return;  // block-quantised weights (ops/quant.h)
+  if (QuantMatMul(x, m, w, y, bias, isa_)) return;  // block-quantised weights (ops/quant.h)
   // Threads take whole 16-row panels of w, so every thread converts its own weights once.
   constexpr int64_t kPanel = 16;
   const int64_t panels = (w.rows + kPanel - 1) / kPanel;

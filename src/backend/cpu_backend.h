@@ -1,28 +1,26 @@
-// The CPU backend: today's kernels behind the Backend seam. The AVX2-or-scalar choice is
-// made once, when the backend is built; every op then runs the chosen kernel, threaded
-// with ParallelFor. The scalar kernels (ops/reference.h) stay the test oracle:
-// CpuBackend(CpuKernels::kReference) runs them alone.
+// The CPU backend: the CPU kernels behind the Backend seam. The instruction set is chosen
+// once, when the backend is built; every op then runs the widest kernel it has at or below
+// that set, threaded with ParallelFor. The scalar kernels (ops/reference.h) stay the test
+// oracle: CpuBackend(Isa::kScalar) runs them alone.
 #pragma once
 
+#include <string>
+
 #include "backend/backend.h"
+#include "ops/isa.h"
 
 namespace polestar {
 
-enum class CpuKernels {
-  kBest,       // AVX2 + FMA + F16C when the CPU has them, the scalar kernels otherwise
-  kReference,  // the scalar kernels of ops/reference.h
-};
-
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(CpuKernels kernels);
-  // The process-wide backend with the best kernels this CPU runs.
+  // Fails when this CPU does not run `isa`.
+  explicit CpuBackend(Isa isa);
+  // The process-wide backend with the widest kernels this CPU runs (BestIsa()).
   static const CpuBackend& Host();
 
-  // Whether the AVX2 kernels were chosen.
-  bool simd() const { return simd_; }
+  Isa isa() const { return isa_; }
 
-  std::string_view name() const override { return simd_ ? "cpu-avx2" : "cpu-scalar"; }
+  std::string_view name() const override { return name_; }
   float* Allocate(int64_t size, bool zero) const override;
   void Free(float* data) const override;
   void Copy(const float* src, int64_t size, float* dst) const override;
@@ -61,7 +59,8 @@ class CpuBackend final : public Backend {
   using AttendHeadFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int,
                                 float*, float*);
 
-  bool simd_ = false;
+  Isa isa_;
+  std::string name_;                // "cpu-" + the set's name
   MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
   DequantizeRowFn dequantize_row_;
   RowsFn rms_norm_;

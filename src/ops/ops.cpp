@@ -1,31 +1,19 @@
 #include "ops/ops.h"
 
-#include <cpuid.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "base/error.h"
 #include "ops/avx2/avx2.h"
+#include "ops/isa.h"
 #include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {
 
-// Lives here, in a file built without AVX2 flags, so the check itself runs on any CPU.
-// F16C is read from CPUID (leaf 1, ECX): clang's __builtin_cpu_supports does not know it.
-bool avx2::Supported() {
-  static const bool supported = [] {
-    unsigned eax, ebx, ecx, edx;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  }();
-  return supported;
-}
-
 void DequantizeRow(const WeightView& w, int64_t n, float* out) {
-  if (avx2::Supported()) {
+  if (IsaSupported(Isa::kAvx2)) {
     avx2::DequantizeRow(w, n, out);
   } else {
     reference::DequantizeRow(w, n, out);

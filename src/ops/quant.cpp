@@ -486,13 +486,13 @@ void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
 }
 
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 bool simd) {
+                 Isa isa) {
   if (!IsBlockQuantized(w.dtype)) return false;
   // Each chunk of output columns dequantises its own weight rows once and reuses them for
   // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
   const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));
   ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
-    if (simd) {
+    if (isa >= Isa::kAvx2) {
       avx2::QuantMatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
     } else {
       reference::MatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);

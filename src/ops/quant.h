@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "ops/isa.h"
 #include "ops/ops.h"
 
 namespace polestar {
@@ -36,11 +37,11 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out);
 // BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst);
 
-// y[M, N] = x[M, K] · w[N, K]^T (+ bias) for block-quantised w: the AVX2 kernels when
-// `simd` (the CPU backend's choice), the scalar reference otherwise. Returns false, doing
-// nothing, when w is not block-quantised (the caller's kernels handle it).
+// y[M, N] = x[M, K] · w[N, K]^T (+ bias) for block-quantised w, on the widest kernels at
+// or below `isa` (the CPU backend's choice). Returns false, doing nothing, when w is not
+// block-quantised (the caller's kernels handle it).
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 bool simd);
+                 Isa isa);
 
 namespace avx2 {
 

@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C kernels. The files in ops/avx2/ are the only ones compiled with those
 // instruction sets; the CPU backend (backend/cpu_backend.cpp) chooses them once, when
-// Supported() says yes, and otherwise runs
-// the scalar twins in ops/reference.h. Each function here computes what its twin of the
+// IsaSupported(Isa::kAvx2) says yes (ops/isa.h), and otherwise runs the scalar twins in
+// ops/reference.h. Each function here computes what its twin of the
 // same name computes (up to the order of float additions); ops_test.cpp holds them to it.
 //
 // This header declares plain C++ signatures only, so code built without AVX2 may include it.
@@ -12,9 +12,6 @@
 #include "ops/ops.h"
 
 namespace polestar::avx2 {
-
-// The running CPU has AVX2, FMA and F16C.
-bool Supported();
 
 // Single-threaded; see reference::MatMulColumns.
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
