@@ -1,6 +1,8 @@
 // Block-quantised weight formats: dequantisation against values worked out by hand from the
 // format definitions, the quantisers against hand-computed cases and error bounds, and the
-// AVX2 kernels against their scalar twins.
+// integer matrix products: the activation quantiser by hand and SIMD against scalar, the SIMD
+// kernels against their scalar twins, and the error against fp32 activations within the
+// bound ops/quant.h states.
 #include "ops/quant.h"
 
 #include <gtest/gtest.h>
@@ -330,6 +332,272 @@ TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
     EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
   EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa()));
+}
+
+// --- activations rounded to 8 bits ---
+
+using Quantizer = void (*)(const float*, int64_t, int64_t, int, QuantizedActivations*);
+
+std::vector<Quantizer> Quantizers() {
+  std::vector<Quantizer> quantizers = {QuantizeActivations};
+  if (IsaSupported(Isa::kAvx2)) quantizers.push_back(avx2::QuantizeActivations);
+  return quantizers;
+}
+
+TEST(ActivationQuantizer, ByHand) {
+  for (int block : {32, 256}) {
+    // max|x| = 127: the inverse scale is exactly 1, so the levels are x rounded half to even.
+    std::vector<float> x(static_cast<size_t>(block), 0.0f);
+    const float head[] = {127.0f, 2.5f, 3.5f, -2.5f, -127.0f, 0.49f, -0.5f, 1.5f};
+    std::copy(std::begin(head), std::end(head), x.begin());
+    x[20] = 100.25f;
+    for (Quantizer quantize : Quantizers()) {
+      QuantizedActivations q;
+      quantize(x.data(), 1, block, block, &q);
+      ASSERT_EQ(q.scales.size(), 1u);
+      EXPECT_EQ(q.scales[0], 1.0f);
+      const int8_t want[] = {127, 2, 4, -2, -127, 0, 0, 2};
+      for (int j = 0; j < 8; ++j) EXPECT_EQ(q.q[size_t(j)], want[j]) << j;
+      EXPECT_EQ(q.q[20], 100);
+      EXPECT_EQ(q.group_sums[0], 127 + 2 + 4 - 2 - 127 + 2);
+      EXPECT_EQ(q.group_sums[1], 100);
+      for (size_t g = 2; g < q.group_sums.size(); ++g) EXPECT_EQ(q.group_sums[g], 0);
+    }
+  }
+  // max|x| = 16: d = 16 / 127, levels x * 7.9375 rounded: 8 * 7.9375 = 63.5 -> 64 (even).
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[size_t(j)] = float(j - 16);
+  x[1] = 8.0f;
+  for (Quantizer quantize : Quantizers()) {
+    QuantizedActivations q;
+    quantize(x.data(), 1, 32, 32, &q);
+    EXPECT_EQ(q.scales[0], 16.0f / 127);
+    EXPECT_EQ(q.q[0], -127);
+    EXPECT_EQ(q.q[1], 64);
+    EXPECT_EQ(q.q[17], 8);    // 7.9375
+    EXPECT_EQ(q.q[31], 119);  // 119.0625
+  }
+}
+
+TEST(ActivationQuantizer, ZeroBlocksAreZero) {
+  std::vector<float> x(2 * 256, 0.0f);
+  x[300] = -3.0f;  // the second row is not zero
+  for (Quantizer quantize : Quantizers()) {
+    QuantizedActivations q;
+    quantize(x.data(), 2, 256, 256, &q);
+    EXPECT_EQ(q.scales[0], 0.0f);
+    EXPECT_EQ(q.scales[1], 3.0f / 127);
+    for (int j = 0; j < 256; ++j) EXPECT_EQ(q.q[size_t(j)], 0);
+    for (int g = 0; g < 16; ++g) EXPECT_EQ(q.group_sums[size_t(g)], 0);
+    EXPECT_EQ(q.q[300], -127);
+    EXPECT_EQ(q.group_sums[300 / 16], -127);
+  }
+}
+
+TEST(ActivationQuantizer, SimdIsBitIdenticalToScalar) {
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(8);
+  for (int block : {32, 256}) {
+    for (int64_t m : {1, 3, 7}) {
+      const int64_t k = block * 5;
+      // Rows of very different magnitudes, ties and zeros among them; x starts one float in.
+      std::vector<float> x = Gaussian(m * k + 1, uint32_t(m + block));
+      for (int64_t i = 0; i < m * k; ++i) {
+        x[size_t(i + 1)] *= std::ldexp(1.0f, int(i / block % 7) * 5 - 15);
+      }
+      for (int64_t i = 0; i < 2 * block; i += 3) x[size_t(i + 1)] = 0.0f;
+      std::fill(x.begin() + 1 + 3 * block, x.begin() + 1 + 4 * block, 0.0f);
+      QuantizedActivations scalar, simd;
+      QuantizeActivations(x.data() + 1, m, k, block, &scalar);
+      avx2::QuantizeActivations(x.data() + 1, m, k, block, &simd);
+      EXPECT_EQ(scalar.q, simd.q) << block << " " << m;
+      ASSERT_EQ(scalar.scales.size(), simd.scales.size());
+      EXPECT_EQ(std::memcmp(scalar.scales.data(), simd.scales.data(), scalar.scales.size() * 4), 0);
+      EXPECT_EQ(scalar.group_sums, simd.group_sums);
+      // The levels reproduce x to half a step.
+      for (int64_t i = 0; i < m * k; ++i) {
+        const float d = scalar.scales[size_t(i / block)];
+        ASSERT_LE(std::fabs(x[size_t(i + 1)] - d * scalar.q[size_t(i)]), d * 0.5001f + 1e-30f);
+      }
+    }
+  }
+}
+
+// --- integer matrix products ---
+
+using Columns = void (*)(const QuantizedActivations&, const WeightView&, int64_t, int64_t, float*,
+                         int64_t);
+
+struct SimdColumns {
+  const char* name;
+  Columns columns;
+};
+
+std::vector<SimdColumns> SimdKernels() {
+  std::vector<SimdColumns> kernels;
+  if (IsaSupported(Isa::kAvx2)) kernels.push_back({"avx2", avx2::QuantDotColumns});
+  if (IsaSupported(Isa::kAvx512)) kernels.push_back({"avx512", avx512::QuantDotColumns});
+  return kernels;
+}
+
+// sum_k |w_nk| |x_ik| over the dequantised weights and the activations the levels stand for.
+std::vector<double> Magnitudes(const QuantizedActivations& x, const WeightView& w) {
+  const int64_t k = w.cols;
+  std::vector<double> out(static_cast<size_t>(x.rows * w.rows));
+  std::vector<float> row(static_cast<size_t>(k));
+  for (int64_t n = 0; n < w.rows; ++n) {
+    DequantizeValues(w.dtype, w.Row(n), k, row.data());
+    for (int64_t i = 0; i < x.rows; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const double xv = double(x.scales[size_t((i * k + j) / x.block)]) * x.q[size_t(i * k + j)];
+        sum += std::fabs(row[size_t(j)] * xv);
+      }
+      out[size_t(i * w.rows + n)] = sum;
+    }
+  }
+  return out;
+}
+
+TEST(QuantKernels, SimdMatchesScalarTwin) {
+  const std::vector<SimdColumns> kernels = SimdKernels();
+  if (kernels.empty()) GTEST_SKIP() << "no SIMD kernels on this CPU";
+  std::mt19937 rng(2);
+  for (DType type : kBlockTypes) {
+    const int block = BlockSize(type);
+    for (int64_t blocks : {1, 3, 8}) {
+      const int64_t k = block * blocks;
+      for (int64_t n : {1, 2, 3, 5, 9, 17}) {
+        const std::vector<uint8_t> bytes = RandomBlocks(type, n * blocks, rng);
+        const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
+        for (int64_t m : {1, 2, 3, 5, 8, 13}) {
+          const std::vector<float> x = Gaussian(m * k + 3, uint32_t(m * 131 + n * 7 + k));
+          QuantizedActivations xq;
+          QuantizeActivations(x.data() + 3, m, k, ActivationBlock(type), &xq);
+          std::vector<float> want(static_cast<size_t>(m * n)), got(want.size());
+          QuantDotColumns(xq, w, 0, n, want.data(), n);
+          const std::vector<double> magnitude = Magnitudes(xq, w);
+          for (const SimdColumns& kernel : kernels) {
+            std::fill(got.begin(), got.end(), 0.0f);
+            kernel.columns(xq, w, 0, n, got.data(), n);
+            for (size_t i = 0; i < got.size(); ++i) {
+              ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude[i] + 1e-30)
+                  << kernel.name << " " << DTypeName(type) << " m=" << m << " n=" << n << " k=" << k
+                  << " at " << i;
+            }
+            // Columns split anywhere (as ParallelFor's chunks fall) give the same bits.
+            std::vector<float> split(got.size());
+            for (int64_t cut : {int64_t(1), n / 2, n - 1}) {
+              if (cut <= 0 || cut >= n) continue;
+              kernel.columns(xq, w, 0, cut, split.data(), n);
+              kernel.columns(xq, w, cut, n, split.data() + cut, n);
+              EXPECT_EQ(std::memcmp(split.data(), got.data(), got.size() * 4), 0)
+                  << kernel.name << " " << DTypeName(type) << " cut " << cut;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Weight bytes at their extremes (Q8_0 -128, the largest levels, scales of -128) against
+// full-scale activations: the sums maddubs forms stay clear of its int16 saturation, so
+// every kernel gives the exact integer result.
+TEST(QuantKernels, ExtremeWeightBytesDoNotSaturate) {
+  const int64_t k = 512, m = 2;
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (int64_t j = 0; j < k; ++j) {
+    x[size_t(j)] = 127.0f;                             // row 0: every level 127, scale 1
+    x[size_t(k + j)] = j % 2 == 0 ? 127.0f : -127.0f;  // row 1: alternating signs
+  }
+  for (DType type : kBlockTypes) {
+    const int64_t blocks = k / BlockSize(type);
+    std::vector<uint8_t> bytes(static_cast<size_t>(RowBytes(type, k)), 0xFF);
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* block = bytes.data() + b * BlockBytes(type);
+      switch (type) {
+        case DType::kQ8_0:
+          std::memset(block + 2, 0x80, 32);  // -128
+          PutF16(block, 1.0f);
+          break;
+        case DType::kQ4_0:
+          PutF16(block, 1.0f);  // levels 15 - 8 = 7
+          break;
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+          PutF16(block, 1.0f);  // scales and mins 63, levels 15 / 31
+          PutF16(block + 2, 0.0f);
+          break;
+        case DType::kQ6_K:
+          std::memset(block + 192, 0x80, 16);  // scales -128, levels 63: -128 * (63 - 32)
+          PutF16(block + 208, 1.0f);
+          break;
+        default:
+          break;
+      }
+    }
+    const WeightView w{type, bytes.data(), 1, k, RowBytes(type, k)};
+    const double level_product = type == DType::kQ8_0   ? -128.0 * 127
+                                 : type == DType::kQ4_0 ? 7.0 * 127
+                                 : type == DType::kQ4_K ? 63.0 * 15 * 127
+                                 : type == DType::kQ5_K ? 63.0 * 31 * 127
+                                                        : -128.0 * 31 * 127;
+    QuantizedActivations xq;
+    QuantizeActivations(x.data(), m, k, ActivationBlock(type), &xq);
+    std::vector<Columns> all = {QuantDotColumns};
+    for (const SimdColumns& kernel : SimdKernels()) all.push_back(kernel.columns);
+    for (Columns columns : all) {
+      float y[2] = {0, 0};
+      columns(xq, w, 0, 1, y, 1);
+      EXPECT_EQ(y[0], float(level_product * double(k))) << DTypeName(type);
+      EXPECT_EQ(y[1], 0.0f) << DTypeName(type);
+    }
+  }
+}
+
+// The numeric contract of ops/quant.h against the fp32 reference on the same weights:
+// x = d * q + e with |e| <= d / 2 (plus 2^-22 |x| for the rounded inverse scale), so
+// |y - y_ref| <= sum_k |w_k| (d(k) / 2 + 2^-22 |x_k|) + float rounding of both sides
+// (bounded by 1e-5 * sum_k |w_k x_k| at these widths).
+TEST(QuantKernels, ErrorAgainstFp32ActivationsWithinTheBound) {
+  std::mt19937 rng(4);
+  for (DType type : kBlockTypes) {
+    const int64_t k = 768, n = 37, m = 11;
+    const std::vector<uint8_t> bytes = RandomBlocks(type, n * k / BlockSize(type), rng);
+    const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
+    std::vector<float> x = Gaussian(m * k + 1, 17);
+    for (int64_t j = 0; j < k; j += 97) x[size_t(j + 1)] *= 20.0f;  // outliers widen d
+    std::vector<float> want(static_cast<size_t>(m * n)), got(want.size());
+    reference::MatMulColumns(x.data() + 1, m, w, 0, n, want.data(), n);
+    QuantizedActivations xq;
+    QuantizeActivations(x.data() + 1, m, k, ActivationBlock(type), &xq);
+    std::vector<float> row(static_cast<size_t>(k));
+    std::vector<SimdColumns> kernels = {{"scalar", QuantDotColumns}};
+    for (const SimdColumns& kernel : SimdKernels()) kernels.push_back(kernel);
+    for (const SimdColumns& kernel : kernels) {
+      kernel.columns(xq, w, 0, n, got.data(), n);
+      double worst_fraction = 0;  // of the bound, over all outputs
+      for (int64_t c = 0; c < n; ++c) {
+        DequantizeValues(type, w.Row(c), k, row.data());
+        for (int64_t i = 0; i < m; ++i) {
+          double bound = 0, magnitude = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const double xv = x[size_t(i * k + j + 1)];
+            const double d = xq.scales[size_t((i * k + j) / xq.block)];
+            bound += std::fabs(row[size_t(j)]) * (d / 2 + std::ldexp(std::fabs(xv), -22));
+            magnitude += std::fabs(row[size_t(j)] * xv);
+          }
+          bound += 1e-5 * magnitude;
+          const double err = std::fabs(double(got[size_t(i * n + c)]) - want[size_t(i * n + c)]);
+          ASSERT_LE(err, bound) << kernel.name << " " << DTypeName(type) << " " << i << "," << c;
+          worst_fraction = std::max(worst_fraction, err / bound);
+        }
+      }
+      // Rounding errors add up like a random walk: far below the worst case, but not zero.
+      EXPECT_GT(worst_fraction, 1e-3) << kernel.name << " " << DTypeName(type);
+    }
+  }
 }
 
 }  // namespace

@@ -129,6 +129,50 @@ void DequantizeQ6_K(const uint8_t* block, float* out) {
   }
 }
 
+// --- weight levels as the integer kernels multiply them ---
+
+// The signed levels of a Q8_0 / Q4_0 block (y = d * level); returns d.
+float BlockLevels32(DType type, const uint8_t* block, int8_t* levels) {
+  if (type == DType::kQ8_0) {
+    std::memcpy(levels, block + 2, 32);
+  } else {
+    for (int j = 0; j < 16; ++j) {
+      levels[j] = int8_t((block[2 + j] & 0xF) - 8);
+      levels[j + 16] = int8_t((block[2 + j] >> 4) - 8);
+    }
+  }
+  return F16ToF32(LoadU16(block));
+}
+
+// The unsigned levels[256] of a K-quant super-block (see KQuantMultipliers).
+void KQuantLevels(DType type, const uint8_t* block, uint8_t* levels) {
+  if (type == DType::kQ6_K) {
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = block + 64 * half;
+      const uint8_t* qh = block + 128 + 32 * half;
+      uint8_t* out = levels + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        out[l] = uint8_t((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+        out[l + 32] = uint8_t((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+        out[l + 64] = uint8_t((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+        out[l + 96] = uint8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+      }
+    }
+    return;
+  }
+  const bool five_bits = type == DType::kQ5_K;
+  const uint8_t* qh = block + 16;
+  const uint8_t* qs = block + (five_bits ? 48 : 16);
+  for (int chunk = 0; chunk < 4; ++chunk) {  // 64 values: two sub-blocks sharing 32 bytes
+    for (int l = 0; l < 32; ++l) {
+      const int high_low = five_bits ? ((qh[l] >> (2 * chunk)) & 1) << 4 : 0;
+      const int high_high = five_bits ? ((qh[l] >> (2 * chunk + 1)) & 1) << 4 : 0;
+      levels[64 * chunk + l] = uint8_t((qs[32 * chunk + l] & 0xF) | high_low);
+      levels[64 * chunk + 32 + l] = uint8_t((qs[32 * chunk + l] >> 4) | high_high);
+    }
+  }
+}
+
 // --- quantisation helpers (ggml's make_qkx2_quants and make_qx_quants) ---
 
 // Fits x[n] ~ scale * L - min with L in [0, nmax], minimising the weighted squared error
@@ -482,6 +526,98 @@ void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
   }
   for (int64_t b = 0; b < blocks; ++b) {
     block_fn(src + b * BlockSize(type), dst + b * block_bytes);
+  }
+}
+
+int ActivationBlock(DType weight_type) { return BlockSize(weight_type) == 32 ? 32 : kQK; }
+
+void QuantizeActivations(const float* x, int64_t m, int64_t k, int block,
+                         QuantizedActivations* out) {
+  PS_CHECK(block % 16 == 0 && k % block == 0);
+  out->rows = m;
+  out->cols = k;
+  out->block = block;
+  out->q.resize(size_t(m * k));
+  out->scales.resize(size_t(m * k / block));
+  out->group_sums.resize(size_t(m * k / 16));
+  for (int64_t b = 0; b < m * k / block; ++b) {  // K is a multiple of block: rows hold whole blocks
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    for (int j = 0; j < block; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    // x * (127 / amax) <= 127 * (1 + 2^-23) < 127.5, so the levels need no clamp.
+    const float inverse = amax != 0 ? 127.0f / amax : 0.0f;
+    out->scales[size_t(b)] = amax / 127;
+    for (int j = 0; j < block; ++j) {
+      out->q[size_t(b * block + j)] = int8_t(std::nearbyint(xb[j] * inverse));
+    }
+  }
+  for (int64_t g = 0; g < m * k / 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += out->q[size_t(16 * g + j)];
+    out->group_sums[size_t(g)] = int16_t(sum);
+  }
+}
+
+KQuantMultipliers KQuantMultipliersOf(DType type, const uint8_t* block) {
+  KQuantMultipliers mul;
+  if (type == DType::kQ6_K) {
+    mul.d = mul.dmin = F16ToF32(LoadU16(block + 208));
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    for (int g = 0; g < 16; ++g) {
+      mul.scales[g] = scales[g];
+      mul.mins[g] = int16_t(32 * scales[g]);  // d * sc * (q - 32) = d * sc * q - d * 32 * sc
+    }
+    return mul;
+  }
+  PS_CHECK(type == DType::kQ4_K || type == DType::kQ5_K);
+  mul.d = F16ToF32(LoadU16(block));
+  mul.dmin = F16ToF32(LoadU16(block + 2));
+  for (int j = 0; j < 8; ++j) {  // sub-blocks of 32: two groups of 16 each
+    uint8_t sc, m;
+    ScaleMinK4(j, block + 4, &sc, &m);
+    mul.scales[2 * j] = mul.scales[2 * j + 1] = sc;
+    mul.mins[2 * j] = mul.mins[2 * j + 1] = m;
+  }
+  return mul;
+}
+
+void QuantDotColumns(const QuantizedActivations& x, const WeightView& w, int64_t n_begin,
+                     int64_t n_end, float* y, int64_t ldy) {
+  const int64_t k = w.cols;
+  const int block = BlockSize(w.dtype), block_bytes = BlockBytes(w.dtype);
+  PS_CHECK(x.cols == k && x.block == ActivationBlock(w.dtype));
+  const int64_t blocks = k / block;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    for (int64_t i = 0; i < x.rows; ++i) {
+      const int8_t* xq = &x.q[size_t(i * k)];
+      const float* x_scales = &x.scales[size_t(i * blocks)];
+      const int16_t* x_sums = &x.group_sums[size_t(i * k / 16)];
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* wb = w.Row(n) + b * block_bytes;
+        const int8_t* qb = xq + b * block;
+        if (block == 32) {
+          int8_t levels[32];
+          const float d = BlockLevels32(w.dtype, wb, levels);
+          int32_t dot = 0;
+          for (int j = 0; j < 32; ++j) dot += levels[j] * qb[j];
+          acc += (d * x_scales[b]) * float(dot);
+        } else {
+          uint8_t levels[kQK];
+          KQuantLevels(w.dtype, wb, levels);
+          const KQuantMultipliers mul = KQuantMultipliersOf(w.dtype, wb);
+          int32_t dot = 0, min_dot = 0;
+          for (int g = 0; g < 16; ++g) {
+            int32_t group_dot = 0;
+            for (int l = 0; l < 16; ++l) group_dot += levels[16 * g + l] * qb[16 * g + l];
+            dot += mul.scales[g] * group_dot;
+            min_dot += mul.mins[g] * x_sums[16 * b + g];
+          }
+          acc += (mul.d * x_scales[b]) * float(dot) - (mul.dmin * x_scales[b]) * float(min_dot);
+        }
+      }
+      y[i * ldy + (n - n_begin)] = acc;
+    }
   }
 }
 
