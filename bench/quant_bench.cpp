@@ -1,10 +1,14 @@
 // Quantised weights, side by side: matmul GFLOP/s per weight type (threaded dispatch, and
-// one thread on the AVX2 kernel and on its scalar twin), then one dual-cache decode step
+// one thread on the AVX2 kernel and on its scalar twin); the integer kernels (activations
+// rounded to 8 bits, ops/quant.h) on one thread, scalar / AVX2 / AVX-512 VNNI, at decode
+// shapes next to the fp32-activation kernels and the F16 path, against this CPU's FMA peak;
+// then one dual-cache decode step
 // (a block of query rows against a full cache) of a ~1B LLaDA-shaped random model stored as
 // BF16, Q8_0 and Q4_K_M GGUF files, loaded through Model::Load (memory-mapped), with the
 // resident memory it takes next to the file size.
 //
 //   quant_bench [--layers 16] [--context 512] [--block 32] [--steps 3] [--json out.json]
+//               [--skip-matmul] [--skip-kernels] [--skip-decode]
 //
 // Prints a table and writes the numbers as JSON.
 #include <time.h>
@@ -59,11 +63,11 @@ void PutF16(uint8_t* p, float value) {
 std::vector<uint8_t> RandomWeights(DType type, int64_t count, uint64_t seed) {
   std::vector<uint8_t> bytes(static_cast<size_t>(RowBytes(type, count)));
   Random rng{seed};
-  if (type == DType::kBF16 || type == DType::kF32) {
+  if (type == DType::kBF16 || type == DType::kF16 || type == DType::kF32) {
     for (int64_t i = 0; i < count; ++i) {
       const float v = rng.Uniform(0.03f);
-      if (type == DType::kBF16) {
-        const uint16_t bits = F32ToBf16(v);
+      if (type != DType::kF32) {
+        const uint16_t bits = type == DType::kBF16 ? F32ToBf16(v) : F32ToF16(v);
         std::memcpy(&bytes[2 * i], &bits, 2);
       } else {
         std::memcpy(&bytes[4 * i], &v, 4);
@@ -201,6 +205,115 @@ nlohmann::json MatMulBench(double min_seconds) {
     }
   }
   return rows;
+}
+
+// Core clock in GHz: a chain of dependent integer adds retires one add per cycle, whatever
+// else the loop does, so cycles = adds; timed on this thread's CPU clock.
+double MeasureClockGhz() {
+  constexpr int64_t kIterations = 200'000'000 / 8;
+  uint64_t value = 0;
+  const double start = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+  for (int64_t i = 0; i < kIterations; ++i) {
+    for (int a = 0; a < 8; ++a) {
+      value += uint64_t(i);
+      asm volatile("" : "+r"(value));  // keeps the adds, in order, in one register
+    }
+  }
+  const double seconds = CpuSeconds(CLOCK_THREAD_CPUTIME_ID) - start;
+  asm volatile("" ::"r"(value));
+  return double(kIterations) * 8 / seconds * 1e-9;
+}
+
+// The integer kernels on one thread (each call quantises x, then runs every column, as
+// QuantMatMul's work would be), next to the fp32-activation kernels on the same weights
+// and the F16 path (CpuBackend::MatMul on F16 weights) at the same shape.
+nlohmann::json KernelBench(double min_seconds) {
+  const int threads = ThreadCount();
+  SetThreadCount(1);
+  const double ghz = MeasureClockGhz();
+  // Two FMA units, each 8 (AVX2) or 16 (AVX-512) fp32 lanes, two FLOP per FMA.
+  const double avx2_peak = 32 * ghz, avx512_peak = 64 * ghz;
+  std::printf(
+      "\nkernels on one thread, GFLOP/s by CPU time; clock %.2f GHz (dependent-add chain), "
+      "fp32 FMA peak %.0f (AVX2: 2 x 8 lanes x 2 x clock), %.0f (AVX-512)\n",
+      ghz, avx2_peak, avx512_peak);
+  std::printf(
+      "int8 = activations rounded to 8 bits (quantisation included); fp32-act = "
+      "today's QuantMatMul (dequantised tile x fp32 activations)\n");
+  std::printf("%-6s %5s %5s %4s %11s %10s %11s %9s %8s %11s\n", "type", "N", "K", "M",
+              "int8 scalar", "int8 avx2", "int8 avx512", "fp32-act", "F16", "best / F16");
+  nlohmann::json out = {{"clock_ghz", ghz},
+                        {"fma_peak_gflops_avx2", avx2_peak},
+                        {"fma_peak_gflops_avx512", avx512_peak},
+                        {"rows", nlohmann::json::array()}};
+  const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+  const int64_t row_counts[] = {1, 8, 32, 96, 256};
+  const CpuBackend& backend = CpuBackend::Host();
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}}) {
+    Random rng{uint64_t(n + k)};
+    std::vector<float> x(static_cast<size_t>(256 * k));  // [256, K]
+    for (float& v : x) v = rng.Uniform(1.0f);
+    std::vector<float> y(static_cast<size_t>(256 * n));  // [256, N]
+    const std::vector<uint8_t> f16_bytes = RandomWeights(DType::kF16, n * k, 3);
+    const WeightView f16{DType::kF16, f16_bytes.data(), n, k, RowBytes(DType::kF16, k)};
+    std::vector<double> f16_gflops;
+    for (int64_t m : row_counts) {
+      const double flops = 2.0 * double(m * n * k);
+      f16_gflops.push_back(flops /
+                           Measure([&] { backend.MatMul(x.data(), m, f16, y.data()); }, min_seconds,
+                                   CLOCK_THREAD_CPUTIME_ID)
+                               .cpu *
+                           1e-9);
+    }
+    for (DType type : types) {
+      const std::vector<uint8_t> bytes = RandomWeights(type, n * k, 11);
+      const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
+      for (size_t mi = 0; mi < std::size(row_counts); ++mi) {
+        const int64_t m = row_counts[mi];
+        const double flops = 2.0 * double(m * n * k);
+        QuantizedActivations xq;
+        auto int8 = [&](Isa isa) {
+          if (!IsaSupported(isa)) return 0.0;
+          if (isa == Isa::kScalar && m > 8) return 0.0;  // minutes per point: skipped
+          const Timing t = Measure(
+              [&] {
+                if (isa == Isa::kScalar) {
+                  QuantizeActivations(x.data(), m, k, ActivationBlock(type), &xq);
+                  QuantDotColumns(xq, w, 0, n, y.data(), n);
+                } else {
+                  avx2::QuantizeActivations(x.data(), m, k, ActivationBlock(type), &xq);
+                  (isa == Isa::kAvx512 ? avx512::QuantDotColumns : avx2::QuantDotColumns)(
+                      xq, w, 0, n, y.data(), n);
+                }
+              },
+              isa == Isa::kScalar ? 0.0 : min_seconds, CLOCK_THREAD_CPUTIME_ID);
+          return flops / t.cpu * 1e-9;
+        };
+        const double scalar = int8(Isa::kScalar), avx2 = int8(Isa::kAvx2),
+                     avx512 = int8(Isa::kAvx512);
+        const double fp32_act = flops /
+                                Measure([&] { backend.MatMul(x.data(), m, w, y.data()); },
+                                        min_seconds, CLOCK_THREAD_CPUTIME_ID)
+                                    .cpu *
+                                1e-9;
+        const double best = std::max(avx2, avx512);
+        std::printf("%-6s %5lld %5lld %4lld %11.2f %10.1f %11.1f %9.1f %8.1f %11.2f\n",
+                    std::string(DTypeName(type)).c_str(), (long long)n, (long long)k, (long long)m,
+                    scalar, avx2, avx512, fp32_act, f16_gflops[mi], best / f16_gflops[mi]);
+        out["rows"].push_back({{"type", DTypeName(type)},
+                               {"n", n},
+                               {"k", k},
+                               {"m", m},
+                               {"gflops_int8_scalar", scalar},
+                               {"gflops_int8_avx2", avx2},
+                               {"gflops_int8_avx512", avx512},
+                               {"gflops_fp32_activations", fp32_act},
+                               {"gflops_f16", f16_gflops[mi]}});
+      }
+    }
+  }
+  SetThreadCount(threads);
+  return out;
 }
 
 struct ModelShape {
@@ -351,7 +464,7 @@ int main(int argc, char** argv) {
   ModelShape shape;
   int block = 32, steps = 3, threads = 0;
   double min_seconds = 0.5;
-  bool skip_matmul = false, skip_decode = false;
+  bool skip_matmul = false, skip_kernels = false, skip_decode = false;
   std::string json_path = "quant_bench.json";
   app.add_option("--layers", shape.layers, "decoder layers of the ~1B model")
       ->capture_default_str();
@@ -363,6 +476,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-t,--threads", threads, "threads (0: all)");
   app.add_flag("--skip-matmul", skip_matmul);
+  app.add_flag("--skip-kernels", skip_kernels);
   app.add_flag("--skip-decode", skip_decode);
   app.add_option("--json", json_path, "where to write the results")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -371,6 +485,7 @@ int main(int argc, char** argv) {
     std::printf("threads %d, kernels %s\n", ThreadCount(), std::string(IsaName(BestIsa())).c_str());
     nlohmann::json out = {{"threads", ThreadCount()}, {"kernels", IsaName(BestIsa())}};
     if (!skip_matmul) out["matmul"] = MatMulBench(min_seconds);
+    if (!skip_kernels) out["kernels"] = KernelBench(min_seconds / 2);
     if (!skip_decode) out["decode"] = DecodeBench(shape, block, steps);
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("\nwrote %s\n", json_path.c_str());
