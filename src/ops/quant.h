@@ -32,7 +32,7 @@
 // rounded inverse scale), and by float rounding of the order of 1e-6 * sum_k |w_nk x_k|;
 // quant_test holds the kernels to that bound. The SIMD kernels compute the same integer sums
 // as their scalar twins (QuantDotColumns), so they differ from them only in the order of the
-// float additions.
+// float additions (and the AVX-512 K-quant kernels add the mins' products in float).
 #pragma once
 
 #include <cstdint>

@@ -40,41 +40,53 @@ __m512i LoadBlocks(const void* p, bool pair) {
 
 // A Q8_0 / Q4_0 row: signed levels (Q8_0's bytes, Q4_0's nibbles - 8) and block scales.
 // vpdpbusd wants one unsigned operand: the kernel offsets the activation levels by 128
-// (x + 128 in [1, 255]) and subtracts 128 * sum(w), which vpdpbusd of 128s against w gives.
+// (x + 128 in [1, 255]) and starts each sum at -128 * (the sum of the lane's four levels).
 struct Levels32Row {
-  std::vector<int8_t> levels;  // [K]
-  std::vector<float> scales;   // [K / 32]
+  std::vector<int8_t> levels;        // [K]
+  std::vector<int32_t> corrections;  // [K / 4]: -128 * (sum of each four levels), exact
+  std::vector<float> scales;         // [K / 32]
 };
 
 void Unpack(DType type, const uint8_t* row, int64_t k, Levels32Row* out) {
   out->levels.resize(size_t(k));
+  out->corrections.resize(size_t(k / 4));
   out->scales.resize(size_t(k / 32));
   avx2::WeightLevels(type, row, k, reinterpret_cast<uint8_t*>(out->levels.data()));
+  const __m256i offset = _mm256_set1_epi8(char(0x80));
+  for (int64_t j = 0; j < k; j += 32) {
+    const __m256i levels =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&out->levels[size_t(j)]));
+    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), offset, levels);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(&out->corrections[size_t(j / 4)]),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), sums));
+  }
   for (int64_t b = 0; b < k / 32; ++b) out->scales[size_t(b)] = LoadF16(row + b * BlockBytes(type));
 }
 
-// A Q4_K / Q5_K / Q6_K row (see KQuantMultipliers).
+// A Q4_K / Q5_K / Q6_K row (see KQuantMultipliers). The mins enter as floats: per group
+// dmin * min against scale * (sum of the group's activation levels), one FMA of 16 lanes per
+// super-block and pair of rows, instead of an integer product, a conversion and a scaling.
 struct KQuantRow {
-  std::vector<uint8_t> levels;  // [K] unsigned levels
-  std::vector<int32_t> scales;  // [K / 16]: each group's scale as uint16 bits in an int32,
-                                // so vpdpwssd's high int16 factor is 0 (see Tile)
-  std::vector<int16_t> mins;    // [K / 16]
-  std::vector<float> d, dmin;   // [K / 256]
+  std::vector<uint8_t> levels;     // [K] unsigned levels
+  std::vector<int32_t> scales;     // [K / 16]: each group's scale as uint16 bits in an int32,
+                                   // so vpdpwssd's high int16 factor is 0 (see Tile)
+  std::vector<float> scaled_mins;  // [K / 16]: dmin * min
+  std::vector<float> d;            // [K / 256]
 };
 
 void Unpack(DType type, const uint8_t* row, int64_t k, KQuantRow* out) {
   out->levels.resize(size_t(k));
   out->scales.resize(size_t(k / 16));
-  out->mins.resize(size_t(k / 16));
+  out->scaled_mins.resize(size_t(k / 16));
   out->d.resize(size_t(k / 256));
-  out->dmin.resize(size_t(k / 256));
   avx2::WeightLevels(type, row, k, out->levels.data());
   for (int64_t b = 0; b < k / 256; ++b) {
     const KQuantMultipliers mul = KQuantMultipliersOf(type, row + b * BlockBytes(type));
-    for (int g = 0; g < 16; ++g) out->scales[size_t(16 * b + g)] = int32_t(uint16_t(mul.scales[g]));
-    std::memcpy(&out->mins[size_t(16 * b)], mul.mins, sizeof(mul.mins));
+    for (int g = 0; g < 16; ++g) {
+      out->scales[size_t(16 * b + g)] = int32_t(uint16_t(mul.scales[g]));
+      out->scaled_mins[size_t(16 * b + g)] = mul.dmin * float(mul.mins[g]);
+    }
     out->d[size_t(b)] = mul.d;
-    out->dmin[size_t(b)] = mul.dmin;
   }
 }
 
@@ -97,9 +109,7 @@ void Tile(const QuantizedActivations& x, int64_t i0, const Levels32Row* w, float
     __m512 w_scales[kCols];
     for (int c = 0; c < kCols; ++c) {
       levels[c] = LoadBlocks(&w[c].levels[size_t(32 * b)], pair);
-      // -128 * (the sum of each lane's four levels): exact, |.| <= 4 * 128 * 128.
-      corrections[c] = _mm512_sub_epi32(
-          _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, levels[c]));
+      corrections[c] = LoadBlocks(&w[c].corrections[size_t(8 * b)], pair);
       w_scales[c] = PairScales(&w[c].scales[size_t(b)], pair);
     }
     for (int r = 0; r < kRows; ++r) {
@@ -154,17 +164,20 @@ void Tile(const QuantizedActivations& x, int64_t i0, const KQuantRow* w, float* 
         }
       }
     }
+    __m512 d[kCols], scaled_mins[kCols];
+    for (int c = 0; c < kCols; ++c) {
+      d[c] = _mm512_set1_ps(w[c].d[size_t(b)]);
+      scaled_mins[c] = _mm512_loadu_ps(&w[c].scaled_mins[size_t(16 * b)]);
+    }
     for (int r = 0; r < kRows; ++r) {
-      const __m256i sums =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x_sums + r * (k / 16) + 16 * b));
-      const float dx = x_scales[r * blocks + b];
+      const __m512 dx = _mm512_set1_ps(x_scales[r * blocks + b]);
+      const __m512 scaled_sums = _mm512_mul_ps(
+          dx, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(x_sums + r * (k / 16) + 16 * b)))));
       for (int c = 0; c < kCols; ++c) {
-        const __m256i min_dots = _mm256_madd_epi16(
-            sums, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&w[c].mins[size_t(16 * b)])));
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][c]),
-                                    _mm512_set1_ps(w[c].d[size_t(b)] * dx), acc[r][c]);
-        acc[r][c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(min_dots)),
-                                     _mm512_set1_ps(w[c].dmin[size_t(b)] * dx), acc[r][c]);
+        acc[r][c] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][c]), _mm512_mul_ps(d[c], dx), acc[r][c]);
+        acc[r][c] = _mm512_fnmadd_ps(scaled_sums, scaled_mins[c], acc[r][c]);
       }
     }
   }
