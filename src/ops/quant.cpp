@@ -572,11 +572,23 @@ KQuantMultipliers KQuantMultipliersOf(DType type, const uint8_t* block) {
   PS_CHECK(type == DType::kQ4_K || type == DType::kQ5_K);
   mul.d = F16ToF32(LoadU16(block));
   mul.dmin = F16ToF32(LoadU16(block + 2));
+  // ScaleMinK4 four sub-blocks at a time, one byte each in a 32-bit word: bytes 0-3 hold
+  // scales 0-3 (low 6 bits), bytes 4-7 mins 0-3, bytes 8-11 the low nibbles of scales 4-7
+  // (low) and mins 4-7 (high), whose top two bits are the top bits of bytes 0-3 / 4-7.
+  uint32_t words[3];  // scales[12]
+  std::memcpy(words, block + 4, 12);
+  const uint32_t six = 0x3f3f3f3f, nibble = 0x0f0f0f0f, two = 0x03030303;
+  const uint32_t packed[4] = {
+      words[0] & six,                                               // scales 0-3
+      (words[2] & nibble) | (((words[0] >> 6) & two) << 4),         // scales 4-7
+      words[1] & six,                                               // mins 0-3
+      ((words[2] >> 4) & nibble) | (((words[1] >> 6) & two) << 4),  // mins 4-7
+  };
+  uint8_t bytes[16];  // scales 0-7, mins 0-7
+  std::memcpy(bytes, packed, 16);
   for (int j = 0; j < 8; ++j) {  // sub-blocks of 32: two groups of 16 each
-    uint8_t sc, m;
-    ScaleMinK4(j, block + 4, &sc, &m);
-    mul.scales[2 * j] = mul.scales[2 * j + 1] = sc;
-    mul.mins[2 * j] = mul.mins[2 * j + 1] = m;
+    mul.scales[2 * j] = mul.scales[2 * j + 1] = bytes[j];
+    mul.mins[2 * j] = mul.mins[2 * j + 1] = bytes[8 + j];
   }
   return mul;
 }
