@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -46,6 +47,28 @@ std::string Join(const std::vector<int>& ids) {
   return s;
 }
 
+// Sets (or, for nullptr, unsets) an environment variable for its lifetime.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    if (before != nullptr) before_ = before;
+    Set(value);
+  }
+  ~ScopedEnvironment() { Set(before_ ? before_->c_str() : nullptr); }
+
+ private:
+  void Set(const char* value) {
+    if (value != nullptr) {
+      setenv(name_, value, 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  const char* name_;
+  std::optional<std::string> before_;
+};
+
 // Command-line flags that reproduce one run of expected.json.
 std::string RunFlags(const std::string& run, const nlohmann::json& p) {
   std::string policy = "vanilla";
@@ -70,9 +93,12 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
        {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny", "gguf-llada-q8_0",
         "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0"}) {
     const std::string dir = testing::FixtureDir(fixture);
-    // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights.
-    const std::string model =
-        std::string(fixture).rfind("gguf-", 0) == 0 ? dir + "/model.gguf" : dir;
+    // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights, which the
+    // engine follows exactly with fp32 activations (the child processes inherit the setting;
+    // this process's own backend was fixed when it was first used).
+    const bool gguf = std::string(fixture).rfind("gguf-", 0) == 0;
+    const std::string model = gguf ? dir + "/model.gguf" : dir;
+    ScopedEnvironment activations("POLESTAR_QUANT_ACTIVATIONS", gguf ? "f32" : nullptr);
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/dtype.h"
+#include "base/parallel.h"
 #include "ops/avx2/avx2.h"
 #include "ops/isa.h"
 #include "ops/reference.h"
@@ -316,7 +317,10 @@ TEST(Avx2Kernels, MatMulMatchesScalar) {
   }
 }
 
-TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
+// The driver on every kernel set this CPU runs, in both activation modes: with fp32
+// activations within rounding of the reference, with int8 activations exactly the kernel's
+// own products plus the bias (however the columns were split among threads).
+TEST(QuantMatMul, EveryKernelSetAndActivationModeAddsTheBiasToItsKernel) {
   std::mt19937 rng(3);
   const int64_t m = 6, n = 300, k = 512;
   const std::vector<uint8_t> bytes = RandomBlocks(DType::kQ4_K, n * k / 256, rng);
@@ -327,11 +331,31 @@ TEST(Avx2Kernels, QuantMatMulWithBiasMatchesReference) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t c = 0; c < n; ++c) want[i * n + c] += bias[c];
   }
-  ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), BestIsa()));
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    SCOPED_TRACE(std::string(IsaName(isa)));
+    ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, QuantActivations::kF32));
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
+
+    QuantizedActivations xq;
+    QuantizeActivations(x.data(), m, k, ActivationBlock(w.dtype), &xq);
+    std::vector<float> kernel(want.size());
+    (isa == Isa::kAvx512 ? avx512::QuantDotColumns
+     : isa == Isa::kAvx2 ? avx2::QuantDotColumns
+                         : QuantDotColumns)(xq, w, 0, n, kernel.data(), n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t c = 0; c < n; ++c) kernel[i * n + c] += bias[c];
+    }
+    ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, QuantActivations::kInt8));
+    EXPECT_EQ(got, kernel);
+  }
+  SetThreadCount(saved_threads);
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
-  EXPECT_FALSE(QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa()));
+  EXPECT_FALSE(
+      QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa(), QuantActivations::kInt8));
 }
 
 // --- activations rounded to 8 bits ---

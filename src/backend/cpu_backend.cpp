@@ -22,7 +22,8 @@ int64_t GrainFor(int64_t work_per_item) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(Isa isa) : isa_(isa), name_("cpu-" + std::string(IsaName(isa))) {
+CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
+    : isa_(isa), activations_(activations), name_("cpu-" + std::string(IsaName(isa))) {
   if (!IsaSupported(isa)) Fail("this CPU does not run the ", IsaName(isa), " kernels");
   const bool avx2 = isa >= Isa::kAvx2;
   matmul_columns_ = avx2 ? avx2::MatMulColumns : reference::MatMulColumns;
@@ -34,7 +35,7 @@ CpuBackend::CpuBackend(Isa isa) : isa_(isa), name_("cpu-" + std::string(IsaName(
 }
 
 const CpuBackend& CpuBackend::Host() {
-  static const CpuBackend backend(BestIsa());
+  static const CpuBackend backend(BestIsa(), QuantActivationsFromEnvironment());
   return backend;
 }
 
@@ -50,7 +51,8 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
 
 void CpuBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* y,
                         const float* bias) const {
-  if (QuantMatMul(x, m, w, y, bias, isa_)) return;  // block-quantised weights (ops/quant.h)
+  if (QuantMatMul(x, m, w, y, bias, isa_, activations_))
+    return;  // block-quantised weights (ops/quant.h)
   // Threads take whole 16-row panels of w, so every thread converts its own weights once.
   constexpr int64_t kPanel = 16;
   const int64_t panels = (w.rows + kPanel - 1) / kPanel;

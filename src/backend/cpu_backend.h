@@ -8,17 +8,21 @@
 
 #include "backend/backend.h"
 #include "ops/isa.h"
+#include "ops/quant.h"
 
 namespace polestar {
 
 class CpuBackend final : public Backend {
  public:
-  // Fails when this CPU does not run `isa`.
-  explicit CpuBackend(Isa isa);
-  // The process-wide backend with the widest kernels this CPU runs (BestIsa()).
+  // Fails when this CPU does not run `isa`. `activations`: how products with
+  // block-quantised weights treat their inputs (ops/quant.h).
+  explicit CpuBackend(Isa isa, QuantActivations activations = QuantActivations::kInt8);
+  // The process-wide backend: the widest kernels this CPU runs (BestIsa()) and the
+  // environment's QuantActivations (QuantActivationsFromEnvironment()).
   static const CpuBackend& Host();
 
   Isa isa() const { return isa_; }
+  QuantActivations quant_activations() const { return activations_; }
 
   std::string_view name() const override { return name_; }
   float* Allocate(int64_t size, bool zero) const override;
@@ -60,6 +64,7 @@ class CpuBackend final : public Backend {
                                 float*, float*);
 
   Isa isa_;
+  QuantActivations activations_;
   std::string name_;                // "cpu-" + the set's name
   MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
   DequantizeRowFn dequantize_row_;

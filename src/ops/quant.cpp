@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
@@ -633,19 +635,53 @@ void QuantDotColumns(const QuantizedActivations& x, const WeightView& w, int64_t
   }
 }
 
+QuantActivations QuantActivationsFromEnvironment() {
+  static const QuantActivations activations = [] {
+    const char* env = std::getenv("POLESTAR_QUANT_ACTIVATIONS");
+    const std::string value = env == nullptr ? "" : env;
+    if (value.empty() || value == "int8") return QuantActivations::kInt8;
+    if (value == "f32") return QuantActivations::kF32;
+    Fail("POLESTAR_QUANT_ACTIVATIONS is '", value, "'; expected int8 or f32");
+  }();
+  return activations;
+}
+
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 Isa isa) {
+                 Isa isa, QuantActivations activations) {
   if (!IsBlockQuantized(w.dtype)) return false;
-  // Each chunk of output columns dequantises its own weight rows once and reuses them for
-  // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
-  const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));
-  ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
+  if (activations == QuantActivations::kF32) {
+    // Each chunk of output columns dequantises its own weight rows once and reuses them for
+    // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
+    const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));
+    ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
+      if (isa >= Isa::kAvx2) {
+        avx2::QuantMatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+      } else {
+        reference::MatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+      }
+    });
+  } else {
+    // Quantised once per call (serially: a few hundredths of the products' work), then read
+    // by every thread; kept per calling thread so steady decoding allocates nothing.
+    thread_local QuantizedActivations quantized;
+    const int block = ActivationBlock(w.dtype);
     if (isa >= Isa::kAvx2) {
-      avx2::QuantMatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+      avx2::QuantizeActivations(x, m, w.cols, block, &quantized);
     } else {
-      reference::MatMulColumns(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+      QuantizeActivations(x, m, w.cols, block, &quantized);
     }
-  });
+    auto* columns = isa >= Isa::kAvx512 ? avx512::QuantDotColumns
+                    : isa >= Isa::kAvx2 ? avx2::QuantDotColumns
+                                        : QuantDotColumns;
+    // Every chunk unpacks its weight rows once and reuses them for all M rows, so a chunk
+    // holds at least a few tiles of columns.
+    const int64_t grain =
+        std::max<int64_t>(8, (int64_t(1) << 18) / std::max<int64_t>(m * w.cols, 1));
+    const QuantizedActivations& xq = quantized;
+    ParallelFor(w.rows, grain, [&](int64_t n_begin, int64_t n_end) {
+      columns(xq, w, n_begin, n_end, y + n_begin, w.rows);
+    });
+  }
   if (bias != nullptr) {
     // The bias add is exact, so the scalar loop matches the AVX2 one bit for bit.
     for (int64_t i = 0; i < m; ++i) reference::AddInPlace(y + i * w.rows, bias, w.rows);

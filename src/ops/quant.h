@@ -13,17 +13,19 @@
 //   Q6_K 256 values, 210 bytes: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d (last)
 //         16 sub-blocks of 16: y = d*sc * (q - 32), q 6-bit
 //
-// Matrix products (QuantMatMul) keep activations in fp32: the kernels dequantise weight
-// blocks in registers and multiply them with fp32 inputs, so a quantised model's logits
-// follow the dequantised weights to fp32 rounding.
-//
-// Integer matrix products, as ggml's CPU kernels do them, are here too (QuantizeActivations,
-// QuantDotColumns and their SIMD twins): activations rounded to 8 bits (per block of values
-// one float scale d = max|x| / 127 and levels q = round_half_even(x * (127 / max|x|)), so
-// x = d * q + e with |e| <= d / 2), weight levels times activation levels in exact integer
-// sums per weight (sub-)block, then the blocks' float scales. Not behind QuantMatMul yet:
-// their rounding moves the GGUF fixtures' logits by 1.2-1.8% of the largest logit, past the
-// 1e-3 those checks allow, and flips decode traces (issue 15).
+// Matrix products (QuantMatMul) come two ways, by QuantActivations:
+// * kInt8 (the default): integer products, as ggml's CPU kernels do them. Each call rounds
+//   its activations to 8 bits (QuantizeActivations: per block of values one float scale
+//   d = max|x| / 127 and levels q = round_half_even(x * (127 / max|x|)), so x = d * q + e
+//   with |e| <= d / 2), then multiplies weight levels with activation levels in exact
+//   integer sums per weight (sub-)block, which the blocks' float scales then scale. Two to
+//   four times the fp32 path's speed; on the GGUF fixtures the rounding moves logits by
+//   1.3-1.8e-2 of the largest logit (an error well below the weight quantisation's own) and
+//   changes some of their decode traces.
+// * kF32: weight blocks dequantised in registers and multiplied with fp32 activations, so a
+//   quantised model's logits follow the dequantised weights to fp32 rounding: exact against
+//   the reference code run on the dequantised weights, token for token (the GGUF fixtures'
+//   1e-3 and their decode traces hold).
 //
 // Numeric contract of the integer products. Against the fp32 reference
 // (reference::MatMulColumns: dequantised weights times fp32 activations), output
@@ -55,11 +57,21 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out);
 // BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst);
 
+enum class QuantActivations {
+  kInt8,  // integer products on activations rounded to 8 bits
+  kF32,   // fp32 activations against dequantised weights: exact against the reference
+};
+
+// The process-wide choice: kInt8 unless the environment variable POLESTAR_QUANT_ACTIVATIONS
+// says f32 (int8 names the default); any other value is an error, not ignored.
+QuantActivations QuantActivationsFromEnvironment();
+
 // y[M, N] = x[M, K] · w[N, K]^T (+ bias) for block-quantised w, on the widest kernels at
-// or below `isa` (the CPU backend's choice). Returns false, doing nothing, when w is not
-// block-quantised (the caller's kernels handle it).
+// or below `isa` (the CPU backend's choice), with `activations` as above: kInt8 quantises x
+// once, then the output columns are split among threads. Returns false, doing nothing, when
+// w is not block-quantised (the caller's kernels handle it).
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 Isa isa);
+                 Isa isa, QuantActivations activations);
 
 // --- integer matrix products ---
 
@@ -107,8 +119,8 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out);
 // K-quants unsigned (see KQuantMultipliers). Shared with the AVX-512 kernels (AVX-512 CPUs
 // all run AVX2).
 void WeightLevels(DType type, const uint8_t* row, int64_t k, uint8_t* levels);
-// Columns [n_begin, n_end) of y = x·w^T on fp32 activations (QuantMatMul's kernel), written
-// at y + i * ldy + (n - n_begin).
+// Columns [n_begin, n_end) of y = x·w^T on fp32 activations (QuantActivations::kF32),
+// written at y + i * ldy + (n - n_begin).
 void QuantMatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin,
                         int64_t n_end, float* y, int64_t ldy);
 // Bit-identical to the scalar QuantizeActivations.
