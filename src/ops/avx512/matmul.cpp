@@ -1,0 +1,249 @@
+// y[M, N] = x[M, K] · w[N, K]^T on F32, BF16 and F16 weights with 512-bit FMAs: the AVX2
+// kernel's two paths (ops/avx2/matmul.cpp) at twice the width.
+//
+// * Panel (M > kDotMaxRows): a panel of 32 weight rows x 128 values of K is converted to
+//   f32 in transposed order ([K-chunk, 32], 16 KB, stays in L1) by the AVX2 packers
+//   (ops/avx2/float_formats.h), then every tile of up to 12 rows of x sweeps it: per K step
+//   two panel loads, one broadcast of x per row and two FMAs per row into up to 24
+//   accumulators held in zmm registers. Each weight byte is read and converted once per call.
+//   Tiles take the rows dealt out evenly (M = 32: 11 11 10, M = 8: one tile of 8), so no
+//   shape ends in a tile too short to cover the FMA latency. A last panel of 16 or fewer
+//   weight rows runs one vector of outputs per row; columns past N are masked off.
+// * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of four weight rows
+//   is converted sixteen values at a time (the tail of K by masked loads) and dotted with
+//   every x row. Memory bound.
+//
+// BF16 weights are widened to f32 and multiplied in f32: this code does not use AVX512_BF16
+// (vdpbf16ps), which the CPUs it was written and tested on lack.
+// GCC 12's AVX-512 intrinsics build their "undefined" vectors from self-initialised
+// variables (GCC bug 105593), which -Wuninitialized reports inside the header; the
+// diagnostic pragmas apply by source location, so they must surround its first inclusion.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <algorithm>
+#include <array>
+#include <utility>
+
+#include "ops/avx2/avx2.h"
+#include "ops/avx2/float_formats.h"
+#include "ops/avx512/avx512.h"
+
+namespace polestar::avx512 {
+namespace {
+
+using avx2::Bf16Format;
+using avx2::F16Format;
+using avx2::F32Format;
+
+constexpr int kPanelCols = 32;   // weight rows per panel: two vectors of outputs
+constexpr int kTileRows = 12;    // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
+constexpr int64_t kDepth = 128;  // K values per panel: 16 KB of f32
+constexpr int64_t kDotMaxRows = 3;
+constexpr int kDotCols = 4;  // weight rows per dot tile
+
+// Sixteen consecutive values of one row as f32; lanes outside `mask` read nothing and are 0.
+inline __m512 Load16(F32Format, const uint8_t* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+inline __m512 Load16(Bf16Format, const uint8_t* p, __mmask16 mask) {
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+inline __m512 Load16(F16Format, const uint8_t* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// The first `count` of 16 lanes (count <= 0: none, >= 16: all).
+inline __mmask16 FirstLanes(int64_t count) {
+  return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
+}
+
+// panel[kk * 32 + j] = w[n0 + j][k0 + kk] for kk < depth, j < cols; zero for j >= cols.
+template <typename Format>
+void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
+  const uint8_t* rows[kPanelCols];
+  for (int j = 0; j < kPanelCols; ++j) rows[j] = w.Row(n0 + std::min(j, cols - 1));
+  int64_t kk = 0;
+  if (cols == kPanelCols) {
+    for (; kk + 8 <= depth; kk += 8) {
+      Format::Pack16x8(rows, k0 + kk, panel + kk * kPanelCols, kPanelCols);
+      Format::Pack16x8(rows + 16, k0 + kk, panel + kk * kPanelCols + 16, kPanelCols);
+    }
+  }
+  for (; kk < depth; ++kk) {
+    for (int j = 0; j < kPanelCols; ++j) {
+      panel[kk * kPanelCols + j] =
+          j < cols ? Format::Load1(rows[j] + Format::kBytes * (k0 + kk)) : 0.0f;
+    }
+  }
+}
+
+// Asks for the weights the next Pack will read ([32 rows from n0, kDepth values from k0])
+// while the tiles work on this panel, so the pack does not wait on memory.
+template <typename Format>
+void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
+  const int64_t bytes = Format::kBytes * std::min(kDepth, w.cols - k0);
+  for (int64_t n = n0; n < std::min(n0 + kPanelCols, n_end); ++n) {
+    const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
+    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
+  }
+}
+
+// y[R, 16 V] (+)= x[R, depth] · panel[depth, 16 V] (panel rows kPanelCols apart); rows of x
+// are ldx apart, of y ldy apart. Only the lanes in mask[v] of output vector v are read and
+// written. The loops over R and V unroll completely, so the accumulators live in registers.
+template <int R, int V>
+void PanelTile(const float* x, int64_t ldx, const float* panel, int64_t depth, float* y,
+               int64_t ldy, bool accumulate, const __mmask16 mask[2]) {
+  static_assert(R >= 1 && R <= kTileRows && (V == 1 || V == 2));
+  __m512 acc[R][V];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) {
+      acc[r][v] =
+          accumulate ? _mm512_maskz_loadu_ps(mask[v], y + r * ldy + 16 * v) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t kk = 0; kk < depth; ++kk, panel += kPanelCols) {
+    __m512 b[V];
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) b[v] = _mm512_load_ps(panel + 16 * v);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * ldx + kk]);
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, mask[v], acc[r][v]);
+  }
+}
+
+using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
+                             const __mmask16*);
+
+template <int V, int... R>
+constexpr auto TilesOf(std::integer_sequence<int, R...>) {
+  return std::array<PanelTileFn, kTileRows + 1>{nullptr, PanelTile<R + 1, V>...};
+}
+// kTiles[V - 1][R]: the tile of R rows and V output vectors.
+constexpr std::array<PanelTileFn, kTileRows + 1> kTiles[2] = {
+    TilesOf<1>(std::make_integer_sequence<int, kTileRows>()),
+    TilesOf<2>(std::make_integer_sequence<int, kTileRows>())};
+
+template <typename Format>
+void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
+                  float* y, int64_t ldy) {
+  const int64_t k = w.cols;
+  alignas(64) float panel[kDepth * kPanelCols];  // [kDepth, 32]
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kPanelCols) {
+    const int cols = int(std::min<int64_t>(kPanelCols, n_end - n0));
+    const __mmask16 mask[2] = {FirstLanes(cols), FirstLanes(cols - 16)};
+    const auto& tile_fns = kTiles[cols > 16 ? 1 : 0];
+    float* y_panel = y + (n0 - n_begin);
+    for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
+      const int64_t depth = std::min(kDepth, k - k0);
+      Pack<Format>(w, n0, cols, k0, depth, panel);
+      Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kPanelCols, k0 + depth < k ? k0 + depth : 0,
+                       n_end);
+      for (int64_t t = 0, i0 = 0; t < tiles; ++t) {
+        const int64_t rows = m / tiles + (t < m % tiles ? 1 : 0);
+        tile_fns[size_t(rows)](x + i0 * k + k0, k, panel, depth, y_panel + i0 * ldy, ldy, k0 > 0,
+                               mask);
+        i0 += rows;
+      }
+    }
+  }
+}
+
+// y[R, C] = x[R, K] · rows[C, K]^T for C weight rows starting at `row`, row_bytes apart.
+template <typename Format, int R, int C>
+void DotTile(const float* x, int64_t k, const uint8_t* row, int64_t row_bytes, float* y,
+             int64_t ldy) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  auto step = [&](int64_t kk, __mmask16 mask) {
+    __m512 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * k + kk);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = Load16(Format{}, row + c * row_bytes + Format::kBytes * kk, mask);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  };
+  int64_t kk = 0;
+  for (; kk + 16 <= k; kk += 16) step(kk, 0xffff);
+  if (kk < k) step(kk, FirstLanes(k - kk));
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
+  }
+}
+
+template <typename Format, int R>
+void DotColumnsRows(const float* x, const WeightView& w, int64_t n_begin, int64_t n_end, float* y,
+                    int64_t ldy) {
+  int64_t n = n_begin;
+  for (; n + kDotCols <= n_end; n += kDotCols) {
+    DotTile<Format, R, kDotCols>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
+  }
+  for (; n < n_end; ++n)
+    DotTile<Format, R, 1>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
+}
+
+template <typename Format>
+void DotColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
+                float* y, int64_t ldy) {
+  switch (m) {
+    case 1:
+      DotColumnsRows<Format, 1>(x, w, n_begin, n_end, y, ldy);
+      break;
+    case 2:
+      DotColumnsRows<Format, 2>(x, w, n_begin, n_end, y, ldy);
+      break;
+    default:
+      DotColumnsRows<Format, 3>(x, w, n_begin, n_end, y, ldy);
+      break;
+  }
+  static_assert(kDotMaxRows == 3);
+}
+
+template <typename Format>
+void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
+             float* y, int64_t ldy) {
+  if (m <= kDotMaxRows) {
+    DotColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
+  } else if (w.cols == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
+  } else {
+    PanelColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
+  }
+}
+
+}  // namespace
+
+void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
+                   float* y, int64_t ldy) {
+  if (m <= 0 || n_end <= n_begin) return;
+  switch (w.dtype) {
+    case DType::kF32:
+      return Columns<F32Format>(x, m, w, n_begin, n_end, y, ldy);
+    case DType::kBF16:
+      return Columns<Bf16Format>(x, m, w, n_begin, n_end, y, ldy);
+    case DType::kF16:
+      return Columns<F16Format>(x, m, w, n_begin, n_end, y, ldy);
+    default:
+      return avx2::MatMulColumns(x, m, w, n_begin, n_end, y, ldy);
+  }
+}
+
+}  // namespace polestar::avx512
