@@ -9,9 +9,9 @@
 //   Tiles take the rows dealt out evenly (M = 32: 11 11 10, M = 8: one tile of 8), so no
 //   shape ends in a tile too short to cover the FMA latency. A last panel of 16 or fewer
 //   weight rows runs one vector of outputs per row; columns past N are masked off.
-// * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of four weight rows
-//   is converted sixteen values at a time (the tail of K by masked loads) and dotted with
-//   every x row. Memory bound.
+// * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of 4 to 8 weight
+//   rows (about 24 accumulators) is converted sixteen values at a time (the tail of K by
+//   masked loads) and dotted with every x row. Bound by memory and L2 bandwidth.
 //
 // BF16 weights are widened to f32 and multiplied in f32: this code does not use AVX512_BF16
 // (vdpbf16ps), which the CPUs it was written and tested on lack.
@@ -42,8 +42,7 @@ using avx2::F32Format;
 constexpr int kPanelCols = 32;   // weight rows per panel: two vectors of outputs
 constexpr int kTileRows = 12;    // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
 constexpr int64_t kDepth = 128;  // K values per panel: 16 KB of f32
-constexpr int64_t kDotMaxRows = 3;
-constexpr int kDotCols = 4;  // weight rows per dot tile
+constexpr int kDotMaxRows = 6;   // measured: the dot path is ahead up to M = 6, the panel from 8
 
 // Sixteen consecutive values of one row as f32; lanes outside `mask` read nothing and are 0.
 inline __m512 Load16(F32Format, const uint8_t* p, __mmask16 mask) {
@@ -189,39 +188,33 @@ void DotTile(const float* x, int64_t k, const uint8_t* row, int64_t row_bytes, f
   }
 }
 
+// Weight rows per dot tile of R x rows: about 24 accumulators, each weight load shared by R FMAs.
+constexpr int DotCols(int r) { return std::min(8, 24 / r); }
+
 template <typename Format, int R>
 void DotColumnsRows(const float* x, const WeightView& w, int64_t n_begin, int64_t n_end, float* y,
                     int64_t ldy) {
+  constexpr int kCols = DotCols(R);
   int64_t n = n_begin;
-  for (; n + kDotCols <= n_end; n += kDotCols) {
-    DotTile<Format, R, kDotCols>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
+  for (; n + kCols <= n_end; n += kCols) {
+    DotTile<Format, R, kCols>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
   }
   for (; n < n_end; ++n)
     DotTile<Format, R, 1>(x, w.cols, w.Row(n), w.row_bytes, y + (n - n_begin), ldy);
 }
 
-template <typename Format>
-void DotColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
-                float* y, int64_t ldy) {
-  switch (m) {
-    case 1:
-      DotColumnsRows<Format, 1>(x, w, n_begin, n_end, y, ldy);
-      break;
-    case 2:
-      DotColumnsRows<Format, 2>(x, w, n_begin, n_end, y, ldy);
-      break;
-    default:
-      DotColumnsRows<Format, 3>(x, w, n_begin, n_end, y, ldy);
-      break;
-  }
-  static_assert(kDotMaxRows == 3);
+template <typename Format, int... R>
+void DotColumns(std::integer_sequence<int, R...>, const float* x, int64_t m, const WeightView& w,
+                int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
+  ((m == R + 1 ? DotColumnsRows<Format, R + 1>(x, w, n_begin, n_end, y, ldy) : void()), ...);
 }
 
 template <typename Format>
 void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
              float* y, int64_t ldy) {
   if (m <= kDotMaxRows) {
-    DotColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
+    DotColumns<Format>(std::make_integer_sequence<int, kDotMaxRows>(), x, m, w, n_begin, n_end, y,
+                       ldy);
   } else if (w.cols == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
   } else {
