@@ -2,10 +2,10 @@
 // kernel's two paths (ops/avx2/matmul.cpp) at twice the width.
 //
 // * Panel (M > kDotMaxRows): a panel of 32 weight rows x 128 values of K is converted to
-//   f32 in transposed order ([K-chunk, 32], 16 KB, stays in L1) by the AVX2 packers
-//   (ops/avx2/float_formats.h), then every tile of up to 12 rows of x sweeps it: per K step
-//   two panel loads, one broadcast of x per row and two FMAs per row into up to 24
-//   accumulators held in zmm registers. Each weight byte is read and converted once per call.
+//   f32 in transposed order ([K-chunk, 32], 16 KB, stays in L1; BF16 and F16 transposed in
+//   zmm, F32 by the AVX2 packer of ops/avx2/float_formats.h), then every tile of up to 12 rows of x
+//   sweeps it: per K step two panel loads, one broadcast of x per row and two FMAs per row into up
+//   to 24 accumulators held in zmm registers. Each weight byte is read and converted once per call.
 //   Tiles take the rows dealt out evenly (M = 32: 11 11 10, M = 8: one tile of 8), so no
 //   shape ends in a tile too short to cover the FMA latency. A last panel of 16 or fewer
 //   weight rows runs one vector of outputs per row; columns past N are masked off.
@@ -61,6 +61,78 @@ inline __mmask16 FirstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
 }
 
+// Loads eight 16-bit values at byte_offset of rows lanes[L][q] (q < 8) into 128-bit lane L
+// of r[q] and transposes within each lane: out[kk] holds in lane L value kk of the rows
+// lanes[L][0..7]. The network of avx2::LoadTranspose16 on four lanes instead of two.
+inline void LoadTranspose32(const uint8_t* const lanes[4][8], int64_t byte_offset, __m512i out[8]) {
+  __m512i r[8];
+  for (int q = 0; q < 8; ++q) {
+    auto load = [&](int lane) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes[lane][q] + byte_offset));
+    };
+    r[q] = _mm512_inserti32x4(_mm512_castsi128_si512(load(0)), load(1), 1);
+    r[q] = _mm512_inserti32x4(_mm512_inserti32x4(r[q], load(2), 2), load(3), 3);
+  }
+  __m512i lo[4], hi[4];  // pairs of rows interleaved: values 0-3 / 4-7
+  for (int p = 0; p < 4; ++p) {
+    lo[p] = _mm512_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
+    hi[p] = _mm512_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
+  }
+  const __m512i u0 = _mm512_unpacklo_epi32(lo[0], lo[1]), u1 = _mm512_unpackhi_epi32(lo[0], lo[1]);
+  const __m512i u2 = _mm512_unpacklo_epi32(lo[2], lo[3]), u3 = _mm512_unpackhi_epi32(lo[2], lo[3]);
+  const __m512i u4 = _mm512_unpacklo_epi32(hi[0], hi[1]), u5 = _mm512_unpackhi_epi32(hi[0], hi[1]);
+  const __m512i u6 = _mm512_unpacklo_epi32(hi[2], hi[3]), u7 = _mm512_unpackhi_epi32(hi[2], hi[3]);
+  out[0] = _mm512_unpacklo_epi64(u0, u2);
+  out[1] = _mm512_unpackhi_epi64(u0, u2);
+  out[2] = _mm512_unpacklo_epi64(u1, u3);
+  out[3] = _mm512_unpackhi_epi64(u1, u3);
+  out[4] = _mm512_unpacklo_epi64(u4, u6);
+  out[5] = _mm512_unpackhi_epi64(u4, u6);
+  out[6] = _mm512_unpacklo_epi64(u5, u7);
+  out[7] = _mm512_unpackhi_epi64(u5, u7);
+}
+
+// 32 rows x 8 values into panel order: out[kk * 32 + j] = row j, value k + kk. The 16-bit
+// types transpose in zmm (half the shuffles per value of the AVX2 packer); F32, which the
+// models here do not store their large matrices in, uses the AVX2 packer twice.
+inline void Pack32x8(F32Format, const uint8_t* const rows[32], int64_t k, float* out) {
+  F32Format::Pack16x8(rows, k, out, kPanelCols);
+  F32Format::Pack16x8(rows + 16, k, out + 16, kPanelCols);
+}
+inline void Pack32x8(Bf16Format, const uint8_t* const rows[32], int64_t k, float* out) {
+  // Interleaving zeros below a lane's values 0-3 (unpacklo) widens them to f32, so lane L
+  // must hold rows 4L..4L+3 first and 16+4L..16+4L+3 after them, for the two halves to
+  // come out as rows 0-15 and 16-31.
+  const uint8_t* lanes[4][8];
+  for (int lane = 0; lane < 4; ++lane) {
+    for (int q = 0; q < 4; ++q) {
+      lanes[lane][q] = rows[4 * lane + q];
+      lanes[lane][q + 4] = rows[16 + 4 * lane + q];
+    }
+  }
+  __m512i t[8];
+  LoadTranspose32(lanes, 2 * k, t);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int kk = 0; kk < 8; ++kk) {
+    _mm512_store_ps(out + kk * kPanelCols, _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, t[kk])));
+    _mm512_store_ps(out + kk * kPanelCols + 16,
+                    _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, t[kk])));
+  }
+}
+inline void Pack32x8(F16Format, const uint8_t* const rows[32], int64_t k, float* out) {
+  const uint8_t* lanes[4][8];  // lane L: rows 8L..8L+7, so each 256-bit half is 16 rows in order
+  for (int lane = 0; lane < 4; ++lane) {
+    for (int q = 0; q < 8; ++q) lanes[lane][q] = rows[8 * lane + q];
+  }
+  __m512i t[8];
+  LoadTranspose32(lanes, 2 * k, t);
+  for (int kk = 0; kk < 8; ++kk) {
+    _mm512_store_ps(out + kk * kPanelCols, _mm512_cvtph_ps(_mm512_castsi512_si256(t[kk])));
+    _mm512_store_ps(out + kk * kPanelCols + 16,
+                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t[kk], 1)));
+  }
+}
+
 // panel[kk * 32 + j] = w[n0 + j][k0 + kk] for kk < depth, j < cols; zero for j >= cols.
 template <typename Format>
 void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
@@ -68,10 +140,7 @@ void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, 
   for (int j = 0; j < kPanelCols; ++j) rows[j] = w.Row(n0 + std::min(j, cols - 1));
   int64_t kk = 0;
   if (cols == kPanelCols) {
-    for (; kk + 8 <= depth; kk += 8) {
-      Format::Pack16x8(rows, k0 + kk, panel + kk * kPanelCols, kPanelCols);
-      Format::Pack16x8(rows + 16, k0 + kk, panel + kk * kPanelCols + 16, kPanelCols);
-    }
+    for (; kk + 8 <= depth; kk += 8) Pack32x8(Format{}, rows, k0 + kk, panel + kk * kPanelCols);
   }
   for (; kk < depth; ++kk) {
     for (int j = 0; j < kPanelCols; ++j) {
