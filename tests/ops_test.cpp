@@ -325,6 +325,24 @@ TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   EXPECT_GT(checked, 5000);
 }
 
+// Long rows of x are swept in row blocks that stay in L2 (about 1 MB each): at K = 6000,
+// M = 100 runs as three blocks.
+TEST(Avx512MatMul, ManyLongRowsInBlocks) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const int64_t m = 100, n = 40, k = 6000;
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, n, k, 2, 2, rng);
+    std::vector<float> x(size_t(m * k) + 1);
+    for (float& v : x) v = uniform(rng);
+    std::vector<float> got(size_t(m * n)), want(size_t(m * n));
+    avx512::MatMulColumns(x.data() + 1, m, w.view, 0, n, got.data(), n);
+    reference::MatMulColumns(x.data() + 1, m, w.view, 0, n, want.data(), n);
+    ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), n, std::string(DTypeName(type)));
+  }
+}
+
 TEST(Avx512MatMul, ColumnRangeInsideTheMatrix) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(18);

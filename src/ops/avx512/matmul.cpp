@@ -8,7 +8,9 @@
 //   to 24 accumulators held in zmm registers. Each weight byte is read and converted once per call.
 //   Tiles take the rows dealt out evenly (M = 32: 11 11 10, M = 8: one tile of 8), so no
 //   shape ends in a tile too short to cover the FMA latency. A last panel of 16 or fewer
-//   weight rows runs one vector of outputs per row; columns past N are masked off.
+//   weight rows runs one vector of outputs per row; columns past N are masked off. Rows of x
+//   go through in blocks of about 1 MB (M = 512, K = 2048: four blocks of 128), which stay
+//   in L2 while every panel sweeps them.
 // * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of 4 to 8 weight
 //   rows (about 24 accumulators) is converted sixteen values at a time (the tail of K by
 //   masked loads) and dotted with every x row. Bound by memory and L2 bandwidth.
@@ -42,6 +44,7 @@ using avx2::F32Format;
 constexpr int kPanelCols = 32;   // weight rows per panel: two vectors of outputs
 constexpr int kTileRows = 12;    // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
 constexpr int64_t kDepth = 128;  // K values per panel: 16 KB of f32
+constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
 constexpr int kDotMaxRows = 6;   // measured: the dot path is ahead up to M = 6, the panel from 8
 
 // Sixteen consecutive values of one row as f32; lanes outside `mask` read nothing and are 0.
@@ -287,7 +290,15 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
   } else if (w.cols == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
   } else {
-    PanelColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
+    // Every panel sweeps all of its rows of x: a row block's x ([rows, K]) must stay in L2,
+    // or each panel streams it from L3 again (M = 512, K = 2048: 4 MB per 32 weight rows).
+    const int64_t max_rows = std::max<int64_t>(4 * kTileRows, kRowBlockBytes / (4 * w.cols));
+    const int64_t blocks = (m + max_rows - 1) / max_rows;
+    for (int64_t b = 0, i0 = 0; b < blocks; ++b) {
+      const int64_t rows = m / blocks + (b < m % blocks ? 1 : 0);
+      PanelColumns<Format>(x + i0 * w.cols, rows, w, n_begin, n_end, y + i0 * ldy, ldy);
+      i0 += rows;
+    }
   }
 }
 
