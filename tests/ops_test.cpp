@@ -343,6 +343,27 @@ TEST(Avx512MatMul, ManyLongRowsInBlocks) {
   }
 }
 
+// Both panel paths run every output as one chain of FMAs over K in order: from M = 7 on
+// (past both dot paths) the AVX-512 kernel gives the AVX2 kernel's bits.
+TEST(Avx512MatMul, PanelPathGivesTheAvx2Bits) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(20);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, 70, 300, 6, 2, rng);
+    for (int64_t m : {7, 8, 13, 32, 97}) {
+      std::vector<float> x(size_t(m * 300) + 1);
+      for (float& v : x) v = uniform(rng);
+      std::vector<float> wide(size_t(m * 70)), narrow(size_t(m * 70));
+      avx512::MatMulColumns(x.data() + 1, m, w.view, 0, 70, wide.data(), 70);
+      avx2::MatMulColumns(x.data() + 1, m, w.view, 0, 70, narrow.data(), 70);
+      for (size_t i = 0; i < wide.size(); ++i) {
+        ASSERT_EQ(Bits(wide[i]), Bits(narrow[i])) << DTypeName(type) << " M=" << m << " " << i;
+      }
+    }
+  }
+}
+
 TEST(Avx512MatMul, ColumnRangeInsideTheMatrix) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(18);

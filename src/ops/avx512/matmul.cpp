@@ -1,22 +1,24 @@
 // y[M, N] = x[M, K] · w[N, K]^T on F32, BF16 and F16 weights with 512-bit FMAs: the AVX2
 // kernel's two paths (ops/avx2/matmul.cpp) at twice the width.
 //
-// * Panel (M > kDotMaxRows): a panel of 32 weight rows x 128 values of K is converted to
-//   f32 in transposed order ([K-chunk, 32], 16 KB, stays in L1; BF16 and F16 transposed in
-//   zmm, F32 by the AVX2 packer of ops/avx2/float_formats.h), then every tile of up to 12 rows of x
-//   sweeps it: per K step two panel loads, one broadcast of x per row and two FMAs per row into up
-//   to 24 accumulators held in zmm registers. Each weight byte is read and converted once per call.
-//   Tiles take the rows dealt out evenly (M = 32: 11 11 10, M = 8: one tile of 8), so no
-//   shape ends in a tile too short to cover the FMA latency. A last panel of 16 or fewer
-//   weight rows runs one vector of outputs per row; columns past N are masked off. Rows of x
-//   go through in blocks of about 1 MB (M = 512, K = 2048: four blocks of 128), which stay
-//   in L2 while every panel sweeps them.
+// * Panel (M > kDotMaxRows): a panel of 32 weight rows x 128 values of K is converted to f32
+//   in transposed order ([K-chunk, 32], 16 KB, stays in L1; BF16 and F16 transposed in zmm,
+//   F32 by the AVX2 packer of ops/avx2/float_formats.h), then every tile of up to 12 rows of
+//   x sweeps it: per K step two panel loads, one broadcast of x per row and two FMAs per row
+//   into up to 24 accumulators held in zmm registers. Tiles take the rows dealt out evenly
+//   (M = 32: 11 11 10, M = 8: one tile of 8), so no shape ends in a tile too short to cover
+//   the FMA latency. A last panel of 16 or fewer weight rows runs one vector of outputs per
+//   row; columns past N are masked off. Rows of x go through in blocks of about 1 MB
+//   (M = 512, K = 2048: four blocks of 128) that stay in L2 while every panel sweeps them;
+//   each weight byte is read and converted once per block. Every output is one chain of
+//   FMAs over K in order, as in the AVX2 panel path, so the two give the same bits.
 // * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of 4 to 8 weight
 //   rows (about 24 accumulators) is converted sixteen values at a time (the tail of K by
 //   masked loads) and dotted with every x row. Bound by memory and L2 bandwidth.
 //
 // BF16 weights are widened to f32 and multiplied in f32: this code does not use AVX512_BF16
 // (vdpbf16ps), which the CPUs it was written and tested on lack.
+//
 // GCC 12's AVX-512 intrinsics build their "undefined" vectors from self-initialised
 // variables (GCC bug 105593), which -Wuninitialized reports inside the header; the
 // diagnostic pragmas apply by source location, so they must surround its first inclusion.
@@ -45,7 +47,7 @@ constexpr int kPanelCols = 32;   // weight rows per panel: two vectors of output
 constexpr int kTileRows = 12;    // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
 constexpr int64_t kDepth = 128;  // K values per panel: 16 KB of f32
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
-constexpr int kDotMaxRows = 6;   // measured: the dot path is ahead up to M = 6, the panel from 8
+constexpr int kDotMaxRows = 6;  // measured: the dot path is ahead up to M = 6, the panel from 8
 
 // Sixteen consecutive values of one row as f32; lanes outside `mask` read nothing and are 0.
 inline __m512 Load16(F32Format, const uint8_t* p, __mmask16 mask) {
