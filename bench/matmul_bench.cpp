@@ -1,9 +1,15 @@
 // MatMul on the decoding-step shapes of LLaDA-8B (K = 4096; N = 4096 for q/k/v/o, 12288 for
-// gate/up): ours on BF16, F16 and F32 weights against OpenBLAS cblas_sgemm on an F32 copy,
-// in the same run and on the same x. Prints a table, then one JSON object per measurement.
+// gate/up): ours on BF16, F16 and F32 weights, with each kernel set asked for, against
+// OpenBLAS cblas_sgemm on an F32 copy, in the same run and on the same x. Prints the
+// core's clock and FMA peaks, a table, then one JSON object per measurement.
 //
 //   matmul_bench [--threads T] [--m 1,8,32,128] [--n 4096,12288] [--k 4096] [--reps R]
-//                [--clock wall|cpu]
+//                [--clock wall|cpu] [--isa avx2,avx512]
+//
+// --isa lists the kernel sets to compare (default: the best this CPU runs, ops/isa.h).
+// The peaks are measured, not assumed: one thread running independent FMAs of each width
+// (a CPU with one 512-bit FMA unit per core gets no more from 512 bits than from 256),
+// and the clock from a chain of dependent multiplies, both on the thread's CPU time.
 //
 // Times are the best of R rounds after one warm-up. --clock cpu (one thread only) counts
 // the process's CPU time instead of wall time: on a machine shared with other jobs it
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "base/error.h"
 #include "base/parallel.h"
 #include "ops/isa.h"
 #include "ops/ops.h"
@@ -39,6 +46,7 @@ struct Options {
   int64_t k = 4096;
   int reps = 3;
   bool cpu_clock = false;
+  std::vector<Isa> isas = {BestIsa()};
 };
 
 std::vector<int64_t> ParseList(const char* text) {
@@ -49,6 +57,24 @@ std::vector<int64_t> ParseList(const char* text) {
   return values;
 }
 
+std::vector<Isa> ParseIsas(const char* text) {
+  std::vector<Isa> isas;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    bool known = false;
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (item == IsaName(isa)) isas.push_back(isa), known = true;
+    }
+    if (!known || !IsaSupported(isas.back())) {
+      std::fprintf(stderr, "matmul_bench: unknown kernel set or not on this CPU: %s\n",
+                   item.c_str());
+      std::exit(2);
+    }
+  }
+  return isas;
+}
+
 Options ParseOptions(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -57,7 +83,7 @@ Options ParseOptions(int argc, char** argv) {
     if (value == nullptr) {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads T] [--m LIST] [--n LIST] [--k K] [--reps R] "
-                   "[--clock wall|cpu]\n");
+                   "[--clock wall|cpu] [--isa LIST]\n");
       std::exit(2);
     }
     if (flag == "--threads")
@@ -68,6 +94,8 @@ Options ParseOptions(int argc, char** argv) {
       options.n = ParseList(value);
     else if (flag == "--k")
       options.k = std::stoll(value);
+    else if (flag == "--isa")
+      options.isas = ParseIsas(value);
     else if (flag == "--reps")
       options.reps = std::max(1, std::atoi(value));
     else if (flag == "--clock" &&
@@ -80,6 +108,13 @@ Options ParseOptions(int argc, char** argv) {
     ++i;
   }
   return options;
+}
+
+// This thread's CPU time: the peaks below must not count time spent descheduled.
+double ThreadSeconds() {
+  timespec time;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time);
+  return double(time.tv_sec) + 1e-9 * double(time.tv_nsec);
 }
 
 double Now(bool cpu_clock) {
@@ -108,6 +143,50 @@ std::vector<double> BestSeconds(int reps, bool cpu_clock,
   }
   return best;
 }
+
+// Cycles per second: 4 dependent 64-bit multiplies per iteration take 12 cycles (3 each on
+// every x86 core since Nehalem; a chain of adds would not do, as recent Intel cores execute
+// some adds of immediates at rename); the loop's own counter and branch run beside them.
+double ClockGhz() {
+  constexpr int64_t kIterations = 50'000'000;
+  uint64_t value = 1;
+  const double start = ThreadSeconds();
+  for (int64_t i = 0; i < kIterations; ++i) {
+    asm volatile("imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0" : "+r"(value));
+  }
+  return 12.0 * double(kIterations) / (ThreadSeconds() - start) * 1e-9;
+}
+
+// GFLOP/s of one thread issuing only FMAs of `reg` (ymm or zmm) width, `lanes` floats:
+// 12 independent chains (more than latency x ports) on zeroed registers (no slow operands).
+// In assembly so that the compiler neither needs the instruction set's flags nor drops the
+// loop; the caller checks that the CPU runs it.
+#define POLESTAR_FMA_PEAK_LOOP(reg)                                                              \
+  asm volatile(".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13\n\tvxorps %%" reg "\\r, %%" reg           \
+               "\\r, %%" reg                                                                     \
+               "\\r\n\t.endr\n\t"                                                                \
+               "1:\n\t.irp r,0,1,2,3,4,5,6,7,8,9,10,11\n\t"                                      \
+               "vfmadd231ps %%" reg "12, %%" reg "13, %%" reg                                    \
+               "\\r\n\t.endr\n\t"                                                                \
+               "dec %0\n\tjnz 1b"                                                                \
+               : "+r"(iterations)                                                                \
+               :                                                                                 \
+               : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
+                 "xmm10", "xmm11", "xmm12", "xmm13", "cc")
+double FmaPeak(Isa isa) {
+  constexpr int64_t kIterations = 50'000'000;
+  int64_t iterations = kIterations;
+  const double start = ThreadSeconds();
+  if (isa == Isa::kAvx512) {
+    POLESTAR_FMA_PEAK_LOOP("zmm");
+  } else {
+    POLESTAR_FMA_PEAK_LOOP("ymm");
+  }
+  const double seconds = ThreadSeconds() - start;
+  const int lanes = isa == Isa::kAvx512 ? 16 : 8;
+  return 2.0 * lanes * 12 * double(kIterations) / seconds * 1e-9;
+}
+#undef POLESTAR_FMA_PEAK_LOOP
 
 struct Weights {
   std::vector<float> f32;      // [N, K]
@@ -150,13 +229,19 @@ int Run(const Options& options) {
     return 2;
   }
   openblas_set_num_threads(threads);
-  std::printf("threads %d, %s clock, kernels %s, openblas core %s\n", threads,
-              options.cpu_clock ? "cpu" : "wall", std::string(IsaName(BestIsa())).c_str(),
-              openblas_get_corename());
-  std::printf("%6s %6s %6s | %-39s | %s\n", "", "", "", "GFLOP/s",
-              "speed ratio (OpenBLAS time / ours)");
-  std::printf("%6s %6s %6s | %9s %9s %9s %9s | %9s %9s %9s\n", "M", "N", "K", "ours BF16",
-              "ours F16", "ours F32", "BLAS F32", "BF16", "F16", "F32");
+  std::printf("threads %d, %s clock, openblas core %s\n", threads,
+              options.cpu_clock ? "cpu" : "wall", openblas_get_corename());
+  std::printf("one core: clock %.2f GHz, FMA peak (f32 GFLOP/s)", ClockGhz());
+  if (IsaSupported(Isa::kAvx2)) std::printf(" avx2 %.1f", FmaPeak(Isa::kAvx2));
+  if (IsaSupported(Isa::kAvx512)) std::printf(" avx512 %.1f", FmaPeak(Isa::kAvx512));
+  std::printf("\n%6s %6s %6s |", "", "", "");
+  for (Isa isa : options.isas) std::printf(" %-26s |", Cat("GFLOP/s ", IsaName(isa)).c_str());
+  std::printf(" OpenBLAS\n%6s %6s %6s |", "M", "N", "K");
+  for (size_t i = 0; i < options.isas.size(); ++i)
+    std::printf(" %8s %8s %8s |", "BF16", "F16", "F32");
+  std::printf(" %8s\n", "F32");
+  std::vector<CpuBackend> backends;
+  for (Isa isa : options.isas) backends.emplace_back(isa);
   std::vector<std::string> json;
   std::mt19937 rng(1234);
   const int64_t k = options.k;
@@ -170,49 +255,53 @@ int Run(const Options& options) {
       const double flops = 2.0 * double(m) * double(n) * double(k);
 
       struct Case {
+        const CpuBackend* backend;
         const char* name;
         WeightView view;
         double seconds = 0;
         float error = 0;
       };
-      Case cases[] = {{"BF16", View(DType::kBF16, w.bf16.data(), n, k)},
-                      {"F16", View(DType::kF16, w.f16.data(), n, k)},
-                      {"F32", View(DType::kF32, w.f32.data(), n, k)}};
+      std::vector<Case> cases;  // kernel set by kernel set: BF16, F16, F32
+      for (const CpuBackend& backend : backends) {
+        cases.push_back({&backend, "BF16", View(DType::kBF16, w.bf16.data(), n, k)});
+        cases.push_back({&backend, "F16", View(DType::kF16, w.f16.data(), n, k)});
+        cases.push_back({&backend, "F32", View(DType::kF32, w.f32.data(), n, k)});
+      }
       std::vector<std::function<void()>> fns = {[&] {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x.data(),
                     int(k), w.f32.data(), int(k), 0.0f, y_blas.data(), int(n));
       }};
       for (const Case& c : cases) {
-        fns.push_back([&] { CpuBackend::Host().MatMul(x.data(), m, c.view, y.data()); });
+        fns.push_back([&] { c.backend->MatMul(x.data(), m, c.view, y.data()); });
       }
       const std::vector<double> best = BestSeconds(options.reps, options.cpu_clock, fns);
       const double blas = best[0];
-      for (size_t i = 0; i < 3; ++i) {
+      std::printf("%6lld %6lld %6lld |", static_cast<long long>(m), static_cast<long long>(n),
+                  static_cast<long long>(k));
+      for (size_t i = 0; i < cases.size(); ++i) {
         cases[i].seconds = best[i + 1];
         fns[i + 1]();
         cases[i].error = MaxRelativeError(y, y_blas);
+        std::printf(" %8.1f%s", flops / cases[i].seconds * 1e-9, i % 3 == 2 ? " |" : "");
       }
-      std::printf("%6lld %6lld %6lld | %9.1f %9.1f %9.1f %9.1f | %9.2f %9.2f %9.2f\n",
-                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                  flops / cases[0].seconds * 1e-9, flops / cases[1].seconds * 1e-9,
-                  flops / cases[2].seconds * 1e-9, flops / blas * 1e-9, blas / cases[0].seconds,
-                  blas / cases[1].seconds, blas / cases[2].seconds);
+      std::printf(" %8.1f\n", flops / blas * 1e-9);
       for (const Case& c : cases) {
         char line[512];
         std::snprintf(line, sizeof line,
                       "{\"bench\":\"matmul\",\"m\":%lld,\"n\":%lld,\"k\":%lld,\"threads\":%d,"
-                      "\"weights\":\"%s\",\"ours_ms\":%.4f,\"ours_gflops\":%.2f,"
+                      "\"kernels\":\"%s\",\"weights\":\"%s\",\"ours_ms\":%.4f,\"ours_gflops\":%.2f,"
                       "\"openblas_ms\":%.4f,\"openblas_gflops\":%.2f,\"speed_ratio\":%.3f,"
                       "\"max_rel_error\":%.3g,\"openblas_core\":\"%s\",\"clock\":\"%s\"}",
                       static_cast<long long>(m), static_cast<long long>(n),
-                      static_cast<long long>(k), threads, c.name, c.seconds * 1e3,
+                      static_cast<long long>(k), threads,
+                      std::string(IsaName(c.backend->isa())).c_str(), c.name, c.seconds * 1e3,
                       flops / c.seconds * 1e-9, blas * 1e3, flops / blas * 1e-9, blas / c.seconds,
                       c.error, openblas_get_corename(), options.cpu_clock ? "cpu" : "wall");
         json.push_back(line);
       }
     }
   }
-  std::printf("(speed ratio above 1: ours is faster)\n");
+  std::printf("(speed_ratio: OpenBLAS time / ours, above 1: ours is faster)\n");
   for (const std::string& line : json) std::printf("%s\n", line.c_str());
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
+#include "ops/avx512/avx512.h"
 #include "ops/isa.h"
 #include "ops/reference.h"
 
@@ -39,6 +41,8 @@ uint32_t Bits(float value) {
 
 #define SKIP_WITHOUT_AVX2() \
   if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "CPU lacks AVX2/FMA/F16C"
+#define SKIP_WITHOUT_AVX512() \
+  if (!IsaSupported(Isa::kAvx512)) GTEST_SKIP() << "CPU lacks AVX-512 F/BW/VL/DQ/VNNI"
 
 // ---------------------------------------------------------------------------------------
 // Conversions
@@ -223,62 +227,147 @@ void ExpectMatMulClose(const std::vector<float>& x, const TestWeights& w, int64_
   }
 }
 
-TEST(Avx2MatMul, MatchesScalarOverShapesTypesAndAlignments) {
-  SKIP_WITHOUT_AVX2();
-  std::mt19937 rng(7);
+using MatMulColumnsFn = void (*)(const float* x, int64_t m, const WeightView& w, int64_t n_begin,
+                                 int64_t n_end, float* y, int64_t ldy);
+
+// `kernel` against reference::MatMulColumns on every weight type, on K from 0 to past two
+// panel depths, on the given N and M, with rows and x off the vector alignment and ldy > N.
+// Returns how many shapes it checked.
+int CheckMatMulShapes(MatMulColumnsFn kernel, const std::vector<int64_t>& widths,
+                      const std::vector<int64_t>& row_counts, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<int64_t> depths;
   for (int64_t k = 0; k <= 19; ++k) depths.push_back(k);
-  for (int64_t k : {31, 33, 64, 255, 256, 257, 515}) depths.push_back(k);
-  const std::vector<int64_t> widths = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 48};
-  const std::vector<int64_t> row_counts = {1, 2, 3, 4, 5, 6, 7, 8, 13};
+  for (int64_t k : {31, 33, 64, 127, 128, 129, 255, 256, 257, 515}) depths.push_back(k);
+  const int64_t max_width = *std::max_element(widths.begin(), widths.end());
   int checked = 0;
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int64_t k : depths) {
-      // Odd padding and offsets keep rows off 16- and 32-byte boundaries.
+      // Odd padding and offsets keep rows off 16-, 32- and 64-byte boundaries.
       const int64_t element = BlockBytes(type);
-      const TestWeights w = MakeWeights(type, 48, k, 3 * element, element, rng);
+      const TestWeights w = MakeWeights(type, max_width, k, 3 * element, element, rng);
       for (int64_t n : widths) {
         WeightView view = w.view;
         view.rows = n;
         for (int64_t m : row_counts) {
           if ((k * n * m) % 3 != 0 && k > 64) continue;  // thin out the largest cases
-          std::vector<float> x(size_t(m * k) + 1);       // [M, K] at x.data() + 1
+          if ((k * n * m) % 7 != 0 && k * n * m > 50000) continue;
+          std::vector<float> x(size_t(m * k) + 1);  // [M, K] at x.data() + 1
           for (float& v : x) v = uniform(rng);
           const int64_t ldy = n + 3;
           std::vector<float> got(size_t(m * ldy), -7.0f), want(size_t(m * ldy), -7.0f);
-          avx2::MatMulColumns(x.data() + 1, m, view, 0, n, got.data(), ldy);
+          kernel(x.data() + 1, m, view, 0, n, got.data(), ldy);
           reference::MatMulColumns(x.data() + 1, m, view, 0, n, want.data(), ldy);
           const std::string label = Cat(DTypeName(type), " M=", m, " N=", n, " K=", k);
           ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), ldy, label);
           for (int64_t i = 0; i < m; ++i) {  // columns beyond N are left alone
-            for (int64_t c = n; c < ldy; ++c) ASSERT_EQ(got[i * ldy + c], -7.0f) << label;
+            for (int64_t c = n; c < ldy; ++c) {
+              if (got[i * ldy + c] != -7.0f) {
+                ADD_FAILURE() << label << ": wrote column " << c;
+                return checked;
+              }
+            }
           }
+          if (testing::Test::HasFatalFailure()) return checked;
           ++checked;
         }
       }
     }
   }
+  return checked;
+}
+
+// Columns [5, 67) of a 70-row matrix: a range that starts and ends inside panels.
+void CheckMatMulColumnRange(MatMulColumnsFn kernel, const std::vector<int64_t>& row_counts,
+                            std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, 70, 37, 0, 0, rng);
+    for (int64_t m : row_counts) {
+      std::vector<float> x(size_t(m * 37) + 1);
+      for (float& v : x) v = uniform(rng);
+      const int64_t n_begin = 5, n_end = 67, ldy = 70;
+      std::vector<float> got(size_t(m * ldy), 0.0f), want(size_t(m * ldy), 0.0f);
+      kernel(x.data() + 1, m, w.view, n_begin, n_end, got.data(), ldy);
+      reference::MatMulColumns(x.data() + 1, m, w.view, n_begin, n_end, want.data(), ldy);
+      ExpectMatMulClose(x, w, m, n_begin, n_end, got.data(), want.data(), ldy,
+                        Cat(DTypeName(type), " M=", m));
+    }
+  }
+}
+
+TEST(Avx2MatMul, MatchesScalarOverShapesTypesAndAlignments) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(7);
+  const int checked =
+      CheckMatMulShapes(avx2::MatMulColumns, {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 48},
+                        {1, 2, 3, 4, 5, 6, 7, 8, 13}, rng);
   EXPECT_GT(checked, 5000);
 }
 
 TEST(Avx2MatMul, ColumnRangeInsideTheMatrix) {
   SKIP_WITHOUT_AVX2();
   std::mt19937 rng(8);
+  CheckMatMulColumnRange(avx2::MatMulColumns, {1, 3, 4, 9}, rng);
+}
+
+// The 512-bit kernel's panels are 32 weight rows and its tiles up to 12 x rows: N around
+// multiples of 16 and 32, every M to 40 (every way of dealing rows into tiles) and beyond.
+TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(17);
+  std::vector<int64_t> row_counts;
+  for (int64_t m = 1; m <= 40; ++m) row_counts.push_back(m);
+  for (int64_t m : {64, 97}) row_counts.push_back(m);
+  const int checked = CheckMatMulShapes(
+      avx512::MatMulColumns, {1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, 79},
+      row_counts, rng);
+  EXPECT_GT(checked, 5000);
+}
+
+// Long rows of x are swept in row blocks that stay in L2 (about 1 MB each): at K = 6000,
+// M = 100 runs as three blocks.
+TEST(Avx512MatMul, ManyLongRowsInBlocks) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const int64_t m = 100, n = 40, k = 6000;
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const TestWeights w = MakeWeights(type, n, k, 2, 2, rng);
+    std::vector<float> x(size_t(m * k) + 1);
+    for (float& v : x) v = uniform(rng);
+    std::vector<float> got(size_t(m * n)), want(size_t(m * n));
+    avx512::MatMulColumns(x.data() + 1, m, w.view, 0, n, got.data(), n);
+    reference::MatMulColumns(x.data() + 1, m, w.view, 0, n, want.data(), n);
+    ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), n, std::string(DTypeName(type)));
+  }
+}
+
+// Both panel paths run every output as one chain of FMAs over K in order: from M = 7 on
+// (past both dot paths) the AVX-512 kernel gives the AVX2 kernel's bits.
+TEST(Avx512MatMul, PanelPathGivesTheAvx2Bits) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(20);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const TestWeights w = MakeWeights(type, 70, 37, 0, 0, rng);
-    for (int64_t m : {1, 3, 4, 9}) {
-      std::vector<float> x(size_t(m * 37) + 1);
+    const TestWeights w = MakeWeights(type, 70, 300, 6, 2, rng);
+    for (int64_t m : {7, 8, 13, 32, 97}) {
+      std::vector<float> x(size_t(m * 300) + 1);
       for (float& v : x) v = uniform(rng);
-      const int64_t n_begin = 5, n_end = 67, ldy = 70;
-      std::vector<float> got(size_t(m * ldy), 0.0f), want(size_t(m * ldy), 0.0f);
-      avx2::MatMulColumns(x.data() + 1, m, w.view, n_begin, n_end, got.data(), ldy);
-      reference::MatMulColumns(x.data() + 1, m, w.view, n_begin, n_end, want.data(), ldy);
-      ExpectMatMulClose(x, w, m, n_begin, n_end, got.data(), want.data(), ldy,
-                        Cat(DTypeName(type), " M=", m));
+      std::vector<float> wide(size_t(m * 70)), narrow(size_t(m * 70));
+      avx512::MatMulColumns(x.data() + 1, m, w.view, 0, 70, wide.data(), 70);
+      avx2::MatMulColumns(x.data() + 1, m, w.view, 0, 70, narrow.data(), 70);
+      for (size_t i = 0; i < wide.size(); ++i) {
+        ASSERT_EQ(Bits(wide[i]), Bits(narrow[i])) << DTypeName(type) << " M=" << m << " " << i;
+      }
     }
   }
+}
+
+TEST(Avx512MatMul, ColumnRangeInsideTheMatrix) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(18);
+  CheckMatMulColumnRange(avx512::MatMulColumns, {1, 3, 4, 9, 13, 32}, rng);
 }
 
 // The public entry point: threads over panels, adds the bias, whichever kernel runs.
@@ -598,6 +687,32 @@ TEST(CpuBackend, MatMulAndLmHeadMatchTheReferenceBackend) {
     reference::MatMulColumns(normed.data(), m, w.view, 0, n, want.data(), n);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f);
   }
+}
+
+// Each SIMD kernel set's MatMul, threaded over panels (chunk edges fall on 16-row panels,
+// so the 512-bit kernel also gets ranges ending in half panels), against the scalar backend.
+TEST(CpuBackend, EveryKernelSetsMatMulMatchesTheReferenceBackend) {
+  std::mt19937 rng(23);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const CpuBackend scalar(Isa::kScalar);
+  const int64_t n = 300, k = 300;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    const CpuBackend backend(isa);
+    for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const TestWeights w = MakeWeights(type, n, k, 0, 0, rng);
+      for (int64_t m : {1, 3, 8, 32, 45}) {
+        auto x = RandomVector(m * k, 1.0f, rng);
+        std::vector<float> got(size_t(m * n)), want(got.size());
+        backend.MatMul(x.data() + 1, m, w.view, got.data());
+        scalar.MatMul(x.data() + 1, m, w.view, want.data());
+        ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), n,
+                          Cat(IsaName(isa), " ", DTypeName(type), " M=", m));
+      }
+    }
+  }
+  SetThreadCount(saved_threads);
 }
 
 TEST(CpuBackend, RopeUndoesItselfAndRotatesPairsByTheTable) {

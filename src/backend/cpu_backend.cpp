@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
+#include "ops/avx512/avx512.h"
 #include "ops/quant.h"
 #include "ops/reference.h"
 
@@ -26,7 +27,9 @@ CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
     : isa_(isa), activations_(activations), name_("cpu-" + std::string(IsaName(isa))) {
   if (!IsaSupported(isa)) Fail("this CPU does not run the ", IsaName(isa), " kernels");
   const bool avx2 = isa >= Isa::kAvx2;
-  matmul_columns_ = avx2 ? avx2::MatMulColumns : reference::MatMulColumns;
+  matmul_columns_ = isa >= Isa::kAvx512 ? avx512::MatMulColumns
+                    : avx2              ? avx2::MatMulColumns
+                                        : reference::MatMulColumns;
   dequantize_row_ = avx2 ? avx2::DequantizeRow : reference::DequantizeRow;
   rms_norm_ = avx2 ? avx2::RmsNorm : reference::RmsNorm;
   silu_mul_ = avx2 ? avx2::SiluMul : reference::SiluMul;
