@@ -81,6 +81,13 @@ for bin in "$POLESTAR" "$FORWARD_BENCH" "$DIFFUSE_CLI"; do
   [ -x "$bin" ] || { echo "compare_engines.sh: not an executable: '$bin' (--help)" >&2; exit 2; }
 done
 [ ${#models[@]} -gt 0 ] || { echo "compare_engines.sh: give --model LABEL:OURS:THEIRS" >&2; exit 2; }
+for spec in "${models[@]}"; do
+  IFS=: read -r label ours theirs <<<"$spec"
+  if [ -z "$label" ] || [ ! -f "$ours" ] || [ ! -f "$theirs" ]; then
+    echo "compare_engines.sh: --model $spec: want LABEL:OURS.gguf:THEIRS.gguf (existing files)" >&2
+    exit 2
+  fi
+done
 command -v jq >/dev/null || { echo "compare_engines.sh: needs jq" >&2; exit 2; }
 
 work=$(mktemp -d)
@@ -151,7 +158,7 @@ run() {
     local layers actives fwds
     layers=$(grep -o 'n_layer=[0-9]*' "$work/err" | head -1 | cut -d= -f2)
     fwds=$(grep -o 'fwd=[0-9.]*ms' "$work/err" | tr -dc '0-9.\n')
-    actives=$(grep -o 'active=[0-9]*' "$work/err" | cut -d= -f2)
+    actives=$(grep -o 'ms, active=[0-9]*' "$work/err" | cut -d= -f2)
     forwards_done=$(echo "$fwds" | wc -l)
     layer_rows=$((($(echo "$actives" | paste -sd+)) * layers))
     if [ "$workload" = full ]; then
@@ -203,7 +210,6 @@ for ((rep = 1; rep <= reps; rep++)); do
   for workload in "${workload_list[@]}"; do
     for spec in "${models[@]}"; do
       IFS=: read -r label ours theirs <<<"$spec"
-      [ -f "$ours" ] && [ -f "$theirs" ] || { echo "compare_engines.sh: --model $spec: missing file" >&2; exit 2; }
       # ABBA: polestar first on odd repetitions, diffuse-cpp first on even ones.
       if ((rep % 2 == 1)); then pair=(polestar diffuse-cpp); else pair=(diffuse-cpp polestar); fi
       for engine in "${pair[@]}"; do
