@@ -5,14 +5,6 @@
 #include <algorithm>
 
 namespace polestar {
-namespace {
-
-// Chunks per thread, handed out as threads come free: when the OS preempts one thread (a
-// busy machine), the others take the chunks it would have run, so a step waits for at
-// most one chunk of a stalled thread instead of a whole 1/threads share.
-constexpr int64_t kChunksPerThread = 8;
-
-}  // namespace
 
 void SetThreadCount(int threads) {
   omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs());
@@ -24,12 +16,12 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t threads = omp_in_parallel() ? 1 : ThreadCount();
-  const int64_t chunks = std::min(threads * kChunksPerThread, (n + grain - 1) / grain);
-  if (threads <= 1 || chunks <= 1) {
+  const int64_t chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+  if (chunks <= 1) {
     fn(0, n);
     return;
   }
-#pragma omp parallel for num_threads(int(std::min(threads, chunks))) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(int(chunks)) schedule(static, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = n * c / chunks;
     const int64_t end = n * (c + 1) / chunks;

@@ -10,10 +10,9 @@ namespace polestar {
 void SetThreadCount(int threads);  // <= 0: all hardware threads
 int ThreadCount();
 
-// Splits [0, n) into chunks of at least `grain` items (a few per thread) and calls
-// fn(begin, end) for each, in parallel, each chunk going to the next free thread. Runs
-// inline when there is a single chunk or when already inside a parallel region. Callers
-// must not depend on where the chunk boundaries fall.
+// Splits [0, n) into chunks of at least `grain` items and calls fn(begin, end) for each,
+// in parallel. Runs inline when there is a single chunk or when already inside a
+// parallel region.
 void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace polestar
