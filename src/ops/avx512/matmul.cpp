@@ -22,11 +22,15 @@
 // GCC 12's AVX-512 intrinsics build their "undefined" vectors from self-initialised
 // variables (GCC bug 105593), which -Wuninitialized reports inside the header; the
 // diagnostic pragmas apply by source location, so they must surround its first inclusion.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <array>

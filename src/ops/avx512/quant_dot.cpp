@@ -6,8 +6,10 @@
 //
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() values that its
 // -Wmaybe-uninitialized reports once inlined (GCC bug 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,8 +32,9 @@ float LoadF16(const uint8_t* p) {
 // Lanes 0-7 hold s[0], lanes 8-15 s[1] (or 0 when `pair` is false: s[1] is not read).
 __m512 PairScales(const float* s, bool pair) {
   const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m128 two =
-      pair ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s))) : _mm_load_ss(s);
+  // _mm_loadl_epi64 reads through an unaligned type: the pair need not be 8-byte aligned.
+  const __m128 two = pair ? _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)))
+                          : _mm_load_ss(s);
   return _mm512_permutexvar_ps(halves, _mm512_zextps128_ps512(two));
 }
 
