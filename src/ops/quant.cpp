@@ -533,15 +533,19 @@ void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst) {
 
 int ActivationBlock(DType weight_type) { return BlockSize(weight_type) == 32 ? 32 : kQK; }
 
+void QuantizedActivations::Reshape(int64_t m, int64_t k, int block_values) {
+  PS_CHECK(block_values % 16 == 0 && k % block_values == 0);
+  rows = m;
+  cols = k;
+  block = block_values;
+  q.resize(size_t(m * k));
+  scales.resize(size_t(m * k / block_values));
+  group_sums.resize(size_t(m * k / 16));
+}
+
 void QuantizeActivations(const float* x, int64_t m, int64_t k, int block,
                          QuantizedActivations* out) {
-  PS_CHECK(block % 16 == 0 && k % block == 0);
-  out->rows = m;
-  out->cols = k;
-  out->block = block;
-  out->q.resize(size_t(m * k));
-  out->scales.resize(size_t(m * k / block));
-  out->group_sums.resize(size_t(m * k / 16));
+  out->Reshape(m, k, block);
   for (int64_t b = 0; b < m * k / block; ++b) {  // K is a multiple of block: rows hold whole blocks
     const float* xb = x + b * block;
     float amax = 0.0f;

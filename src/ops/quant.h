@@ -84,6 +84,10 @@ struct QuantizedActivations {
   std::vector<int8_t> q;            // [M, K] levels
   std::vector<float> scales;        // [M, K / block]: x = scale * q
   std::vector<int16_t> group_sums;  // [M, K / 16]: the sum of q over each 16 values
+
+  // Sets the shape and sizes the buffers for it (K a multiple of `block`, itself a multiple
+  // of 16); reuses their memory when it is large enough.
+  void Reshape(int64_t m, int64_t k, int block_values);
 };
 
 // The activation block the integer kernels of `weight_type` take: 32 or 256.

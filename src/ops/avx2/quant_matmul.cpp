@@ -465,13 +465,8 @@ void WeightLevels(DType type, const uint8_t* row, int64_t k, uint8_t* levels) {
 
 void QuantizeActivations(const float* x, int64_t m, int64_t k, int block,
                          QuantizedActivations* out) {
-  PS_CHECK(block % 32 == 0 && k % block == 0);
-  out->rows = m;
-  out->cols = k;
-  out->block = block;
-  out->q.resize(size_t(m * k));
-  out->scales.resize(size_t(m * k / block));
-  out->group_sums.resize(size_t(m * k / 16));
+  PS_CHECK(block % 32 == 0);  // whole 32-value vectors per block
+  out->Reshape(m, k, block);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   // Packing 4 x 8 int32 to 32 bytes interleaves 128-bit lanes; this puts them back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
