@@ -14,13 +14,12 @@
 // drift). Weights, the KV cache, the hidden-state cache and the step's scratch stay on the
 // device.
 //
-// Batches (the next step of the design): a batch of sequences runs as one step whose rows
-// are the concatenation of every sequence's query rows, so the row-wise ops (matmul,
-// RMSNorm, SwiGLU, add, row copies, embedding, LM head) take the batch's rows as they take
-// one sequence's today; RoPE takes each row's position. Attention is the one op that must
-// know which rows belong to which sequence: each sequence's rows attend over its own cache
-// (a per-sequence KvCache, so a batched Attention takes per-sequence key/value pointers and
-// row ranges).
+// Batches: a batch of sequences runs as one step whose rows are the concatenation of every
+// sequence's rows, so the row-wise ops (RMSNorm, SwiGLU, add, row copies, embedding) take the
+// batch's rows as they take one sequence's; RoPE takes each row's position. The matrix
+// products also take the rows' split into sequences (RowSegments), because a kernel may
+// choose its method by row count and every sequence must get the bits it gets alone.
+// Attention runs per sequence, over that sequence's own cache.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +61,9 @@ class Buffer {
 
 enum class DriftMetric { kKl, kCosine };
 
+// The rows of a batched op, one count per sequence in order; they sum to the op's M.
+using RowSegments = std::span<const int64_t>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,9 +74,18 @@ class Backend {
   virtual void Free(float* data) const = 0;
   virtual void Copy(const float* src, int64_t size, float* dst) const = 0;
 
-  // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given), for every weight type.
-  virtual void MatMul(const float* x, int64_t m, const WeightView& w, float* y,
-                      const float* bias = nullptr) const = 0;
+  // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given), for every weight type, with the M
+  // rows of x split into `segments` (one per sequence of a batch, in order): each segment's
+  // rows of y are, bit for bit, what the product of that segment alone gives, whatever the
+  // other segments hold (batch invariance: a sequence decodes the same tokens in any batch).
+  virtual void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                           const float* bias = nullptr) const = 0;
+  // One sequence's M rows.
+  void MatMul(const float* x, int64_t m, const WeightView& w, float* y,
+              const float* bias = nullptr) const {
+    const int64_t rows[] = {m};
+    MatMulBatch(x, rows, w, y, bias);
+  }
   // out[M, C] = x[M, C] / rms(x) * weight[C]. out may alias x.
   virtual void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                        float* out) const = 0;
@@ -107,9 +118,15 @@ class Backend {
   // out[i, C] = embedding row of tokens[rows[i]] (tokens and rows host).
   virtual void Embed(const WeightView& embedding, std::span<const int> tokens,
                      std::span<const int> rows, float* out) const = 0;
-  // logits[M, V] (host) = lm_head · rmsnorm(x[M, C]); x is normalised in place.
-  virtual void LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
-                      const WeightView& lm_head, float* logits) const = 0;
+  // logits[M, V] (host) = lm_head · rmsnorm(x[M, C]); x is normalised in place. Segments as
+  // in MatMulBatch.
+  virtual void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm,
+                           float eps, const WeightView& lm_head, float* logits) const = 0;
+  void LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
+              const WeightView& lm_head, float* logits) const {
+    const int64_t rows[] = {m};
+    LmHeadBatch(x, rows, c, final_norm, eps, lm_head, logits);
+  }
   // out[r] (host) = the mean over H heads of the drift between now and before, both
   // [rows, H, L] distributions: KL(now || before) with entries floored at 1e-12, or
   // 1 - cos(now, before).

@@ -52,8 +52,17 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
   if (size > 0) std::memcpy(dst, src, size_t(size) * 4);
 }
 
-void CpuBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* y,
-                        const float* bias) const {
+void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                             const float* bias) const {
+  for (const int64_t m : segments) {
+    MatMulSegment(x, m, w, y, bias);
+    x += m * w.cols;
+    y += m * w.rows;
+  }
+}
+
+void CpuBackend::MatMulSegment(const float* x, int64_t m, const WeightView& w, float* y,
+                               const float* bias) const {
   if (QuantMatMul(x, m, w, y, bias, isa_, activations_))
     return;  // block-quantised weights (ops/quant.h)
   // Threads take whole 16-row panels of w, so every thread converts its own weights once.
@@ -149,10 +158,12 @@ void CpuBackend::Embed(const WeightView& embedding, std::span<const int> tokens,
   }
 }
 
-void CpuBackend::LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
-                        const WeightView& lm_head, float* logits) const {
+void CpuBackend::LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm,
+                             float eps, const WeightView& lm_head, float* logits) const {
+  int64_t m = 0;
+  for (const int64_t rows : segments) m += rows;
   RmsNorm(x, m, c, final_norm, eps, x);
-  MatMul(x, m, lm_head, logits);
+  MatMulBatch(x, segments, lm_head, logits);
 }
 
 // The drift metrics stay scalar (double accumulation, reference.h) on every kernel set:

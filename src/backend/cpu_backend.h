@@ -29,8 +29,8 @@ class CpuBackend final : public Backend {
   void Free(float* data) const override;
   void Copy(const float* src, int64_t size, float* dst) const override;
 
-  void MatMul(const float* x, int64_t m, const WeightView& w, float* y,
-              const float* bias = nullptr) const override;
+  void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                   const float* bias = nullptr) const override;
   void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                float* out) const override;
   void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
@@ -47,14 +47,18 @@ class CpuBackend final : public Backend {
                 std::span<const int> dst_rows, int64_t width) const override;
   void Embed(const WeightView& embedding, std::span<const int> tokens, std::span<const int> rows,
              float* out) const override;
-  void LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
-              const WeightView& lm_head, float* logits) const override;
+  void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm, float eps,
+                   const WeightView& lm_head, float* logits) const override;
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                      int heads, int64_t l, double* out) const override;
   double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
                              int heads, int64_t l) const override;
 
  private:
+  // One segment's product: the kernel chooses its method by m.
+  void MatMulSegment(const float* x, int64_t m, const WeightView& w, float* y,
+                     const float* bias) const;
+
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
                                    float*, int64_t);
   using RowsFn = void (*)(const float*, int64_t, int64_t, const float*, float, float*);
