@@ -14,161 +14,248 @@ KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden, const
 }
 
 Forward::Forward(const Model& model, KvCache& cache)
-    : model_(model),
-      cache_(cache),
-      backend_(cache.backend()),
-      x_(backend_, 0),
-      x_next_(backend_, 0),
-      normed_(backend_, 0),
-      q_(backend_, 0),
-      k_(backend_, 0),
-      v_(backend_, 0),
-      attn_(backend_, 0),
-      proj_(backend_, 0),
-      gate_(backend_, 0),
-      up_(backend_, 0),
-      probs_(backend_, 0),
-      loaded_(backend_, 0),
-      final_(backend_, 0) {}
-
-// K/V of the fresh rows x[|rows|, C] at `layer`, written into the cache by position.
-void Forward::ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook) {
-  const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
-  const int64_t m = int64_t(rows.size());
-  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
-  normed_.Reserve(m * c.width);  // [M, C]
-  k_.Reserve(m * kv_width);      // [M, Hkv*D]
-  v_.Reserve(m * kv_width);      // [M, Hkv*D]
-  backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed_.data());
-  backend_.MatMul(normed_.data(), m, w.wk, k_.data(), w.bk.empty() ? nullptr : w.bk.data());
-  backend_.MatMul(normed_.data(), m, w.wv, v_.data(), w.bv.empty() ? nullptr : w.bv.data());
-  backend_.ApplyRope(k_.data(), rows, c.kv_heads, model_.rope(), c.rope_interleaved);
-  if (hook != nullptr) hook->BeforeFreshRowsStored(layer, rows, x);
-  if (rows.empty()) return;
-  backend_.CopyRows(k_.data(), {}, cache_.keys(layer), rows, kv_width);
-  backend_.CopyRows(v_.data(), {}, cache_.values(layer), rows, kv_width);
-  if (cache_.keeps_hidden()) backend_.CopyRows(x, {}, cache_.hidden(layer), rows, c.width);
-}
+    : model_(model), cache_(cache), backend_(cache.backend()), runner_(backend_) {}
 
 StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
-  const ModelConfig& c = model_.config();
-  const int64_t length = int64_t(canvas.size());
-  PS_CHECK(length == cache_.positions());
+  const SequenceStep step{this, canvas, &plan};
+  return std::move(runner_.Run({&step, 1})[0]);
+}
+
+StepRunner::StepRunner(const Backend& backend)
+    : backend_(backend),
+      x_(backend, 0),
+      x_next_(backend, 0),
+      normed_(backend, 0),
+      q_(backend, 0),
+      k_(backend, 0),
+      v_(backend, 0),
+      attn_(backend, 0),
+      proj_(backend, 0),
+      gate_(backend, 0),
+      up_(backend, 0),
+      probs_(backend, 0),
+      loaded_(backend, 0),
+      final_(backend, 0) {}
+
+namespace {
+
+// Per sequence of a batched step: its rows at the current layer and where they sit in the
+// concatenated buffers.
+struct SequenceRows {
+  std::vector<int> fresh;                      // F_l
+  std::vector<int> query;                      // Q_l
+  int64_t fresh_offset = 0, query_offset = 0;  // first row in the concatenation
+  const HiddenSource* hidden_source = nullptr;
+};
+
+// segments[i] = |rows of sequence i|; returns their sum.
+int64_t Segments(const std::vector<SequenceRows>& sequences, std::vector<int> SequenceRows::*rows,
+                 std::vector<int64_t>& segments) {
+  segments.clear();
+  int64_t total = 0;
+  for (const SequenceRows& s : sequences) {
+    segments.push_back(int64_t((s.*rows).size()));
+    total += segments.back();
+  }
+  return total;
+}
+
+// Fills out[|Q|, C] with the inputs of s.query: fresh rows from x[|F|, C], the others from
+// the hook's hidden source or else the cache's hidden-state rows.
+void GatherQueryInputs(const Backend& backend, KvCache& cache, int layer, const SequenceRows& s,
+                       const float* x, float* out, Buffer& loaded) {
+  const int64_t C = cache.hidden_width();
+  std::unordered_map<int, int> fresh_index;
+  for (size_t i = 0; i < s.fresh.size(); ++i) fresh_index[s.fresh[i]] = int(i);
+  std::vector<int> fresh_from, fresh_at;  // index in x, index in Q
+  std::vector<int> cached_rows;           // positions read from the hidden-state store
+  std::vector<int> cached_at;             // their index in Q
+  for (int i = 0; i < int(s.query.size()); ++i) {
+    auto it = fresh_index.find(s.query[size_t(i)]);
+    if (it != fresh_index.end()) {
+      fresh_from.push_back(it->second);
+      fresh_at.push_back(i);
+    } else {
+      cached_rows.push_back(s.query[size_t(i)]);
+      cached_at.push_back(i);
+    }
+  }
+  if (!fresh_from.empty()) backend.CopyRows(x, fresh_from, out, fresh_at, C);
+  if (cached_rows.empty()) return;
+  if (s.hidden_source != nullptr) {
+    loaded.Reserve(int64_t(cached_rows.size()) * C);  // [rows, C]
+    s.hidden_source->Read(layer, cached_rows, loaded.data());
+    backend.CopyRows(loaded.data(), {}, out, cached_at, C);
+  } else {
+    PS_CHECK(cache.keeps_hidden());
+    backend.CopyRows(cache.hidden(layer), cached_rows, out, cached_at, C);
+  }
+}
+
+}  // namespace
+
+std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
+  PS_CHECK(!steps.empty());
+  const Model& model = steps[0].forward->model_;
+  const ModelConfig& c = model.config();
   const int64_t C = c.width;
   const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
+  const size_t n = steps.size();
 
-  StepResult result;
-  result.logit_rows = plan.logit_rows;
-  std::vector<int> fresh(plan.input_rows.begin(), plan.input_rows.end());
-  for (const int row : fresh) {
-    PS_CHECK(row >= 0 && row < length);
-    PS_CHECK(canvas[row] >= 0 && canvas[row] < c.vocab);
-  }
-  x_.Reserve(int64_t(fresh.size()) * C);  // [|F|, C] layer inputs of the fresh rows
-  backend_.Embed(model_.embedding(), canvas, fresh, x_.data());
-
-  std::vector<int> query;
-  for (int layer = 0; layer < c.layers; ++layer) {
-    const LayerWeights& w = model_.layer(layer);
-    ComputeKv(layer, fresh, x_.data(), plan.hook);
-    result.kv_rows_written += int64_t(fresh.size());
-
-    query = fresh;
-    const HiddenSource* hidden_source = nullptr;
-    if (plan.hook != nullptr) {
-      LayerRows rows{layer, fresh, &query, &result.logit_rows};
-      plan.hook->BeforeQueries(rows);
-      hidden_source = rows.hidden_source;
+  std::vector<StepResult> results(n);
+  std::vector<SequenceRows> rows(n);
+  std::vector<int64_t> segments;  // [n] rows per sequence of the op at hand
+  int64_t total_fresh = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const SequenceStep& step = steps[i];
+    PS_CHECK(&step.forward->model_ == &model && &step.forward->backend_ == &backend_);
+    PS_CHECK(int64_t(step.canvas.size()) == step.forward->cache_.positions());
+    for (const int row : step.plan->input_rows) {
+      PS_CHECK(row >= 0 && size_t(row) < step.canvas.size());
+      PS_CHECK(step.canvas[size_t(row)] >= 0 && step.canvas[size_t(row)] < c.vocab);
     }
-    const int64_t m = int64_t(query.size());
-    result.rows_computed += m;
+    results[i].logit_rows = step.plan->logit_rows;
+    rows[i].fresh = step.plan->input_rows;
+    rows[i].fresh_offset = total_fresh;
+    total_fresh += int64_t(rows[i].fresh.size());
+  }
+  x_.Reserve(total_fresh * C);  // [sum |F|, C] layer inputs of the fresh rows
+  for (size_t i = 0; i < n; ++i) {
+    backend_.Embed(model.embedding(), steps[i].canvas, rows[i].fresh,
+                   x_.data() + rows[i].fresh_offset * C);
+  }
+
+  for (int layer = 0; layer < c.layers; ++layer) {
+    const LayerWeights& w = model.layer(layer);
+
+    // K/V of every sequence's fresh rows, written into its cache by position.
+    const int64_t m_fresh = Segments(rows, &SequenceRows::fresh, segments);
+    normed_.Reserve(m_fresh * C);    // [sum |F|, C]
+    k_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
+    v_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
+    backend_.RmsNorm(x_.data(), m_fresh, C, w.attn_norm.data(), c.rms_eps, normed_.data());
+    backend_.MatMulBatch(normed_.data(), segments, w.wk, k_.data(),
+                         w.bk.empty() ? nullptr : w.bk.data());
+    backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
+                         w.bv.empty() ? nullptr : w.bv.data());
+    for (size_t i = 0; i < n; ++i) {
+      SequenceRows& s = rows[i];
+      KvCache& cache = steps[i].forward->cache_;
+      LayerHook* hook = steps[i].plan->hook;
+      float* k = k_.data() + s.fresh_offset * kv_width;
+      const float* x = x_.data() + s.fresh_offset * C;
+      backend_.ApplyRope(k, s.fresh, c.kv_heads, model.rope(), c.rope_interleaved);
+      if (hook != nullptr) hook->BeforeFreshRowsStored(layer, s.fresh, x);
+      results[i].kv_rows_written += int64_t(s.fresh.size());
+      if (s.fresh.empty()) continue;
+      backend_.CopyRows(k, {}, cache.keys(layer), s.fresh, kv_width);
+      backend_.CopyRows(v_.data() + s.fresh_offset * kv_width, {}, cache.values(layer), s.fresh,
+                        kv_width);
+      if (cache.keeps_hidden()) backend_.CopyRows(x, {}, cache.hidden(layer), s.fresh, C);
+    }
+
+    // The query rows: F_l unless a hook chooses others.
+    bool same_rows = true;
+    int64_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+      SequenceRows& s = rows[i];
+      s.query = s.fresh;
+      s.hidden_source = nullptr;
+      if (LayerHook* hook = steps[i].plan->hook) {
+        LayerRows layer_rows{layer, s.fresh, &s.query, &results[i].logit_rows};
+        hook->BeforeQueries(layer_rows);
+        s.hidden_source = layer_rows.hidden_source;
+      }
+      s.query_offset = m;
+      m += int64_t(s.query.size());
+      results[i].rows_computed += int64_t(s.query.size());
+      same_rows = same_rows && s.query == s.fresh;
+    }
+    Segments(rows, &SequenceRows::query, segments);
 
     // The query rows' inputs: fresh rows from x_, others from the hidden-state store.
-    const bool same_rows = query == fresh;
     if (!same_rows) {
-      x_next_.Reserve(m * C);  // [|Q|, C]
-      std::unordered_map<int, int> fresh_index;
-      for (size_t i = 0; i < fresh.size(); ++i) fresh_index[fresh[i]] = int(i);
-      std::vector<int> fresh_from, fresh_at;  // index in x_, index in Q
-      std::vector<int> cached_rows;           // positions read from the hidden-state store
-      std::vector<int> cached_at;             // their index in Q
-      for (int i = 0; i < int(m); ++i) {
-        auto it = fresh_index.find(query[size_t(i)]);
-        if (it != fresh_index.end()) {
-          fresh_from.push_back(it->second);
-          fresh_at.push_back(i);
-        } else {
-          cached_rows.push_back(query[size_t(i)]);
-          cached_at.push_back(i);
-        }
+      x_next_.Reserve(m * C);  // [sum |Q|, C]
+      for (size_t i = 0; i < n; ++i) {
+        GatherQueryInputs(backend_, steps[i].forward->cache_, layer, rows[i],
+                          x_.data() + rows[i].fresh_offset * C,
+                          x_next_.data() + rows[i].query_offset * C, loaded_);
       }
-      if (!fresh_from.empty())
-        backend_.CopyRows(x_.data(), fresh_from, x_next_.data(), fresh_at, C);
-      if (!cached_rows.empty()) {
-        if (hidden_source != nullptr) {
-          loaded_.Reserve(int64_t(cached_rows.size()) * C);  // [rows, C]
-          hidden_source->Read(layer, cached_rows, loaded_.data());
-          backend_.CopyRows(loaded_.data(), {}, x_next_.data(), cached_at, C);
-        } else {
-          PS_CHECK(cache_.keeps_hidden());
-          backend_.CopyRows(cache_.hidden(layer), cached_rows, x_next_.data(), cached_at, C);
-        }
-      }
-      std::swap(x_, x_next_);  // x_: [|Q|, C]
-    }
-
-    // Attention block.
-    if (!same_rows) {
+      std::swap(x_, x_next_);  // x_: [sum |Q|, C]
       normed_.Reserve(m * C);
       backend_.RmsNorm(x_.data(), m, C, w.attn_norm.data(), c.rms_eps, normed_.data());
-    }  // else normed_ still holds rmsnorm(x) of exactly these rows from ComputeKv
-    q_.Reserve(m * q_width);  // [|Q|, H*D]
-    backend_.MatMul(normed_.data(), m, w.wq, q_.data(), w.bq.empty() ? nullptr : w.bq.data());
-    backend_.ApplyRope(q_.data(), query, c.heads, model_.rope(), c.rope_interleaved);
-    const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
-                         plan.capture_layers.end();
-    attn_.Reserve(m * q_width);                         // [|Q|, H*D]
-    if (capture) probs_.Reserve(m * c.heads * length);  // [|Q|, H, L]
-    backend_.Attention(q_.data(), m, cache_.keys(layer), cache_.values(layer), length, c.heads,
-                       c.kv_heads, c.head_dim, attn_.data(), capture ? probs_.data() : nullptr);
-    if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, query, probs_.data());
-    proj_.Reserve(m * C);  // [|Q|, C]
-    backend_.MatMul(attn_.data(), m, w.wo, proj_.data());
+    }  // else normed_ still holds rmsnorm(x) of exactly these rows from the K/V pass
+
+    // Attention block: each sequence's queries over its own cache.
+    q_.Reserve(m * q_width);  // [sum |Q|, H*D]
+    backend_.MatMulBatch(normed_.data(), segments, w.wq, q_.data(),
+                         w.bq.empty() ? nullptr : w.bq.data());
+    attn_.Reserve(m * q_width);  // [sum |Q|, H*D]
+    for (size_t i = 0; i < n; ++i) {
+      const SequenceRows& s = rows[i];
+      const StepPlan& plan = *steps[i].plan;
+      KvCache& cache = steps[i].forward->cache_;
+      const int64_t length = cache.positions();
+      float* q = q_.data() + s.query_offset * q_width;
+      backend_.ApplyRope(q, s.query, c.heads, model.rope(), c.rope_interleaved);
+      const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(),
+                                     layer) != plan.capture_layers.end();
+      const int64_t rows_here = int64_t(s.query.size());
+      if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
+      backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
+                         c.kv_heads, c.head_dim, attn_.data() + s.query_offset * q_width,
+                         capture ? probs_.data() : nullptr);
+      if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
+    }
+    proj_.Reserve(m * C);  // [sum |Q|, C]
+    backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data());
     backend_.AddInPlace(x_.data(), proj_.data(), m * C);
 
     // SwiGLU MLP block.
     normed_.Reserve(m * C);
     backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
-    gate_.Reserve(m * c.ffn);  // [|Q|, F]
-    up_.Reserve(m * c.ffn);    // [|Q|, F]
-    backend_.MatMul(normed_.data(), m, w.gate, gate_.data());
-    backend_.MatMul(normed_.data(), m, w.up, up_.data());
+    gate_.Reserve(m * c.ffn);  // [sum |Q|, F]
+    up_.Reserve(m * c.ffn);    // [sum |Q|, F]
+    backend_.MatMulBatch(normed_.data(), segments, w.gate, gate_.data());
+    backend_.MatMulBatch(normed_.data(), segments, w.up, up_.data());
     backend_.SiluMul(gate_.data(), up_.data(), m * c.ffn);
-    backend_.MatMul(gate_.data(), m, w.down, proj_.data());
+    backend_.MatMulBatch(gate_.data(), segments, w.down, proj_.data());
     backend_.AddInPlace(x_.data(), proj_.data(), m * C);
-    fresh = query;
+    for (SequenceRows& s : rows) {
+      s.fresh = std::move(s.query);
+      s.fresh_offset = s.query_offset;
+    }
   }
 
   // Final norm and LM head for the logit rows, which must be rows of the last layer.
-  const int64_t n_logits = int64_t(result.logit_rows.size());
-  if (n_logits > 0) {
+  std::vector<int> logit_sources;  // [sum n_logits] row of x_ behind each logit row
+  segments.clear();
+  for (size_t i = 0; i < n; ++i) {
     std::unordered_map<int, int> index;
-    for (size_t i = 0; i < fresh.size(); ++i) index[fresh[i]] = int(i);
-    std::vector<int> rows;  // [n_logits] index of each logit row in x_
-    rows.reserve(size_t(n_logits));
-    for (const int row : result.logit_rows) {
+    for (size_t r = 0; r < rows[i].fresh.size(); ++r) index[rows[i].fresh[r]] = int(r);
+    for (const int row : results[i].logit_rows) {
       auto it = index.find(row);
       PS_CHECK(it != index.end());
-      rows.push_back(it->second);
+      logit_sources.push_back(int(rows[i].fresh_offset) + it->second);
     }
-    final_.Reserve(n_logits * C);  // [n_logits, C]
-    backend_.CopyRows(x_.data(), rows, final_.data(), {}, C);
-    result.logits.resize(size_t(n_logits * c.vocab));
-    backend_.LmHead(final_.data(), n_logits, C, model_.final_norm().data(), c.rms_eps,
-                    model_.lm_head(), result.logits.data());
+    segments.push_back(int64_t(results[i].logit_rows.size()));
   }
-  return result;
+  const int64_t n_logits = int64_t(logit_sources.size());
+  if (n_logits > 0) {
+    final_.Reserve(n_logits * C);  // [sum n_logits, C]
+    backend_.CopyRows(x_.data(), logit_sources, final_.data(), {}, C);
+    std::vector<float> logits(size_t(n_logits * c.vocab));  // [sum n_logits, V] host
+    backend_.LmHeadBatch(final_.data(), segments, C, model.final_norm().data(), c.rms_eps,
+                         model.lm_head(), logits.data());
+    const float* from = logits.data();
+    for (size_t i = 0; i < n; ++i) {
+      const size_t count = size_t(segments[i] * c.vocab);
+      results[i].logits.assign(from, from + count);
+      from += count;
+    }
+  }
+  return results;
 }
 
 void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) const {

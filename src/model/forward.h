@@ -10,10 +10,11 @@
 //   Attention of Q_l runs over all L cached rows (bidirectional).
 // Logits are computed for plan.logit_rows (which must be query rows of the last layer).
 //
-// Every op runs on the cache's backend (backend/backend.h); Forward's scratch lives there
-// too. A batched step (the next issue) would take one plan per sequence, run the row-wise
-// ops once over the concatenation of every sequence's rows, attend each sequence's rows
-// over its own KvCache, and return one StepResult per sequence.
+// Every op runs on the cache's backend (backend/backend.h); the step's scratch lives there too.
+// A batched step (StepRunner) takes one plan per sequence, runs the row-wise ops and matrix
+// products once over the concatenation of every sequence's rows, attends each sequence's rows
+// over its own KvCache, calls each sequence's hook, and returns one StepResult per sequence:
+// each bit for bit what that sequence's step alone gives.
 #pragma once
 
 #include <span>
@@ -70,7 +71,30 @@ struct StepResult {
   int64_t kv_rows_written = 0;  // sum over layers of |F_l|
 };
 
-// Holds the scratch buffers of the forward pass so steps do not allocate afresh.
+class Forward;
+
+// One sequence's part of a batched step.
+struct SequenceStep {
+  Forward* forward = nullptr;  // the sequence's model and cache
+  std::span<const int> canvas;
+  const StepPlan* plan = nullptr;
+};
+
+// Runs steps, one sequence's or a batch's, and holds their scratch so steps do not allocate
+// afresh.
+class StepRunner {
+ public:
+  explicit StepRunner(const Backend& backend);
+  // results[i] belongs to steps[i]. Every step's forward shares one model and backend.
+  std::vector<StepResult> Run(std::span<const SequenceStep> steps);
+
+ private:
+  const Backend& backend_;
+  // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
+  Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
+};
+
+// A sequence's view of the model over its cache: its steps alone, and the drift ops.
 class Forward {
  public:
   // Runs on the cache's backend.
@@ -104,13 +128,12 @@ class Forward {
                              const float* before) const;
 
  private:
-  void ComputeKv(int layer, std::span<const int> rows, const float* x, LayerHook* hook);
+  friend class StepRunner;
 
   const Model& model_;
   KvCache& cache_;
   const Backend& backend_;
-  // Scratch, grown to the largest step seen. Shapes in Run.
-  Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
+  StepRunner runner_;  // this sequence's steps alone
 };
 
 // A fresh cache sized for `positions` rows of this model, on `backend`.
