@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "decode/commit_rules.h"
@@ -26,13 +27,17 @@ class Guidance {
 
   int64_t CacheBytes() const { return cache_.Bytes(); }
 
-  void Apply(std::span<const int> canvas, int prompt_length, int mask_id, const StepPlan& plan,
-             StepResult& conditional) {
+  // The unconditional pass of `plan`, to run beside it.
+  SequenceStep Step(std::span<const int> canvas, int prompt_length, int mask_id,
+                    const StepPlan& plan) {
     unconditional_.assign(canvas.begin(), canvas.end());
     std::fill(unconditional_.begin(), unconditional_.begin() + prompt_length, mask_id);
-    StepPlan plain = plan;
-    plain.hook = nullptr;
-    const StepResult un = forward_.Run(unconditional_, plain);
+    plain_ = plan;
+    plain_.hook = nullptr;
+    return {&forward_, unconditional_, &plain_};
+  }
+
+  void Apply(const StepResult& un, StepResult& conditional) const {
     PS_CHECK(un.logits.size() == conditional.logits.size());
     for (size_t i = 0; i < un.logits.size(); ++i) {
       conditional.logits[i] = un.logits[i] + (scale_ + 1) * (conditional.logits[i] - un.logits[i]);
@@ -44,92 +49,82 @@ class Guidance {
   Forward forward_;
   float scale_;
   std::vector<int> unconditional_;  // [L]: the canvas with the prompt masked
+  StepPlan plain_;                  // the conditional plan without its hook
 };
 
-// One generation: the block loop, each step's forward, the commit rule, the policy's own
-// commits and the bookkeeping of the result.
+void CheckPrompt(const ModelConfig& config, std::span<const int> prompt) {
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= config.vocab) {
+      Fail("prompt token ", prompt[i], " at position ", i, " is outside the vocabulary of ",
+           config.vocab);
+    }
+  }
+}
+
+}  // namespace
+
+// One generation: the block loop as a sequence of steps, each step's plan, commit rule, the
+// policy's own commits and the bookkeeping of the result.
 class Decoder {
  public:
   Decoder(const Model& model, std::span<const int> prompt, const DecodeOptions& options,
-          const StepCallback& on_step, bool keep_trace)
+          StepCallback on_step, bool keep_trace)
       : model_(model),
         config_(model.config()),
         options_(options),
-        on_step_(on_step),
+        on_step_(std::move(on_step)),
         keep_trace_(keep_trace),
         prompt_length_(int(prompt.size())),
-        length_(prompt_length_ + options.gen_length),
+        length_(prompt_length_ + options_.gen_length),
         canvas_(prompt.begin(), prompt.end()),
-        policy_(MakePolicy(options, model)),
-        rule_(MakeCommitRule(options, config_)),
+        // The policy and the rule keep references to the options: this decoder's own copy.
+        policy_(MakePolicy(options_, model)),
+        rule_(MakeCommitRule(options_, config_)),
         cache_(MakeCache(model, length_, policy_->NeedsHiddenStates())),
         forward_(model, cache_),
-        rng_(options.seed) {
+        rng_(options_.seed) {
     canvas_.resize(size_t(length_), config_.mask_id);
-    if (options.cfg_scale > 0) guidance_.emplace(model, length_, options.cfg_scale);
+    if (options_.cfg_scale > 0) guidance_.emplace(model, length_, options_.cfg_scale);
     result_.cache_bytes = cache_.Bytes() + (guidance_ ? guidance_->CacheBytes() : 0);
+    Advance();
   }
 
-  GenerationResult Run() {
-    for (int b = 0; b < options_.BlockCount() && !result_.cancelled; ++b) DecodeBlock(b);
-    result_.seconds = Elapsed();
-    result_.tokens = canvas_;
-    result_.generated.assign(canvas_.begin() + prompt_length_, canvas_.end());
-    CountEndTokens();
-    return std::move(result_);
-  }
+  bool done() const { return done_; }
+  int64_t cache_bytes() const { return result_.cache_bytes; }
 
- private:
-  std::vector<int> MaskedIn(const Block& block) const {
-    std::vector<int> positions;
-    for (int p = block.start; p < block.end; ++p) {
-      if (canvas_[size_t(p)] == config_.mask_id) positions.push_back(p);
-    }
-    return positions;
+  // Plans the next step unless it is planned; the forward passes it needs go to `steps`.
+  void Plan() {
+    if (planned_ || done_) return;
+    const DecodeContext context = Context();
+    plan_ = policy_->Plan(context);
+    masked_ = policy_->CommitCandidates(context, block_masked_);
+    for (int p : masked_) plan_.logit_rows.push_back(config_.PredictingRow(p));
+    std::sort(plan_.logit_rows.begin(), plan_.logit_rows.end());
+    plan_.logit_rows.erase(std::unique(plan_.logit_rows.begin(), plan_.logit_rows.end()),
+                           plan_.logit_rows.end());
+    planned_ = true;
   }
-
-  void DecodeBlock(int b) {
-    const int block_length = options_.EffectiveBlockLength();
-    const Block block{b, prompt_length_ + b * block_length,
-                      prompt_length_ + (b + 1) * block_length};
-    const int block_masks = int(MaskedIn(block).size());
-    if (block_masks == 0) return;  // filled by earlier suffix commits
-    const int steps = options_.StepsPerBlock();
-    rule_->StartBlock(block_masks, steps);
-    // Every rule commits at least one mask per step once its schedule is spent (and the
-    // schedule only extends while it does), so a block ends within its steps plus one step
-    // per mask plus Fast-dLLM's extra step. Past that bound decoding is broken: fail, not hang.
-    const int step_limit = steps + block_masks + 1;
-    for (int step = 0;; ++step) {
-      const std::vector<int> block_masked = MaskedIn(block);
-      if (block_masked.empty() && !(step == 1 && policy_->RunsStepAfterFilledBlockStart())) break;
-      if (step >= step_limit) {
-        Fail("decoding made no progress: block ", b, " still has ", block_masked.size(),
-             " masks after ", step, " steps");
-      }
-      if (!Step(block, step, block_masked)) {
-        result_.cancelled = true;
-        return;
-      }
-    }
+  int64_t PlannedRows() const {
+    return planned_ ? int64_t(plan_.input_rows.size()) * (guidance_ ? 2 : 1) : 0;
   }
+  // The planned step's forwards: this sequence's, then guidance's.
+  void AppendSteps(std::vector<SequenceStep>& steps) {
+    PS_CHECK(planned_);
+    steps.push_back({&forward_, canvas_, &plan_});
+    if (guidance_)
+      steps.push_back(guidance_->Step(canvas_, prompt_length_, config_.mask_id, plan_));
+  }
+  int ForwardsPerStep() const { return guidance_ ? 2 : 1; }
 
-  // One forward and its commits; false when the step callback cancels.
-  bool Step(const Block& block, int step, std::vector<int> block_masked) {
-    DecodeContext context{model_,          options_, canvas_, prompt_length_,
-                          config_.mask_id, block,    step,    committed_last_step_,
-                          forward_};
-    StepPlan plan = policy_->Plan(context);
-    const std::vector<int> masked = policy_->CommitCandidates(context, std::move(block_masked));
-    for (int p : masked) plan.logit_rows.push_back(config_.PredictingRow(p));
-    std::sort(plan.logit_rows.begin(), plan.logit_rows.end());
-    plan.logit_rows.erase(std::unique(plan.logit_rows.begin(), plan.logit_rows.end()),
-                          plan.logit_rows.end());
-    StepResult step_result = forward_.Run(canvas_, plan);
+  // The commits of the planned step from its forwards' results (as AppendSteps ordered them).
+  void Finish(std::span<StepResult> results) {
+    PS_CHECK(planned_ && results.size() == size_t(ForwardsPerStep()));
+    planned_ = false;
+    StepResult& step_result = results[0];
     result_.nfe += 1;
     result_.rows_computed += step_result.rows_computed;
     result_.kv_rows_written += step_result.kv_rows_written;
-    if (guidance_) guidance_->Apply(canvas_, prompt_length_, config_.mask_id, plan, step_result);
+    if (guidance_) guidance_->Apply(results[1], step_result);
     RequireFinite(step_result.logits);
 
     auto logits_of = [&](int position) {
@@ -141,18 +136,84 @@ class Decoder {
       return std::span<const float>(&step_result.logits[index * config_.vocab],
                                     size_t(config_.vocab));
     };
-    const RuleDecision decision = rule_->Decide(masked, step, logits_of, rng_);
+    const RuleDecision decision = rule_->Decide(masked_, step_, logits_of, rng_);
     std::vector<Commit> commits;
-    for (size_t i : decision.selected) commits.push_back({masked[i], decision.choices[i].token});
+    for (size_t i : decision.selected) commits.push_back({masked_[i], decision.choices[i].token});
     std::vector<Candidate> candidates;
     if (decision.offers_candidates) {
-      for (size_t i = 0; i < masked.size(); ++i) {
+      for (size_t i = 0; i < masked_.size(); ++i) {
         candidates.push_back(
-            {masked[i], decision.choices[i].token, decision.choices[i].confidence});
+            {masked_[i], decision.choices[i].token, decision.choices[i].confidence});
       }
     }
-    policy_->AfterStep(context, step_result, candidates, commits);
-    return Apply(block.index, commits);
+    policy_->AfterStep(Context(), step_result, candidates, commits);
+    if (!Apply(block_.index, commits)) result_.cancelled = true;
+    ++step_;
+    Advance();
+  }
+
+  GenerationResult Result() {
+    result_.seconds = Elapsed();
+    result_.tokens = canvas_;
+    result_.generated.assign(canvas_.begin() + prompt_length_, canvas_.end());
+    CountEndTokens();
+    return std::move(result_);
+  }
+
+ private:
+  DecodeContext Context() {
+    return {model_,          options_, canvas_, prompt_length_,
+            config_.mask_id, block_,   step_,   committed_last_step_,
+            forward_};
+  }
+
+  std::vector<int> MaskedIn(const Block& block) const {
+    std::vector<int> positions;
+    for (int p = block.start; p < block.end; ++p) {
+      if (canvas_[size_t(p)] == config_.mask_id) positions.push_back(p);
+    }
+    return positions;
+  }
+
+  // Moves on to the next step to run (within the block, or the next block with masks), or
+  // marks the generation done.
+  void Advance() {
+    const int block_length = options_.EffectiveBlockLength();
+    const int steps = options_.StepsPerBlock();
+    while (!done_) {
+      if (result_.cancelled || (!in_block_ && block_index_ >= options_.BlockCount())) {
+        done_ = true;
+        return;
+      }
+      if (!in_block_) {
+        block_ = {block_index_, prompt_length_ + block_index_ * block_length,
+                  prompt_length_ + (block_index_ + 1) * block_length};
+        const int block_masks = int(MaskedIn(block_).size());
+        if (block_masks == 0) {  // filled by earlier suffix commits
+          ++block_index_;
+          continue;
+        }
+        rule_->StartBlock(block_masks, steps);
+        // Every rule commits at least one mask per step once its schedule is spent (and the
+        // schedule only extends while it does), so a block ends within its steps plus one step
+        // per mask plus Fast-dLLM's extra step. Past that bound decoding is broken: fail, not
+        // hang.
+        step_limit_ = steps + block_masks + 1;
+        step_ = 0;
+        in_block_ = true;
+      }
+      block_masked_ = MaskedIn(block_);
+      if (block_masked_.empty() && !(step_ == 1 && policy_->RunsStepAfterFilledBlockStart())) {
+        in_block_ = false;
+        ++block_index_;
+        continue;
+      }
+      if (step_ >= step_limit_) {
+        Fail("decoding made no progress: block ", block_.index, " still has ", block_masked_.size(),
+             " masks after ", step_, " steps");
+      }
+      return;
+    }
   }
 
   void RequireFinite(std::span<const float> logits) const {
@@ -206,8 +267,8 @@ class Decoder {
 
   const Model& model_;
   const ModelConfig& config_;
-  const DecodeOptions& options_;
-  const StepCallback& on_step_;
+  const DecodeOptions options_;
+  const StepCallback on_step_;
   const bool keep_trace_;
   const int prompt_length_, length_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
@@ -220,23 +281,150 @@ class Decoder {
   Rng rng_;
   int committed_last_step_ = 0;
   GenerationResult result_;
+
+  // Where decoding stands: the block being decoded and its step about to run.
+  bool done_ = false, in_block_ = false;
+  int block_index_ = 0;
+  Block block_;
+  int step_ = 0, step_limit_ = 0;
+  std::vector<int> block_masked_;  // the block's masked positions before the step
+  // The planned step.
+  bool planned_ = false;
+  StepPlan plan_;
+  std::vector<int> masked_;  // commit candidates (ascending)
 };
+
+namespace {
+
+// A batch's forward scratch, per calling thread and backend: batches of any sequences reuse it.
+StepRunner& RunnerFor(const Backend& backend) {
+  thread_local std::unordered_map<const Backend*, std::unique_ptr<StepRunner>> runners;
+  std::unique_ptr<StepRunner>& runner = runners[&backend];
+  if (!runner) runner = std::make_unique<StepRunner>(backend);
+  return *runner;
+}
 
 }  // namespace
 
-GenerationResult Generate(const Model& model, std::span<const int> prompt,
-                          const DecodeOptions& requested, const StepCallback& on_step,
-                          bool keep_trace) {
+Sequence::Sequence(const Model& model, std::span<const int> prompt, const DecodeOptions& requested,
+                   StepCallback on_step, bool keep_trace) {
   const ModelConfig& config = model.config();
   requested.Validate(config, int(prompt.size()));
+  CheckPrompt(config, prompt);
+  decoder_ = std::make_unique<Decoder>(model, prompt, requested.Resolved(config),
+                                       std::move(on_step), keep_trace);
+}
+
+Sequence::~Sequence() = default;
+
+bool Sequence::done() const { return !error_.empty() || decoder_->done(); }
+
+int64_t Sequence::NextStepRows() {
+  if (done()) return 0;
+  try {
+    decoder_->Plan();
+  } catch (const std::exception& e) {
+    Failed(e);
+    return 0;
+  }
+  return decoder_->PlannedRows();
+}
+
+void Sequence::Failed(const std::exception& e) {
+  error_ = e.what();
+  if (error_.empty()) error_ = "decoding failed";
+  failure_ = std::current_exception();
+}
+
+void Sequence::RethrowFailure() const {
+  if (failure_) std::rethrow_exception(failure_);
+}
+
+int64_t Sequence::cache_bytes() const { return decoder_->cache_bytes(); }
+
+GenerationResult Sequence::TakeResult() {
+  PS_CHECK(decoder_->done() && error_.empty());
+  return decoder_->Result();
+}
+
+void StepBatch(std::span<Sequence* const> sequences) {
+  std::vector<Sequence*> stepping;  // the sequences with a planned step, in order
+  std::vector<SequenceStep> steps;  // their forwards, each sequence's consecutive
+  for (Sequence* sequence : sequences) {
+    sequence->NextStepRows();  // plans the step
+    if (sequence->done()) continue;
+    stepping.push_back(sequence);
+    sequence->decoder_->AppendSteps(steps);
+  }
+  if (steps.empty()) return;
+  std::vector<StepResult> results = RunnerFor(steps[0].forward->backend()).Run(steps);
+  size_t next = 0;
+  for (Sequence* sequence : stepping) {
+    const size_t count = size_t(sequence->decoder_->ForwardsPerStep());
+    try {
+      sequence->decoder_->Finish(std::span(results).subspan(next, count));
+    } catch (const std::exception& e) {
+      sequence->Failed(e);
+    }
+    next += count;
+  }
+}
+
+int64_t SequenceCacheBytes(const Model& model, int prompt_length, const DecodeOptions& requested) {
+  const ModelConfig& config = model.config();
+  requested.Validate(config, prompt_length);
   const DecodeOptions options = requested.Resolved(config);
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] < 0 || prompt[i] >= config.vocab) {
-      Fail("prompt token ", prompt[i], " at position ", i, " is outside the vocabulary of ",
-           config.vocab);
+  const int64_t length = prompt_length + options.gen_length;
+  const int64_t kv = 2 * int64_t(config.layers) * length * config.kv_heads * config.head_dim;
+  const bool hidden = MakePolicy(options, model)->NeedsHiddenStates();
+  const int64_t floats = kv + (hidden ? int64_t(config.layers) * length * config.width : 0);
+  return 4 * (floats + (options.cfg_scale > 0 ? kv : 0));
+}
+
+std::vector<GenerationResult> GenerateBatch(const Model& model,
+                                            std::span<const GenerationRequest> requests,
+                                            int max_batch, bool keep_trace) {
+  if (max_batch < 1) Fail("the batch size must be at least 1, not ", max_batch);
+  for (const GenerationRequest& request : requests) {
+    request.options.Validate(model.config(), int(request.prompt.size()));
+    CheckPrompt(model.config(), request.prompt);
+  }
+  std::vector<GenerationResult> results(requests.size());
+  std::vector<std::pair<size_t, std::unique_ptr<Sequence>>> active;  // (request, sequence)
+  std::vector<Sequence*> batch;
+  size_t next = 0;
+  while (next < requests.size() || !active.empty()) {
+    while (active.size() < size_t(max_batch) && next < requests.size()) {
+      active.emplace_back(
+          next, std::make_unique<Sequence>(model, requests[next].prompt, requests[next].options,
+                                           nullptr, keep_trace));
+      ++next;
+    }
+    batch.clear();
+    for (auto& [index, sequence] : active) batch.push_back(sequence.get());
+    StepBatch(batch);
+    for (auto it = active.begin(); it != active.end();) {
+      Sequence& sequence = *it->second;
+      if (!sequence.done()) {
+        ++it;
+        continue;
+      }
+      sequence.RethrowFailure();
+      results[it->first] = sequence.TakeResult();
+      it = active.erase(it);
     }
   }
-  return Decoder(model, prompt, options, on_step, keep_trace).Run();
+  return results;
+}
+
+GenerationResult Generate(const Model& model, std::span<const int> prompt,
+                          const DecodeOptions& options, const StepCallback& on_step,
+                          bool keep_trace) {
+  Sequence sequence(model, prompt, options, on_step, keep_trace);
+  Sequence* const batch[] = {&sequence};
+  while (!sequence.done()) StepBatch(batch);
+  sequence.RethrowFailure();
+  return sequence.TakeResult();
 }
 
 }  // namespace polestar

@@ -4,11 +4,19 @@
 // each step the policy plans a forward, the shared commit rule (fixed count, threshold,
 // factor, or a Dream sampler) chooses positions of the current block, and the policy may
 // add commits. A step's callback can cancel the generation.
+//
+// Batches: a Sequence is one generation advanced a step at a time, so the steps of many
+// sequences (each with its own prompt, options, policy and cache) share one batched forward
+// (StepBatch). A sequence's tokens, NFE and trace do not depend on what it is batched with:
+// Generate is a Sequence stepped alone.
 #pragma once
 
+#include <exception>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "decode/options.h"
@@ -47,6 +55,62 @@ struct GenerationResult {
   double TpsUntilEos() const { return seconds > 0 ? tokens_until_eos / seconds : 0; }
   double TpsNonEos() const { return seconds > 0 ? non_eos_tokens / seconds : 0; }
 };
+
+class Decoder;
+
+// One generation, advanced by StepBatch.
+class Sequence {
+ public:
+  // Throws Error for invalid options or prompt tokens, before any work.
+  Sequence(const Model& model, std::span<const int> prompt, const DecodeOptions& options,
+           StepCallback on_step = nullptr, bool keep_trace = false);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // Finished, cancelled by its callback, or failed.
+  bool done() const;
+  // Why the sequence failed ("" unless it did).
+  const std::string& error() const { return error_; }
+  // The rows the next step feeds the model (its input rows, twice with guidance); plans the
+  // step if it is not planned yet. 0 once done.
+  int64_t NextStepRows();
+  // Bytes of the caches this sequence holds (KV, hidden states, guidance).
+  int64_t cache_bytes() const;
+  // Throws what made the sequence fail, if it failed.
+  void RethrowFailure() const;
+  // The result, once done and not failed; call once.
+  GenerationResult TakeResult();
+
+ private:
+  friend void StepBatch(std::span<Sequence* const> sequences);
+  void Failed(const std::exception& e);  // inside the catch block
+
+  std::unique_ptr<Decoder> decoder_;
+  std::string error_;
+  std::exception_ptr failure_;
+};
+
+// Runs the next step of every sequence that is not done in one batched forward. A sequence
+// whose step fails (non-finite logits, no progress) ends with error() set; the others go on.
+void StepBatch(std::span<Sequence* const> sequences);
+
+// The cache bytes a Sequence of these options would hold (the KV budget's unit); throws
+// Error for invalid options as the Sequence would.
+int64_t SequenceCacheBytes(const Model& model, int prompt_length, const DecodeOptions& options);
+
+struct GenerationRequest {
+  std::span<const int> prompt;
+  DecodeOptions options;
+};
+
+// Decodes every request, at most `max_batch` sequences per forward: when one finishes the
+// next request takes its place. results[i] belongs to requests[i] and has Generate's tokens,
+// NFE and trace. Throws Error (before any work) for an invalid request, and the error of the
+// first sequence that fails.
+std::vector<GenerationResult> GenerateBatch(const Model& model,
+                                            std::span<const GenerationRequest> requests,
+                                            int max_batch, bool keep_trace = false);
 
 // Throws Error for invalid options (before any work).
 GenerationResult Generate(const Model& model, std::span<const int> prompt,

@@ -100,6 +100,7 @@ class Forward {
   // Runs on the cache's backend.
   Forward(const Model& model, KvCache& cache);
   StepResult Run(std::span<const int> canvas, const StepPlan& plan);
+  const Backend& backend() const { return backend_; }
 
   // Drift ops: the model operations the drift-aware policies (and the scale bench, which
   // times them) measure drift with, so no policy touches the cache or re-derives model math.
