@@ -75,23 +75,28 @@ void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightV
   for (const int64_t rows : segments) m += rows;
   if (QuantMatMul(x, m, w, y, bias, isa_, activations_))
     return;  // block-quantised weights (ops/quant.h): all rows in one product
-  // The kernel calls: every maximal run of consecutive segments above the dot path's limit
-  // as one panel call (alone, each of them takes the panel path too), every other segment
-  // alone by the dot path, as it would run by itself.
+  // The kernel calls, each of consecutive rows on one path: a run of consecutive segments
+  // above the dot path's limit as one panel call (alone, each of them takes the panel path
+  // too), a run of segments at or below it in dot calls of up to that many rows (the dot
+  // path's outputs do not depend on the call's row count either).
   const int64_t dot_max_rows = dot_path_max_rows_(w.dtype);
   auto for_each_call = [&](auto&& call) {
-    int64_t row = 0, run_begin = 0;
+    int64_t run_begin = 0, row = 0;
+    bool dot_run = false;
+    auto finish_run = [&] {
+      const int64_t step = dot_run ? dot_max_rows : row - run_begin;
+      for (int64_t r = run_begin; r < row; r += step) call(r, std::min(step, row - r));
+    };
     for (const int64_t rows : segments) {
-      if (rows > dot_max_rows) {
-        row += rows;
-        continue;
+      if (rows == 0) continue;
+      if (const bool dot = rows <= dot_max_rows; dot != dot_run) {
+        finish_run();
+        run_begin = row;
+        dot_run = dot;
       }
-      if (row > run_begin) call(run_begin, row - run_begin);
-      if (rows > 0) call(row, rows);
       row += rows;
-      run_begin = row;
     }
-    if (row > run_begin) call(run_begin, row - run_begin);
+    finish_run();
   };
   int64_t calls = 0;
   for_each_call([&](int64_t, int64_t) { ++calls; });
