@@ -5,7 +5,14 @@
 //
 //   matmul_bench [--threads T] [--m 1,8,32,128] [--n 4096,12288] [--k 4096] [--reps R]
 //                [--clock wall|cpu] [--isa avx2,avx512]
+//   matmul_bench --batched 1,2,4,8 [--threads T] [--reps R] [--clock wall|cpu] [--isa LIST]
 //
+// --batched: batched decoding steps instead (Backend::MatMulBatch, the rows of B sequences
+// in one product) on the shapes of a ~1B LLaDA layer (N x K = 2048 x 2048 for q/k/v/o,
+// 5632 x 2048 for gate/up, 2048 x 5632 for down), BF16, F16 and Q4_K weights, B sequences
+// of 32 rows each and B sequences of 1, 2, 3, 1, 2, ... rows: GFLOP/s of the batched product
+// next to the same segments multiplied one after another (what a batch would cost without
+// MatMulBatch) and to the threads' FMA peak.
 // --isa lists the kernel sets to compare (default: the best this CPU runs, ops/isa.h).
 // The peaks are measured, not assumed: one thread running independent FMAs of each width
 // (a CPU with one 512-bit FMA unit per core gets no more from 512 bits than from 256),
@@ -35,6 +42,7 @@
 #include "base/parallel.h"
 #include "ops/isa.h"
 #include "ops/ops.h"
+#include "ops/quant.h"
 
 namespace polestar {
 namespace {
@@ -47,6 +55,7 @@ struct Options {
   int reps = 3;
   bool cpu_clock = false;
   std::vector<Isa> isas = {BestIsa()};
+  std::vector<int64_t> batches;  // --batched: sequences per step; empty: the M x N x K mode
 };
 
 std::vector<int64_t> ParseList(const char* text) {
@@ -83,7 +92,7 @@ Options ParseOptions(int argc, char** argv) {
     if (value == nullptr) {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads T] [--m LIST] [--n LIST] [--k K] [--reps R] "
-                   "[--clock wall|cpu] [--isa LIST]\n");
+                   "[--clock wall|cpu] [--isa LIST] [--batched LIST]\n");
       std::exit(2);
     }
     if (flag == "--threads")
@@ -96,6 +105,8 @@ Options ParseOptions(int argc, char** argv) {
       options.k = std::stoll(value);
     else if (flag == "--isa")
       options.isas = ParseIsas(value);
+    else if (flag == "--batched")
+      options.batches = ParseList(value);
     else if (flag == "--reps")
       options.reps = std::max(1, std::atoi(value));
     else if (flag == "--clock" &&
@@ -221,6 +232,106 @@ float MaxRelativeError(const std::vector<float>& got, const std::vector<float>& 
   return max_abs > 0 ? max_err / max_abs : max_err;
 }
 
+// Prints the machine line and returns one core's FMA peak (f32 GFLOP/s) per kernel set.
+std::vector<double> PrintMachine(const Options& options, int threads) {
+  std::printf("threads %d, %s clock, openblas core %s\n", threads,
+              options.cpu_clock ? "cpu" : "wall", openblas_get_corename());
+  std::printf("one core: clock %.2f GHz, FMA peak (f32 GFLOP/s)", ClockGhz());
+  std::vector<double> peaks(3, 0.0);  // by Isa
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    peaks[size_t(isa)] = FmaPeak(isa);
+    std::printf(" %s %.1f", std::string(IsaName(isa)).c_str(), peaks[size_t(isa)]);
+  }
+  std::printf("\n");
+  return peaks;
+}
+
+// The --batched mode (see the top of the file).
+int RunBatched(const Options& options, int threads) {
+  const std::vector<double> core_peaks = PrintMachine(options, threads);
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{"qkvo", 2048, 2048}, {"gate/up", 5632, 2048}, {"down", 2048, 5632}};
+  std::printf("%-7s %5s %5s %5s %-6s %5s %4s | %9s %9s %6s | %8s\n", "kernels", "type", "N", "K",
+              "rows", "B", "M", "batched", "one-by-1", "ratio", "peak");
+  std::vector<std::string> json;
+  std::mt19937 rng(1234);
+  for (const Shape& shape : shapes) {
+    const int64_t n = shape.n, k = shape.k;
+    // The same values in every type: BF16-rounded normals, converted row by row.
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    std::vector<float> values(size_t(n * k));  // [N, K]
+    for (float& v : values) v = Bf16ToF32(F32ToBf16(normal(rng)));
+    const DType types[] = {DType::kBF16, DType::kF16, DType::kQ4_K};
+    std::vector<std::vector<uint8_t>> stored;  // [N, RowBytes] per type
+    for (DType type : types) {
+      stored.emplace_back(size_t(n * RowBytes(type, k)));
+      for (int64_t r = 0; r < n; ++r) {
+        QuantizeValues(type, values.data() + r * k, k,
+                       stored.back().data() + r * RowBytes(type, k));
+      }
+    }
+    for (Isa isa : options.isas) {
+      const CpuBackend backend(isa);
+      const double peak = core_peaks[size_t(isa)] * threads;
+      for (size_t t = 0; t < std::size(types); ++t) {
+        const WeightView w = View(types[t], stored[t].data(), n, k);
+        for (const bool short_rows : {false, true}) {
+          for (const int64_t b : options.batches) {
+            std::vector<int64_t> segments;  // rows per sequence
+            for (int64_t i = 0; i < b; ++i) segments.push_back(short_rows ? 1 + i % 3 : 32);
+            int64_t m = 0;
+            for (int64_t rows : segments) m += rows;
+            std::vector<float> x(size_t(m * k));  // [M, K]
+            for (float& v : x) v = normal(rng) * 50.0f;
+            std::vector<float> y(size_t(m * n));  // [M, N]
+            const std::vector<double> best =
+                BestSeconds(options.reps, options.cpu_clock,
+                            {[&] { backend.MatMulBatch(x.data(), segments, w, y.data()); },
+                             [&] {
+                               int64_t row = 0;
+                               for (int64_t rows : segments) {
+                                 backend.MatMul(x.data() + row * k, rows, w, y.data() + row * n);
+                                 row += rows;
+                               }
+                             }});
+            const double flops = 2.0 * double(m) * double(n) * double(k);
+            const double batched = flops / best[0] * 1e-9, one_by_one = flops / best[1] * 1e-9;
+            const std::string rows = short_rows ? "1-3" : "32";
+            const std::string kernels(IsaName(isa));
+            std::printf("%-7s %5s %5lld %5lld %-6s %5lld %4lld | %9.1f %9.1f %6.2f | %8.1f\n",
+                        kernels.c_str(), std::string(DTypeName(types[t])).c_str(),
+                        static_cast<long long>(n), static_cast<long long>(k), rows.c_str(),
+                        static_cast<long long>(b), static_cast<long long>(m), batched, one_by_one,
+                        batched / one_by_one, peak);
+            char line[512];
+            std::snprintf(line, sizeof line,
+                          "{\"bench\":\"matmul_batch\",\"shape\":\"%s\",\"n\":%lld,\"k\":%lld,"
+                          "\"weights\":\"%s\",\"kernels\":\"%s\",\"threads\":%d,"
+                          "\"rows_per_sequence\":\"%s\",\"sequences\":%lld,\"m\":%lld,"
+                          "\"batched_ms\":%.4f,\"batched_gflops\":%.2f,\"one_by_one_ms\":%.4f,"
+                          "\"one_by_one_gflops\":%.2f,\"fma_peak_gflops\":%.1f,\"clock\":\"%s\"}",
+                          shape.name, static_cast<long long>(n), static_cast<long long>(k),
+                          std::string(DTypeName(types[t])).c_str(), kernels.c_str(), threads,
+                          rows.c_str(), static_cast<long long>(b), static_cast<long long>(m),
+                          best[0] * 1e3, batched, best[1] * 1e3, one_by_one, peak,
+                          options.cpu_clock ? "cpu" : "wall");
+            json.push_back(line);
+          }
+        }
+      }
+    }
+  }
+  std::printf(
+      "(GFLOP/s; one-by-1: the same segments multiplied one after another; ratio: "
+      "batched / one-by-1; peak: the threads' f32 FMA peak)\n");
+  for (const std::string& line : json) std::printf("%s\n", line.c_str());
+  return 0;
+}
+
 int Run(const Options& options) {
   if (options.threads > 0) SetThreadCount(options.threads);
   const int threads = ThreadCount();
@@ -229,12 +340,9 @@ int Run(const Options& options) {
     return 2;
   }
   openblas_set_num_threads(threads);
-  std::printf("threads %d, %s clock, openblas core %s\n", threads,
-              options.cpu_clock ? "cpu" : "wall", openblas_get_corename());
-  std::printf("one core: clock %.2f GHz, FMA peak (f32 GFLOP/s)", ClockGhz());
-  if (IsaSupported(Isa::kAvx2)) std::printf(" avx2 %.1f", FmaPeak(Isa::kAvx2));
-  if (IsaSupported(Isa::kAvx512)) std::printf(" avx512 %.1f", FmaPeak(Isa::kAvx512));
-  std::printf("\n%6s %6s %6s |", "", "", "");
+  if (!options.batches.empty()) return RunBatched(options, threads);
+  PrintMachine(options, threads);
+  std::printf("%6s %6s %6s |", "", "", "");
   for (Isa isa : options.isas) std::printf(" %-26s |", Cat("GFLOP/s ", IsaName(isa)).c_str());
   std::printf(" OpenBLAS\n%6s %6s %6s |", "M", "N", "K");
   for (size_t i = 0; i < options.isas.size(); ++i)

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu_backend.h"
@@ -20,6 +22,7 @@
 #include "ops/avx2/avx2.h"
 #include "ops/avx512/avx512.h"
 #include "ops/isa.h"
+#include "ops/quant.h"
 #include "ops/reference.h"
 
 namespace polestar {
@@ -802,6 +805,227 @@ TEST(CpuBackend, DriftMatchesHandComputedValues) {
   const int now_rows[1] = {1};
   EXPECT_NEAR(backend.MeanCrossHeadCosine(now.data(), now_rows, before.data(), 2, 2),
               (1.0 + 0.75 / std::sqrt(0.8125)) / 2, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------
+// Batch invariance: every output's bits depend on its own row (and, for the float kernels,
+// on the dot / panel path its call takes), never on the other rows, the row's position, the
+// range of columns a call or thread covers, or where an element falls in a vector.
+
+// The float kernels' outputs against one-row calls (dot path) and a 13-row call (panel path),
+// for calls of every row count at several row offsets, over column ranges cut anywhere.
+TEST(MatMulColumns, EveryOutputHasTheBitsOfItsRowOnItsPath) {
+  struct Kernel {
+    Isa isa;
+    MatMulColumnsFn columns;
+    int64_t (*dot_path_max_rows)(DType);
+  };
+  std::vector<Kernel> kernels = {
+      {Isa::kScalar, reference::MatMulColumns, [](DType) { return int64_t(0); }}};
+  if (IsaSupported(Isa::kAvx2))
+    kernels.push_back({Isa::kAvx2, avx2::MatMulColumns, avx2::DotPathMaxRows});
+  if (IsaSupported(Isa::kAvx512))
+    kernels.push_back({Isa::kAvx512, avx512::MatMulColumns, avx512::DotPathMaxRows});
+  std::mt19937 rng(40);
+  const int64_t n = 75, k = 301, rows = 20, panel_rows = 13;
+  for (const Kernel& kernel : kernels) {
+    for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const int64_t dot_max = kernel.dot_path_max_rows(type);
+      ASSERT_LT(dot_max, panel_rows);
+      const TestWeights w = MakeWeights(type, n, k, 2, 1, rng);
+      const auto x = RandomVector(rows * k, 1.0f, rng);  // [rows, K] at x.data() + 1
+      // want[i, N]: row i by its dot path alone; panel[i, N]: rows 0..12 by the panel path.
+      std::vector<float> dot(size_t(rows * n)), panel(size_t(panel_rows * n));
+      for (int64_t i = 0; i < rows; ++i) {
+        kernel.columns(x.data() + 1 + i * k, 1, w.view, 0, n, dot.data() + i * n, n);
+      }
+      kernel.columns(x.data() + 1, panel_rows, w.view, 0, n, panel.data(), n);
+      for (int64_t m = 1; m <= panel_rows; ++m) {
+        const bool dot_path = m <= dot_max;
+        for (int64_t first : {int64_t(0), int64_t(1), int64_t(5)}) {
+          if (!dot_path && first + m > panel_rows) continue;
+          // Columns in three calls, cut at boundaries that move with m and first.
+          const int64_t cut1 = 1 + (m * 7 + first) % 30, cut2 = cut1 + 1 + (m * 11) % 37;
+          std::vector<float> got(size_t(m * n), -1.0f);  // [M, N]
+          for (auto [begin, end] : {std::pair{int64_t(0), cut1}, {cut1, cut2}, {cut2, n}}) {
+            kernel.columns(x.data() + 1 + first * k, m, w.view, begin, end, got.data() + begin, n);
+          }
+          const float* want = dot_path ? dot.data() : panel.data();
+          ASSERT_EQ(std::memcmp(got.data(), want + first * n, got.size() * 4), 0)
+              << IsaName(kernel.isa) << " " << DTypeName(type) << " M=" << m
+              << " first row=" << first;
+        }
+      }
+    }
+  }
+}
+
+// Weights of every type the GGUF reader supports: uniform values quantised row by row
+// (rows padded and off alignment).
+struct QuantizedWeights {
+  std::vector<uint8_t> buffer;
+  WeightView view;
+};
+
+QuantizedWeights RandomWeightsOfType(DType type, int64_t n, int64_t k, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  const int64_t row_bytes = RowBytes(type, k) + 3, offset = 1;
+  QuantizedWeights w;
+  w.buffer.assign(size_t(offset + n * row_bytes), 0xAB);
+  std::vector<float> row(static_cast<size_t>(k));  // [K]
+  for (int64_t r = 0; r < n; ++r) {
+    for (float& v : row) v = uniform(rng);
+    QuantizeValues(type, row.data(), k, w.buffer.data() + offset + r * row_bytes);
+  }
+  w.view = WeightView{type, w.buffer.data() + offset, n, k, row_bytes};
+  return w;
+}
+
+// Every kernel set this CPU runs, with both activation modes of the block-quantised products.
+std::vector<CpuBackend> EveryCpuBackend() {
+  std::vector<CpuBackend> backends;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    for (QuantActivations activations : {QuantActivations::kInt8, QuantActivations::kF32}) {
+      backends.emplace_back(isa, activations);
+    }
+  }
+  return backends;
+}
+
+std::string BackendLabel(const CpuBackend& backend) {
+  return Cat(backend.name(),
+             backend.quant_activations() == QuantActivations::kInt8 ? " int8" : " f32");
+}
+
+// Segment lists mixing dot-path and panel-path sizes of both kernel sets.
+const std::vector<std::vector<int64_t>> kSegmentLists = {
+    {1}, {3, 1, 7}, {6, 7, 2, 13, 1}, {8, 8, 8}, {2, 4, 3, 5, 1, 1}};
+
+constexpr DType kGgufWeightTypes[] = {DType::kF32,  DType::kBF16, DType::kF16,  DType::kQ8_0,
+                                      DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+// K odd for the float types, an odd number of blocks for the block types.
+int64_t OddWidthFor(DType type) {
+  return BlockSize(type) == 1 ? 1001 : BlockSize(type) == 32 ? 7 * 32 : 3 * 256;
+}
+
+// The batched product of the segments' concatenation against each segment's product alone,
+// bit for bit, with and without bias. Two threads and N = 301 (19 panels): the batch's
+// columns split among threads where a short segment's stay on one.
+TEST(CpuBackend, MatMulBatchGivesEverySegmentItsBitsAlone) {
+  std::mt19937 rng(41);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const int64_t n = 301;
+  const std::vector<CpuBackend> backends = EveryCpuBackend();
+  for (DType type : kGgufWeightTypes) {
+    const int64_t k = OddWidthFor(type);
+    const QuantizedWeights w = RandomWeightsOfType(type, n, k, rng);
+    const auto bias = RandomVector(n, 1.0f, rng);
+    for (const std::vector<int64_t>& segments : kSegmentLists) {
+      int64_t m = 0;
+      for (int64_t rows : segments) m += rows;
+      const auto x = RandomVector(m * k, 1.0f, rng);  // [M, K] at x.data() + 1
+      for (const CpuBackend& backend : backends) {
+        if (!IsBlockQuantized(type) && backend.quant_activations() == QuantActivations::kF32)
+          continue;  // the activation mode is for block-quantised weights only
+        for (const float* b : {static_cast<const float*>(nullptr), bias.data() + 1}) {
+          std::vector<float> batched(size_t(m * n)), alone(batched.size());  // [M, N]
+          backend.MatMulBatch(x.data() + 1, segments, w.view, batched.data(), b);
+          int64_t row = 0;
+          for (int64_t rows : segments) {
+            backend.MatMul(x.data() + 1 + row * k, rows, w.view, alone.data() + row * n, b);
+            row += rows;
+          }
+          ASSERT_EQ(std::memcmp(batched.data(), alone.data(), batched.size() * 4), 0)
+              << BackendLabel(backend) << " " << DTypeName(type) << " K=" << k
+              << " segments=" << testing::PrintToString(segments) << (b ? " bias" : "");
+        }
+      }
+    }
+  }
+  SetThreadCount(saved_threads);
+}
+
+// The same for the LM head: the normalised rows and the logits.
+TEST(CpuBackend, LmHeadBatchGivesEverySegmentItsBitsAlone) {
+  std::mt19937 rng(42);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const int64_t vocab = 301;
+  const std::vector<CpuBackend> backends = EveryCpuBackend();
+  for (DType type : {DType::kF16, DType::kBF16, DType::kQ4_K, DType::kQ8_0}) {
+    const int64_t c = OddWidthFor(type);
+    const QuantizedWeights lm_head = RandomWeightsOfType(type, vocab, c, rng);
+    const auto norm = RandomVector(c, 1.0f, rng);
+    for (const std::vector<int64_t>& segments : kSegmentLists) {
+      int64_t m = 0;
+      for (int64_t rows : segments) m += rows;
+      const auto x = RandomVector(m * c, 3.0f, rng);
+      for (const CpuBackend& backend : backends) {
+        std::vector<float> batched_x(x.begin() + 1, x.end()), alone_x = batched_x;  // [M, C]
+        std::vector<float> batched(size_t(m * vocab)), alone(batched.size());       // [M, V]
+        backend.LmHeadBatch(batched_x.data(), segments, c, norm.data() + 1, 1e-5f, lm_head.view,
+                            batched.data());
+        int64_t row = 0;
+        for (int64_t rows : segments) {
+          backend.LmHead(alone_x.data() + row * c, rows, c, norm.data() + 1, 1e-5f, lm_head.view,
+                         alone.data() + row * vocab);
+          row += rows;
+        }
+        const std::string label = Cat(BackendLabel(backend), " ", DTypeName(type),
+                                      " segments=", testing::PrintToString(segments));
+        ASSERT_EQ(batched_x, alone_x) << label;
+        ASSERT_EQ(std::memcmp(batched.data(), alone.data(), batched.size() * 4), 0) << label;
+      }
+    }
+  }
+  SetThreadCount(saved_threads);
+}
+
+// SiluMul, RmsNorm and AddInPlace of a long batch of rows against each row alone, at every
+// offset: on two threads the long vector is cut at a chunk boundary that is no multiple of
+// the vector width, and a row alone has its own tail.
+TEST(CpuBackend, RowOpsGiveEveryElementItsBitsWhereverItFalls) {
+  std::mt19937 rng(43);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const int64_t n = 10007, width = 13;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    const CpuBackend backend(isa);
+    SCOPED_TRACE(std::string(backend.name()));
+    const auto gate = RandomVector(n, 12.0f, rng), up = RandomVector(n, 2.0f, rng);
+    std::vector<float> batched(gate.begin() + 1, gate.end());  // [n]
+    backend.SiluMul(batched.data(), up.data() + 1, n);
+    std::vector<float> sum(gate.begin() + 1, gate.end());  // [n]
+    backend.AddInPlace(sum.data(), up.data() + 1, n);
+    for (int64_t i = 0; i < n; ++i) {
+      float alone = gate[size_t(i) + 1], alone_sum = alone;
+      backend.SiluMul(&alone, up.data() + 1 + i, 1);
+      backend.AddInPlace(&alone_sum, up.data() + 1 + i, 1);
+      ASSERT_EQ(Bits(alone), Bits(batched[size_t(i)])) << "element " << i;
+      ASSERT_EQ(Bits(alone_sum), Bits(sum[size_t(i)])) << "element " << i;
+    }
+    for (int64_t offset = 0; offset + width <= n; offset += 7) {  // rows at every offset mod 8
+      std::vector<float> row(gate.begin() + 1 + offset, gate.begin() + 1 + offset + width);
+      backend.SiluMul(row.data(), up.data() + 1 + offset, width);
+      ASSERT_EQ(std::memcmp(row.data(), batched.data() + offset, width * 4), 0)
+          << "row at " << offset;
+    }
+
+    const int64_t rows = n / width;
+    const auto weight = RandomVector(width, 1.0f, rng);
+    std::vector<float> normed(size_t(rows * width));  // [rows, width]
+    backend.RmsNorm(gate.data() + 1, rows, width, weight.data() + 1, 1e-5f, normed.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      float alone[width];
+      backend.RmsNorm(gate.data() + 1 + r * width, 1, width, weight.data() + 1, 1e-5f, alone);
+      ASSERT_EQ(std::memcmp(alone, normed.data() + r * width, sizeof(alone)), 0) << "row " << r;
+    }
+  }
+  SetThreadCount(saved_threads);
 }
 
 }  // namespace

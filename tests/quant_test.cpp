@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -620,6 +622,58 @@ TEST(QuantKernels, ErrorAgainstFp32ActivationsWithinTheBound) {
       }
       // Rounding errors add up like a random walk: far below the worst case, but not zero.
       EXPECT_GT(worst_fraction, 1e-3) << kernel.name << " " << DTypeName(type);
+    }
+  }
+}
+
+// Batch invariance: every output of every kernel, in both activation modes, has the bits of
+// its row computed alone, for any row count, the row's position in the 4-row tiles, and
+// columns cut anywhere (CpuBackend::MatMulBatch runs a batch's rows through one product).
+TEST(QuantKernels, EveryOutputHasTheBitsOfItsRowAlone) {
+  using FloatColumns =
+      void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t, float*, int64_t);
+  struct Kernel {
+    std::string name;
+    Columns int8;         // on activations quantised per row
+    FloatColumns floats;  // on fp32 activations
+  };
+  std::vector<Kernel> kernels = {{"scalar", QuantDotColumns, reference::MatMulColumns}};
+  for (const SimdColumns& simd : SimdKernels()) {
+    kernels.push_back({simd.name, simd.columns, avx2::QuantMatMulColumns});
+  }
+  std::mt19937 rng(7);
+  const int64_t rows = 19, n = 11;
+  for (DType type : kBlockTypes) {
+    const int64_t k = 3 * BlockSize(type);
+    const std::vector<uint8_t> bytes = RandomBlocks(type, n * 3, rng);
+    const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
+    const std::vector<float> x = Gaussian(rows * k, uint32_t(k));  // [rows, K]
+    for (const Kernel& kernel : kernels) {
+      for (const bool int8 : {true, false}) {
+        // Rows [first, first + m) of x, columns in two calls cut at `cut`, into y[m, N].
+        auto product = [&](int64_t first, int64_t m, int64_t cut, float* y) {
+          QuantizedActivations xq;
+          if (int8) QuantizeActivations(x.data() + first * k, m, k, ActivationBlock(type), &xq);
+          for (auto [begin, end] : {std::pair{int64_t(0), cut}, {cut, n}}) {
+            if (int8) {
+              kernel.int8(xq, w, begin, end, y + begin, n);
+            } else {
+              kernel.floats(x.data() + first * k, m, w, begin, end, y + begin, n);
+            }
+          }
+        };
+        std::vector<float> alone(static_cast<size_t>(rows * n));  // [rows, N]
+        for (int64_t i = 0; i < rows; ++i) product(i, 1, n, alone.data() + i * n);
+        for (int64_t m = 2; m <= 13; ++m) {
+          for (int64_t first : {int64_t(0), int64_t(1), int64_t(6)}) {
+            std::vector<float> got(static_cast<size_t>(m * n));
+            product(first, m, 1 + (m + first) % (n - 1), got.data());
+            ASSERT_EQ(std::memcmp(got.data(), alone.data() + first * n, got.size() * 4), 0)
+                << kernel.name << (int8 ? " int8 " : " f32 ") << DTypeName(type) << " m=" << m
+                << " first row=" << first;
+          }
+        }
+      }
     }
   }
 }

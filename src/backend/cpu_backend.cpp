@@ -21,6 +21,14 @@ int64_t GrainFor(int64_t work_per_item) {
   return std::max<int64_t>(1, kMinParallelWork / std::max<int64_t>(work_per_item, 1));
 }
 
+// Weight rows per column block of a batched product's calls: about 256 KB of weights, in
+// whole 32-row panels (the widest kernel's).
+int64_t ColumnBlockRows(const WeightView& w) {
+  constexpr int64_t kBlockBytes = 1 << 18, kPanelRows = 32;
+  return std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(w.row_bytes, 1) / kPanelRows) *
+         kPanelRows;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
@@ -30,6 +38,10 @@ CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
   matmul_columns_ = isa >= Isa::kAvx512 ? avx512::MatMulColumns
                     : avx2              ? avx2::MatMulColumns
                                         : reference::MatMulColumns;
+  // The scalar twin has one path for every M: all rows go through it together.
+  dot_path_max_rows_ = isa >= Isa::kAvx512 ? avx512::DotPathMaxRows
+                       : avx2              ? avx2::DotPathMaxRows
+                                           : [](DType) { return int64_t(0); };
   dequantize_row_ = avx2 ? avx2::DequantizeRow : reference::DequantizeRow;
   rms_norm_ = avx2 ? avx2::RmsNorm : reference::RmsNorm;
   silu_mul_ = avx2 ? avx2::SiluMul : reference::SiluMul;
@@ -52,26 +64,57 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
   if (size > 0) std::memcpy(dst, src, size_t(size) * 4);
 }
 
+// Batch invariance rests on the kernels' per-output arithmetic: every output of a block-
+// quantised product depends on its own row alone (activations are quantised per row, and
+// every tile shape runs the same operations per output), and so does every output of
+// MatMulColumns once its path (dot or panel, by the call's row count) is fixed. None depends
+// on which thread's range of columns it falls in, so the grains may depend on M.
 void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                              const float* bias) const {
-  for (const int64_t m : segments) {
-    MatMulSegment(x, m, w, y, bias);
-    x += m * w.cols;
-    y += m * w.rows;
-  }
-}
-
-void CpuBackend::MatMulSegment(const float* x, int64_t m, const WeightView& w, float* y,
-                               const float* bias) const {
+  int64_t m = 0;
+  for (const int64_t rows : segments) m += rows;
   if (QuantMatMul(x, m, w, y, bias, isa_, activations_))
-    return;  // block-quantised weights (ops/quant.h)
+    return;  // block-quantised weights (ops/quant.h): all rows in one product
+  // The kernel calls, each of consecutive rows on one path: a run of consecutive segments
+  // above the dot path's limit as one panel call (alone, each of them takes the panel path
+  // too), a run of segments at or below it in dot calls of up to that many rows (the dot
+  // path's outputs do not depend on the call's row count either).
+  const int64_t dot_max_rows = dot_path_max_rows_(w.dtype);
+  auto for_each_call = [&](auto&& call) {
+    int64_t run_begin = 0, row = 0;
+    bool dot_run = false;
+    auto finish_run = [&] {
+      const int64_t step = dot_run ? dot_max_rows : row - run_begin;
+      for (int64_t r = run_begin; r < row; r += step) call(r, std::min(step, row - r));
+    };
+    for (const int64_t rows : segments) {
+      if (rows == 0) continue;
+      if (const bool dot = rows <= dot_max_rows; dot != dot_run) {
+        finish_run();
+        run_begin = row;
+        dot_run = dot;
+      }
+      row += rows;
+    }
+    finish_run();
+  };
+  int64_t calls = 0;
+  for_each_call([&](int64_t, int64_t) { ++calls; });
   // Threads take whole 16-row panels of w, so every thread converts its own weights once.
+  // With several calls, a thread's columns go through all of them a block at a time (about
+  // 256 KB of weights, which stay in L2 from the first call to the last), so the weights
+  // are read from memory once per product, not once per call.
   constexpr int64_t kPanel = 16;
+  const int64_t block = calls > 1 ? ColumnBlockRows(w) : w.rows;
   const int64_t panels = (w.rows + kPanel - 1) / kPanel;
   ParallelFor(panels, GrainFor(kPanel * w.cols * m), [&](int64_t p_begin, int64_t p_end) {
-    const int64_t n_begin = p_begin * kPanel;
     const int64_t n_end = std::min(p_end * kPanel, w.rows);
-    matmul_columns_(x, m, w, n_begin, n_end, y + n_begin, w.rows);
+    for (int64_t n0 = p_begin * kPanel; n0 < n_end; n0 += block) {
+      const int64_t n1 = std::min(n0 + block, n_end);
+      for_each_call([&](int64_t row, int64_t rows) {
+        matmul_columns_(x + row * w.cols, rows, w, n0, n1, y + row * w.rows + n0, w.rows);
+      });
+    }
   });
   if (bias != nullptr) {
     for (int64_t i = 0; i < m; ++i) add_in_place_(y + i * w.rows, bias, w.rows);

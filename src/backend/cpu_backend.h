@@ -55,12 +55,9 @@ class CpuBackend final : public Backend {
                              int heads, int64_t l) const override;
 
  private:
-  // One segment's product: the kernel chooses its method by m.
-  void MatMulSegment(const float* x, int64_t m, const WeightView& w, float* y,
-                     const float* bias) const;
-
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
                                    float*, int64_t);
+  using DotPathMaxRowsFn = int64_t (*)(DType);
   using RowsFn = void (*)(const float*, int64_t, int64_t, const float*, float, float*);
   using BinaryFn = void (*)(float*, const float*, int64_t);
   using DequantizeRowFn = void (*)(const WeightView&, int64_t, float*);
@@ -71,6 +68,7 @@ class CpuBackend final : public Backend {
   QuantActivations activations_;
   std::string name_;                // "cpu-" + the set's name
   MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
+  DotPathMaxRowsFn dot_path_max_rows_;  // matmul_columns_'s dot path limit, by weight type
   DequantizeRowFn dequantize_row_;
   RowsFn rms_norm_;
   BinaryFn silu_mul_, add_in_place_;

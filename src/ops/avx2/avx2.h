@@ -13,9 +13,15 @@
 
 namespace polestar::avx2 {
 
-// Single-threaded; see reference::MatMulColumns.
+// Single-threaded; see reference::MatMulColumns. Each output's bits depend on its own row
+// of x, its weight row and the path the call takes (dot for m <= DotPathMaxRows(w.dtype),
+// panel above), nothing else: not the other rows, the row's position among them, nor where
+// [n_begin, n_end) falls. Batched products rely on it (CpuBackend::MatMulBatch).
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy);
+// The most rows MatMulColumns takes by its dot path for `type`; above, the panel path, which
+// rounds differently (0 for types on the scalar twin, whose one path serves every M).
+int64_t DotPathMaxRows(DType type);
 
 void DequantizeRow(const WeightView& w, int64_t n, float* out);
 

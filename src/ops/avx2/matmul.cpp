@@ -11,6 +11,7 @@
 // The storage type enters only through a Format (Load8 / Pack16x8); a new type adds one
 // Format and one case in MatMulColumns, and until then runs on the scalar twin.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "ops/avx2/avx2.h"
@@ -184,15 +185,22 @@ void DotTile(const float* x, int64_t k, const uint8_t* row, int64_t row_bytes, f
     }
   }
   for (int r = 0; r < R; ++r) {
+    // One reduction for every tile width (HorizontalSum adds the lanes in another order): a
+    // column rounds the same in a tile of four and in a tail tile of one, wherever a range
+    // of columns begins or ends.
     float sums[C];
     if constexpr (C == 4) {
       _mm_storeu_ps(sums, HorizontalSum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
     } else {
-      for (int c = 0; c < C; ++c) sums[c] = HorizontalSum(acc[r][c]);
+      static_assert(C == 1);
+      const __m256 zero = _mm256_setzero_ps();
+      sums[0] = _mm_cvtss_f32(HorizontalSum4(acc[r][0], zero, zero, zero));
     }
     for (int64_t t = kk; t < k; ++t) {
       for (int c = 0; c < C; ++c) {
-        sums[c] += x[r * k + t] * Format::Load1(row + c * row_bytes + Format::kBytes * t);
+        // Fused explicitly, so no tile width is left to the compiler's contraction choice.
+        sums[c] = std::fma(x[r * k + t], Format::Load1(row + c * row_bytes + Format::kBytes * t),
+                           sums[c]);
       }
     }
     for (int c = 0; c < C; ++c) y[r * ldy + c] = sums[c];
@@ -240,6 +248,17 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
 }
 
 }  // namespace
+
+int64_t DotPathMaxRows(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      return kDotMaxRows;
+    default:
+      return 0;
+  }
+}
 
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy) {

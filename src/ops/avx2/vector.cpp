@@ -1,4 +1,5 @@
 // Element-wise and row kernels: RmsNorm, SiluMul, AddInPlace, SoftmaxRow, Dot.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/avx2/avx2.h"
@@ -37,17 +38,32 @@ void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float ep
   }
 }
 
+namespace {
+
+// silu(g) * u, lane by lane.
+__m256 SiluMul8(__m256 g, __m256 u) {
+  const __m256 denominator =
+      _mm256_add_ps(_mm256_set1_ps(1.0f), Exp(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))));
+  return _mm256_mul_ps(_mm256_div_ps(g, denominator), u);
+}
+
+}  // namespace
+
 void SiluMul(float* gate, const float* up, int64_t count) {
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 denominator = _mm256_add_ps(one, Exp(_mm256_xor_ps(g, sign)));
-    _mm256_storeu_ps(gate + i,
-                     _mm256_mul_ps(_mm256_div_ps(g, denominator), _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(gate + i, SiluMul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
   }
-  for (; i < count; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  // The tail goes through the same vector formula on a padded copy (std::exp rounds
+  // differently from Exp): an element's bits must not depend on whether it falls in the
+  // tail, which moves with the batch's rows and with the threads' chunk boundaries.
+  if (i < count) {
+    alignas(32) float g[8] = {}, u[8] = {};  // [8]: the tail, zero-padded
+    std::copy(gate + i, gate + count, g);
+    std::copy(up + i, up + count, u);
+    _mm256_store_ps(g, SiluMul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    std::copy(g, g + (count - i), gate + i);
+  }
 }
 
 void AddInPlace(float* x, const float* y, int64_t n) {

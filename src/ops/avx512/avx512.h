@@ -14,8 +14,11 @@
 namespace polestar::avx512 {
 
 // Single-threaded; see reference::MatMulColumns. F32, BF16 and F16 weights run here, every
-// other type on avx2::MatMulColumns.
+// other type on avx2::MatMulColumns. Bits per output as avx2::MatMulColumns says, with the
+// path chosen by DotPathMaxRows below.
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy);
+// The most rows MatMulColumns takes by its dot path for `type` (see avx2::DotPathMaxRows).
+int64_t DotPathMaxRows(DType type);
 
 }  // namespace polestar::avx512

@@ -310,6 +310,17 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
 
 }  // namespace
 
+int64_t DotPathMaxRows(DType type) {
+  switch (type) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      return kDotMaxRows;
+    default:
+      return avx2::DotPathMaxRows(type);
+  }
+}
+
 void MatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                    float* y, int64_t ldy) {
   if (m <= 0 || n_end <= n_begin) return;
