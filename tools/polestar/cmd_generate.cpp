@@ -60,6 +60,17 @@ std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& g
   return ids;
 }
 
+// The text of the visible ids ("" without a tokenizer).
+std::string VisibleText(const Tokenizer* tokenizer, const std::vector<int>& visible) {
+  if (tokenizer == nullptr) return "";
+  return tokenizer->Decode(visible, {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+}
+
+// The prompt file's name in messages.
+std::string PromptsName(const GenerateArgs& args) {
+  return args.prompts_file == "-" ? "stdin" : args.prompts_file;
+}
+
 // The prompt ids of -p TEXT or of a "prompt" line: the chat template unless --raw.
 std::vector<int> EncodeTextPrompt(const Tokenizer& tokenizer, const GenerateArgs& args,
                                   const std::string& text) {
@@ -107,7 +118,7 @@ std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* t
     if (!file) Fail("cannot open --prompts ", args.prompts_file);
   }
   std::istream& in = args.prompts_file == "-" ? std::cin : file;
-  const std::string name = args.prompts_file == "-" ? "stdin" : args.prompts_file;
+  const std::string name = PromptsName(args);
   std::vector<PromptLine> prompts;
   std::string text;
   for (int number = 1; std::getline(in, text); ++number) {
@@ -174,8 +185,7 @@ void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Toke
       try {
         Sequence check(model, p.prompt, args.options);
       } catch (const Error& line_error) {
-        Fail(args.prompts_file == "-" ? "stdin" : args.prompts_file, ":", p.line, ": ",
-             line_error.what());
+        Fail(PromptsName(args), ":", p.line, ": ", line_error.what());
       }
     }
     throw;
@@ -185,11 +195,8 @@ void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Toke
   int64_t tokens = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const GenerationResult& r = results[i];
-    const std::vector<int> visible = VisibleIds(model.config(), r.generated, args.stop_at_eos);
-    std::string text;
-    if (tokenizer != nullptr)
-      text = tokenizer->Decode(visible,
-                               {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+    const std::string text =
+        VisibleText(tokenizer, VisibleIds(model.config(), r.generated, args.stop_at_eos));
     nlohmann::ordered_json out = {{"index", i}};
     if (!prompts[i].id.is_null()) out["id"] = prompts[i].id;
     const nlohmann::ordered_json result = ResultJson(r, tokenizer, text, args.trace);
@@ -278,10 +285,7 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
     }
     const GenerationResult r = Generate(*model, prompt_ids, args->options, on_step, args->trace);
     const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
-    std::string text;
-    if (tokenizer != nullptr)
-      text = tokenizer->Decode(visible,
-                               {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+    const std::string text = VisibleText(tokenizer.get(), visible);
     if (args->json) {
       std::printf("%s\n", ResultJson(r, tokenizer.get(), text, args->trace).dump().c_str());
       return;
