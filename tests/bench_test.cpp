@@ -159,27 +159,27 @@ ResultRow HandRow(const std::string& policy, const std::string& settings, double
   r.rows_per_token = 100;
   r.peak_rss_bytes = int64_t{3} << 20;
   r.cache_bytes = int64_t{1} << 20;
+  r.seconds = 4;  // 10 items: 2.5 items/s
   return r;
 }
 
 TEST(Report, CsvHasOneHeaderAndOneLinePerRowWithQuoting) {
-  const std::vector<ResultRow> rows = {
-      HandRow("vanilla", "defaults", 0.8, 1, 5),
-      HandRow("polestar", "threshold=0.9 name=\"a,b\"", 0.75, 3, 20)};
+  std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
+                                 HandRow("polestar", "threshold=0.9 name=\"a,b\"", 0.75, 3, 20)};
+  rows[0].batch = 8;
   const std::string csv = CsvTable(rows);
   std::vector<std::string> lines;
   std::istringstream in(csv);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0],
-            "policy,settings,items,accuracy,flexible_extract,strict_match,nfe_mean,tpf_until_eos,"
-            "tpf_non_eos,"
-            "tpf_all_positions,tps_until_eos,tps_non_eos,rows_per_token,peak_rss_mb,cache_mb,"
-            "seconds,key");
+            "policy,settings,items,batch,accuracy,flexible_extract,strict_match,nfe_mean,"
+            "tpf_until_eos,tpf_non_eos,tpf_all_positions,tps_until_eos,tps_non_eos,"
+            "items_per_second,rows_per_token,peak_rss_mb,cache_mb,seconds,key");
   EXPECT_EQ(lines[1],
-            "vanilla,defaults,10,0.8000,0.8000,0.4000,32.00,1.000,1.000,2.000,5.00,5.00,100.0,3.0,"
-            "1.0,0.00,kvanilla");
-  EXPECT_EQ(lines[2].substr(0, 41), "polestar,\"threshold=0.9 name=\"\"a,b\"\"\",10,");
+            "vanilla,defaults,10,8,0.8000,0.8000,0.4000,32.00,1.000,1.000,2.000,5.00,5.00,2.500,"
+            "100.0,3.0,1.0,4.00,kvanilla");
+  EXPECT_EQ(lines[2].substr(0, 43), "polestar,\"threshold=0.9 name=\"\"a,b\"\"\",10,1,");
   EXPECT_EQ(CsvField("plain"), "plain");
 }
 
@@ -196,12 +196,12 @@ TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
   }
   // Main table (header, rule, 3 rows), other metrics (2 + 3), per task (2 + 3).
   ASSERT_EQ(table.size(), 15u);
-  EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 14);
+  EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 16);
   // Vanilla is the most accurate, so on both fronts; dual is dominated by polestar (TPF) and
   // vanilla (TPS).
   EXPECT_EQ(table[2],
-            "| vanilla | defaults | 10 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 100 | 3.0 | 1.0 "
-            "| **TPF, TPS** |");
+            "| vanilla | defaults | 10 | 1 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 2.50 | 100 | "
+            "3.0 | 1.0 | **TPF, TPS** |");
   EXPECT_TRUE(table[3].ends_with("| 1.0 |  |")) << table[3];
   EXPECT_NE(table[4].find("**TPF, TPS**"), std::string::npos);
   EXPECT_NE(table[5].find("strict_match"), std::string::npos);
@@ -300,17 +300,29 @@ TEST(Eval, ProbeSuiteMatchesThePyTorchReference) {
       ResolvePoint(DecodeOptions{}, {}, {"fast-dllm-dual", {}}, suite, TestSetter);
   const nlohmann::json reference = ReadJsonFile(ProbeDir() + "/reference.json");
   const nlohmann::json& expected = reference["policies"]["dual@0.9"]["per_prompt"];
-  std::vector<ItemRecord> records;
-  const RunSummary summary =
-      RunSuite(*model, suite, options, [&](size_t, const ItemRecord& r) { records.push_back(r); });
-  int correct = 0;
-  for (size_t i = 0; i < records.size(); ++i) {
-    EXPECT_EQ(records[i].nfe, expected[i]["nfe"].get<int>()) << i;
-    EXPECT_EQ(records[i].metrics[0].second, expected[i]["correct"].get<bool>()) << i;
-    correct += expected[i]["correct"].get<bool>();
+  // Batched, each item still decodes as the reference does; the records come in suite order
+  // and the items' seconds (shares of the batched forwards) add up to the run's.
+  for (const int batch : {1, 4}) {
+    std::vector<ItemRecord> records;
+    const RunSummary summary = RunSuite(
+        *model, suite, options, [&](size_t, const ItemRecord& r) { records.push_back(r); },
+        Clock::kWall, batch);
+    ASSERT_EQ(records.size(), 6u);
+    int correct = 0;
+    double seconds = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      EXPECT_EQ(records[i].id, suite.items[i].id) << batch;
+      EXPECT_EQ(records[i].nfe, expected[i]["nfe"].get<int>()) << i << " at batch " << batch;
+      EXPECT_EQ(records[i].metrics[0].second, expected[i]["correct"].get<bool>()) << i;
+      EXPECT_GT(records[i].seconds, 0) << i;
+      correct += expected[i]["correct"].get<bool>();
+      seconds += records[i].seconds;
+    }
+    EXPECT_DOUBLE_EQ(summary.Accuracy(), correct / 6.0);
+    EXPECT_EQ(summary.overall.positions, 6 * 32);
+    EXPECT_NEAR(summary.overall.seconds, seconds, 1e-9);
+    EXPECT_NEAR(summary.overall.ItemsPerSecond(), 6 / seconds, 1e-6);
   }
-  EXPECT_DOUBLE_EQ(summary.Accuracy(), correct / 6.0);
-  EXPECT_EQ(summary.overall.positions, 6 * 32);
 }
 
 // A random LLaDA-shaped model over a byte-level tokenizer: 256 byte tokens without merges,
@@ -398,7 +410,11 @@ TEST(Suite, TextSuitesGoThroughTheTokenizerAndTheSuiteGrader) {
   decode.gen_length = 16;
   decode.block_length = 8;
   decode.steps = 16;
-  const ItemRecord record = RunItem(*model, suite, 1, decode);
+  ItemRecord record;
+  const std::size_t second_item[] = {1};
+  DecodeItems(*model, suite, second_item, decode, 1, Clock::kWall,
+              [&](const ItemRecord& r) { record = r; });
+  EXPECT_EQ(record.id, suite.items[1].id);
   EXPECT_EQ(record.positions, 16);
   EXPECT_EQ(record.metrics.size(), 2u);
   EXPECT_GT(record.nfe, 0);
@@ -541,6 +557,219 @@ TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
             0);
   EXPECT_NE(out.find("polestar steps=16 early-commit=false"), std::string::npos) << out;
   EXPECT_NE(out.find("2 points x 120 items"), std::string::npos) << out;
+}
+
+// A grid over the probe suite into `dir`: its first 8 items (or one shard of them), one
+// engine thread, no plot.
+BenchOutcome RunProbeGrid(const Model& model, const std::string& dir, const std::string& grid,
+                          int shard_index = 0, int shard_count = 1, int batch = 1) {
+  SuiteOptions options;
+  options.name = "probe";
+  options.model_dir = ProbeDir();
+  options.limit = 8;
+  options.shard_index = shard_index;
+  options.shard_count = shard_count;
+  const BenchSuite suite = LoadBenchSuite(options, model.config());
+  BenchRequest request;
+  request.model_dir = ProbeDir();
+  request.points = ExpandGrids({"fast-dllm-dual", "polestar"}, {grid});
+  request.setter = TestSetter;
+  request.out_dir = dir;
+  request.machine = DescribeMachine("test", SourceDir(), 1);
+  request.batch = batch;
+  request.plot = false;
+  request.progress = false;
+  return RunBench(model, suite, request);
+}
+
+// Everything a row holds but time, memory and where it ran.
+void ExpectSameResults(const ResultRow& a, const ResultRow& b) {
+  EXPECT_EQ(a.policy, b.policy);
+  EXPECT_EQ(a.settings, b.settings);
+  EXPECT_EQ(a.items, b.items);
+  EXPECT_EQ(a.metrics, b.metrics);
+  EXPECT_EQ(a.task_accuracy, b.task_accuracy);
+  EXPECT_EQ(a.nfe_mean, b.nfe_mean);
+  EXPECT_EQ(a.tpf_until_eos, b.tpf_until_eos);
+  EXPECT_EQ(a.tpf_non_eos, b.tpf_non_eos);
+  EXPECT_EQ(a.tpf_all, b.tpf_all);
+  EXPECT_EQ(a.rows_per_token, b.rows_per_token);
+}
+
+std::vector<nlohmann::json> JsonLines(const fs::path& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+TEST(Bench, BatchedRunsGiveTheResultsOfOneAtATimeAndRecordTheBatch) {
+  auto model = Model::Load(ProbeDir());
+  const std::string one = testing::TempDir() + "/one", four = testing::TempDir() + "/four";
+  const BenchOutcome single = RunProbeGrid(*model, one, "threshold=0.9,0.7");
+  const BenchOutcome batched = RunProbeGrid(*model, four, "threshold=0.9,0.7", 0, 1, 4);
+  ASSERT_EQ(single.rows.size(), 4u);
+  ASSERT_EQ(batched.rows.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    ExpectSameResults(single.rows[i], batched.rows[i]);
+    EXPECT_EQ(single.rows[i].batch, 1);
+    EXPECT_EQ(batched.rows[i].batch, 4);
+    EXPECT_NE(single.rows[i].key, batched.rows[i].key);  // their timings differ
+    EXPECT_GT(batched.rows[i].items_per_second(), 0);
+  }
+  // Items reach the store in suite order, with the completions of batch 1.
+  const std::vector<nlohmann::json> a = JsonLines(fs::path(one) / "items.jsonl");
+  const std::vector<nlohmann::json> b = JsonLines(fs::path(four) / "items.jsonl");
+  ASSERT_EQ(a.size(), 32u);
+  ASSERT_EQ(b.size(), 32u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["id"], Cat("probe/", i % 8)) << i;
+    EXPECT_EQ(b[i]["completion"], a[i]["completion"]) << i;
+    EXPECT_EQ(b[i]["nfe"], a[i]["nfe"]) << i;
+  }
+  std::ifstream csv(fs::path(four) / "results.csv");
+  std::string header, first;
+  std::getline(csv, header);
+  std::getline(csv, first);
+  EXPECT_EQ(header.rfind("policy,settings,items,batch,accuracy", 0), 0u) << header;
+  EXPECT_EQ(first.rfind("fast-dllm-dual,threshold=0.9,8,4,", 0), 0u) << first;
+}
+
+TEST(Bench, MergedShardsAreTheUnshardedRun) {
+  auto model = Model::Load(ProbeDir());
+  const std::string root = testing::TempDir();
+  const BenchOutcome whole = RunProbeGrid(*model, root + "/whole", "threshold=0.9,0.7");
+  RunProbeGrid(*model, root + "/s0", "threshold=0.9,0.7", 0, 2);
+  RunProbeGrid(*model, root + "/s1", "threshold=0.9,0.7", 1, 2);
+  MergeRequest merge;
+  merge.shard_dirs = {root + "/s0", root + "/s1"};
+  merge.out_dir = root + "/merged";
+  merge.machine = DescribeMachine("merge", SourceDir(), 1);
+  merge.plot = false;
+  const BenchOutcome merged = MergeShards(merge);
+  ASSERT_EQ(merged.rows.size(), whole.rows.size());
+  for (size_t i = 0; i < whole.rows.size(); ++i) {
+    ExpectSameResults(merged.rows[i], whole.rows[i]);
+    EXPECT_EQ(merged.rows[i].key, whole.rows[i].key);
+  }
+  // The same items in the same order, and the tables of the unsharded run but for timings.
+  const std::vector<nlohmann::json> a = JsonLines(fs::path(root) / "whole/items.jsonl");
+  const std::vector<nlohmann::json> b = JsonLines(fs::path(root) / "merged/items.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* field : {"key", "id", "nfe", "completion", "metrics"})
+      EXPECT_EQ(b[i][field], a[i][field]) << i << " " << field;
+  }
+  const auto untimed_csv = [](const fs::path& path) {
+    std::vector<std::string> lines;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      // policy .. tpf_all_positions (the first 9 fields), then the key.
+      size_t end = 0;
+      for (int field = 0; field < 9; ++field) end = line.find(',', end) + 1;
+      lines.push_back(line.substr(0, end) + line.substr(line.rfind(',') + 1));
+    }
+    return lines;
+  };
+  EXPECT_EQ(untimed_csv(fs::path(root) / "merged/results.csv"),
+            untimed_csv(fs::path(root) / "whole/results.csv"));
+  const nlohmann::json row = JsonLines(fs::path(root) / "merged/results.jsonl")[0];
+  EXPECT_EQ(row["selection"]["shard"], "0/1");
+  ASSERT_EQ(row["shards"].size(), 2u);
+  EXPECT_EQ(row["shards"][1]["shard"], "1/2");
+  // The unsharded command finds the merged folder done; merging again adds nothing.
+  EXPECT_EQ(RunProbeGrid(*model, root + "/merged", "threshold=0.9,0.7").runs_skipped, 4);
+  EXPECT_EQ(MergeShards(merge).runs_skipped, 4);
+  EXPECT_EQ(JsonLines(fs::path(root) / "merged/results.jsonl").size(), 4u);
+}
+
+TEST(Bench, MergeRefusesMissingOverlappingAndMismatchedShards) {
+  auto model = Model::Load(ProbeDir());
+  const std::string root = testing::TempDir();
+  RunProbeGrid(*model, root + "/s0", "threshold=0.9", 0, 2);
+  RunProbeGrid(*model, root + "/s1", "threshold=0.9", 1, 2);
+  RunProbeGrid(*model, root + "/s1-other", "threshold=0.7", 1, 2);
+  RunProbeGrid(*model, root + "/third", "threshold=0.9", 1, 3);
+  const auto merge = [&](const std::vector<std::string>& shards) {
+    MergeRequest request;
+    for (const std::string& s : shards) request.shard_dirs.push_back(root + "/" + s);
+    request.out_dir = root + "/out";
+    request.plot = false;
+    return [request] { MergeShards(request); };
+  };
+  EXPECT_THAT(merge({"s0"}), testing::ThrowsErrorContaining({"shard(s) 1/2 missing", "s0"}));
+  EXPECT_THAT(merge({"s0", "s1-other"}),
+              testing::ThrowsErrorContaining({"missing", "different models, suites or settings"}));
+  EXPECT_THAT(merge({"s0", "s1", "s1"}),
+              testing::ThrowsErrorContaining({"shard 1/2 is in both", "overlapping"}));
+  EXPECT_THAT(merge({"s0", "s1", "third"}),
+              testing::ThrowsErrorContaining({"split it differently", "1/3 in "}));
+  fs::create_directories(root + "/empty");
+  EXPECT_THAT(merge({"s0", "empty"}),
+              testing::ThrowsErrorContaining({"empty", "no results.jsonl"}));
+  EXPECT_THAT(merge({}), testing::ThrowsErrorContaining({"name the shard folders"}));
+  // Nothing was written by the refusals.
+  EXPECT_FALSE(fs::exists(root + "/out"));
+  // Merging into a shard folder would mix the two.
+  MergeRequest into_shard;
+  into_shard.shard_dirs = {root + "/s0", root + "/s1"};
+  into_shard.out_dir = root + "/s1";
+  EXPECT_THAT([&] { MergeShards(into_shard); },
+              testing::ThrowsErrorContaining({"is one of the shard folders"}));
+}
+
+TEST(Bench, CliMergesShardsAndBatchesItems) {
+  const std::string root = testing::TempDir();
+  const std::string base = "bench -m " + ProbeDir() +
+                           " --suite probe --limit 5 -t 1 -q --no-plot --policies fast-dllm-dual";
+  std::string out;
+  ASSERT_EQ(testing::RunCli(base + " -o " + root + "/whole", &out, true), 0) << out;
+  ASSERT_EQ(testing::RunCli(base + " --batch 3 -o " + root + "/batched", &out, true), 0) << out;
+  ASSERT_EQ(testing::RunCli(base + " --shard 0/2 --batch 2 -o " + root + "/s0", &out, true), 0)
+      << out;
+  ASSERT_EQ(testing::RunCli(base + " --shard 1/2 --batch 2 -o " + root + "/s1", &out, true), 0)
+      << out;
+  ASSERT_EQ(testing::RunCli(
+                "bench --merge " + root + "/s0 " + root + "/s1 --no-plot -o " + root + "/merged",
+                &out, true),
+            0)
+      << out;
+  EXPECT_NE(out.find("1 run(s) merged from 2 folder(s), 0 already in"), std::string::npos) << out;
+  const auto row = [&](const std::string& dir) {
+    return ResultRow::FromJson(JsonLines(fs::path(root) / dir / "results.jsonl").at(0));
+  };
+  ExpectSameResults(row("batched"), row("whole"));
+  ExpectSameResults(row("merged"), row("whole"));
+  EXPECT_EQ(row("batched").batch, 3);
+  EXPECT_EQ(row("merged").batch, 2);
+  const std::string md = [&] {
+    std::ifstream in(fs::path(root) / "merged/results.md");
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }();
+  EXPECT_NE(md.find("| fast-dllm-dual | defaults | 5 | 2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("merged from 2 shards"), std::string::npos) << md;
+  EXPECT_NE(testing::RunCli("bench --merge " + root + "/s0 --no-plot", &out, true), 0);
+  EXPECT_NE(out.find("--merge needs the output folder"), std::string::npos) << out;
+  EXPECT_NE(
+      testing::RunCli("bench --merge " + root + "/s0 -o " + root + "/m2 --no-plot", &out, true), 0);
+  EXPECT_NE(out.find("shard(s) 1/2 missing"), std::string::npos) << out;
+  // eval batches too, with the items of one at a time.
+  std::string one, three;
+  const std::string eval =
+      "eval -m " + ProbeDir() + " --suite probe --policy polestar --limit 7 -t 1 -q --json --items";
+  ASSERT_EQ(testing::RunCli(eval, &one), 0) << one;
+  ASSERT_EQ(testing::RunCli(eval + " --batch 4", &three), 0) << three;
+  const nlohmann::json a = nlohmann::json::parse(one), b = nlohmann::json::parse(three);
+  EXPECT_EQ(a["batch"], 1);
+  EXPECT_EQ(b["batch"], 4);
+  EXPECT_EQ(a["summary"]["accuracy"], b["summary"]["accuracy"]);
+  EXPECT_EQ(a["summary"]["nfe_mean"], b["summary"]["nfe_mean"]);
+  ASSERT_EQ(b["items"].size(), 7u);
+  for (size_t i = 0; i < 7; ++i) {
+    EXPECT_EQ(b["items"][i]["id"], a["items"][i]["id"]);
+    EXPECT_EQ(b["items"][i]["nfe"], a["items"][i]["nfe"]);
+    EXPECT_EQ(b["items"][i]["completion"], a["items"][i]["completion"]);
+  }
 }
 
 TEST(Eval, CliPrintsPerTaskAndOverallJson) {

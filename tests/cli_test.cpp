@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "base/dtype.h"
 #include "decode/option_schema.h"
@@ -304,6 +305,98 @@ TEST(CliErrors, UsageMistakes) {
   r = Polestar("");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("subcommand is required"));
+}
+
+// --- generate over a file of prompts ------------------------------------------------------
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// Every line of a prompt file decodes, batched or not, as the same prompt given alone does.
+TEST(CliGeneratePrompts, BatchedLinesMatchOnePromptGenerate) {
+  const std::vector<std::string> texts = {
+      "Compute 231 + 445.", "Copy the list: Emma King, Alan Jones, Olga Hughes",
+      "Sort by last name: David Fisher, Frank Garcia, Rosa Hughes", "Compute 785 - 133.",
+      "Reverse the list: Ann Lee, Bo Kim"};
+  const std::string flags = " -t 1 --policy fast-dllm-dual --threshold 0.7 --gen-length 32";
+  std::vector<nlohmann::json> alone;
+  for (const std::string& text : texts) {
+    const CliResult r = Polestar("generate --json -p " + Quote(text) + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    alone.push_back(nlohmann::json::parse(r.output.substr(0, r.output.find('\n'))));
+  }
+  // Line 3 as chat messages and line 5 as ids are the same prompts; a blank line is skipped.
+  std::string jsonl;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    nlohmann::json line;
+    if (i == 2) {
+      line["messages"] = {{{"role", "user"}, {"content", texts[i]}}};
+    } else if (i == 4) {
+      const std::vector<int> tokens = alone[i]["tokens"];
+      line["prompt_ids"] = std::vector<int>(tokens.begin(), tokens.end() - 32);
+    } else {
+      line["prompt"] = texts[i];
+    }
+    if (i != 1) line["id"] = "item-" + std::to_string(i);
+    jsonl += line.dump() + (i == 2 ? "\n\n" : "\n");
+  }
+  const std::string file = WriteFile(testing::TempDir() + "/prompts.jsonl", jsonl);
+  for (const char* batch : {"1", "3"}) {
+    std::string out;
+    ASSERT_EQ(
+        testing::RunCli("generate --prompts " + Quote(file) + " --batch " + batch + flags, &out), 0)
+        << out;
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(lines.size(), texts.size()) << out;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      EXPECT_EQ(lines[i]["index"], i);
+      EXPECT_EQ(lines[i].contains("id"), i != 1);
+      if (i != 1) {
+        EXPECT_EQ(lines[i]["id"], "item-" + std::to_string(i));
+      }
+      for (const char* field : {"text", "tokens", "generated", "nfe", "tpf", "rows_computed"})
+        EXPECT_EQ(lines[i][field], alone[i][field])
+            << "line " << i << " " << field << " batch " << batch;
+      EXPECT_EQ(lines[i]["tokens_generated"], alone[i]["tokens_generated"]);
+    }
+  }
+  // The same through stdin.
+  std::string out;
+  ASSERT_EQ(testing::RunCli("generate --prompts - --batch 2" + flags + " < " + Quote(file), &out),
+            0);
+  EXPECT_EQ(nlohmann::json::parse(out.substr(0, out.find('\n')))["text"], alone[0]["text"]);
+}
+
+TEST(CliGeneratePrompts, BadLinesFailWithTheirLineNumber) {
+  const std::string dir = testing::TempDir();
+  const std::string good = "{\"prompt\": \"Compute 1 + 2.\"}\n";
+  const auto fails = [&](const std::string& jsonl, const std::string& message) {
+    const std::string file = WriteFile(dir + "/bad.jsonl", jsonl);
+    const CliResult r = Polestar("generate -t 1 --prompts " + Quote(file));
+    EXPECT_NE(r.exit_code, 0) << jsonl;
+    EXPECT_THAT(r.output, HasSubstr(message)) << jsonl;
+    EXPECT_THAT(r.output, Not(HasSubstr("\"nfe\""))) << "nothing decoded before the error";
+  };
+  fails(good + "{\"prompt\": \"unclosed\n", "bad.jsonl:2: invalid JSON");
+  fails(good + "\n" + good + "{\"id\": 3}\n", "bad.jsonl:4: needs exactly one of \"prompt\"");
+  fails(good + "{\"prompt\": \"x\", \"messages\": []}\n", "bad.jsonl:2: needs exactly one of");
+  fails(good + "{\"prompt\": \"caf\xe9\"}\n", "bad.jsonl:2: the line is not valid UTF-8");
+  fails("[1, 2]\n", "bad.jsonl:1: expected a JSON object");
+  fails(good + "{\"prompt\": 12}\n", "bad.jsonl:2: \"prompt\" must be a string");
+  fails("{\"messages\": [{\"role\": \"user\"}]}\n", "bad.jsonl:1: each message needs");
+  fails("{\"prompt_ids\": [1, \"a\"]}\n", "bad.jsonl:1: \"prompt_ids\" must be a list of ids");
+  fails(good + "{\"prompt_ids\": [1, 99999]}\n", "bad.jsonl:2: ");
+  fails("\n\n", "has no prompts");
+  CliResult r = Polestar("generate -t 1 --prompts " + Quote(dir + "/none.jsonl"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("cannot open --prompts"));
+  r = Polestar("generate -p hello --batch 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--batch requires --prompts"));
 }
 
 // --- the decoding flags, generated from the option schema ------------------------------

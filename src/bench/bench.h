@@ -37,6 +37,7 @@ struct BenchRequest {
   MachineInfo machine;
   Protocol protocol = Protocol::kUntilEos;
   Clock clock = Clock::kWall;  // of TPS; part of the result key
+  int batch = 1;               // sequences per forward; part of the result key when above 1
   bool plot = true;
   bool progress = true;  // a progress bar with ETA on stderr
 };
@@ -53,12 +54,30 @@ struct BenchOutcome {
 // reused), then writes results.csv, results.md, pareto.{dat,gp,svg,png} and run.json.
 BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRequest& request);
 
-// Runs one configuration over the suite without storing anything (polestar eval).
-// `on_item` (optional) sees each record as it finishes.
+// Runs one configuration over the suite without storing anything (polestar eval), `batch`
+// items per forward. `on_item` (optional) sees each record as it finishes, in suite order.
 RunSummary RunSuite(
     const Model& model, const BenchSuite& suite, const DecodeOptions& options,
     const std::function<void(std::size_t done, const ItemRecord&)>& on_item = nullptr,
-    Clock clock = Clock::kWall);
+    Clock clock = Clock::kWall, int batch = 1);
+
+struct MergeRequest {
+  std::vector<std::string> shard_dirs;  // output folders of bench --shard i/n runs
+  std::string out_dir;
+  MachineInfo machine;  // of the merging command
+  Protocol protocol = Protocol::kUntilEos;
+  bool plot = true;
+};
+
+// Joins the shards of every run found in request.shard_dirs (any number of shards a folder)
+// into the run the same command without --shard makes: its items in order, its summary, its
+// key, so out_dir holds what the unsharded command writes (results.jsonl, items.jsonl, the
+// tables and the plot; run.json names the shard folders), and a rerun of that command there
+// finds it done. Runs already in out_dir are kept. Throws Error, before writing, when a run
+// lacks a shard (the folders hold runs of different models, suites or settings, or a shard
+// has not finished), when two folders hold the same shard, when shards of one run split it
+// differently, or when a folder holds no finished run.
+BenchOutcome MergeShards(const MergeRequest& request);
 
 // Progress over a known number of items: a bar with rate and ETA, redrawn in place on a
 // terminal and printed every 10 s otherwise.

@@ -58,6 +58,7 @@ ResultRow ResultRow::FromJson(const nlohmann::json& row) {
   r.settings = Need(row, "settings").get<std::string>();
   const nlohmann::json& s = Need(row, "summary");
   r.items = Need(s, "items").get<int64_t>();
+  r.batch = row.value("batch", 1);  // rows written before batching decoded one at a time
   const nlohmann::json& order = Need(row, "metric_names");
   for (const auto& name : order) {
     r.metrics.emplace_back(name.get<std::string>(),
@@ -127,17 +128,17 @@ std::string CsvTable(const std::vector<ResultRow>& rows) {
       }
     }
   }
-  std::string csv = "policy,settings,items,accuracy";
+  std::string csv = "policy,settings,items,batch,accuracy";
   for (const std::string& m : metric_names) {
     csv += ',';
     csv += CsvField(m);
   }
   csv +=
       ",nfe_mean,tpf_until_eos,tpf_non_eos,tpf_all_positions,tps_until_eos,tps_non_eos,"
-      "rows_per_token,peak_rss_mb,cache_mb,seconds,key\n";
+      "items_per_second,rows_per_token,peak_rss_mb,cache_mb,seconds,key\n";
   for (const ResultRow& r : rows) {
     csv += CsvField(r.policy) + "," + CsvField(r.settings) + "," + std::to_string(r.items) + "," +
-           Fixed(r.accuracy(), 4);
+           std::to_string(r.batch) + "," + Fixed(r.accuracy(), 4);
     for (const std::string& m : metric_names) {
       const auto it = std::find_if(r.metrics.begin(), r.metrics.end(),
                                    [&](const auto& entry) { return entry.first == m; });
@@ -146,9 +147,9 @@ std::string CsvTable(const std::vector<ResultRow>& rows) {
     }
     csv += "," + Fixed(r.nfe_mean, 2) + "," + Fixed(r.tpf_until_eos, 3) + "," +
            Fixed(r.tpf_non_eos, 3) + "," + Fixed(r.tpf_all, 3) + "," + Fixed(r.tps_until_eos, 2) +
-           "," + Fixed(r.tps_non_eos, 2) + "," + Fixed(r.rows_per_token, 1) + "," +
-           Megabytes(r.peak_rss_bytes) + "," + Megabytes(r.cache_bytes) + "," +
-           Fixed(r.seconds, 2) + "," + r.key + "\n";
+           "," + Fixed(r.tps_non_eos, 2) + "," + Fixed(r.items_per_second(), 3) + "," +
+           Fixed(r.rows_per_token, 1) + "," + Megabytes(r.peak_rss_bytes) + "," +
+           Megabytes(r.cache_bytes) + "," + Fixed(r.seconds, 2) + "," + r.key + "\n";
   }
   return csv;
 }
@@ -166,19 +167,20 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
   md += "### " + context.title + "\n\n";
   md += "Command: `" + context.command + "`  \n";
   md += "Machine: " + context.machine + "\n\n";
-  md += "| policy | settings | items | accuracy (" + primary +
-        ") | NFE | TPF until EOS | TPF non-EOS | TPS until EOS | TPS non-EOS | rows/token | "
-        "peak RSS MB | KV cache MB | Pareto |\n";
-  md += "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
+  md += "| policy | settings | items | batch | accuracy (" + primary +
+        ") | NFE | TPF until EOS | TPF non-EOS | TPS until EOS | TPS non-EOS | items/s | "
+        "rows/token | peak RSS MB | KV cache MB | Pareto |\n";
+  md += "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const ResultRow& r = rows[i];
     std::string front;
     if (front_tpf[i]) front = "TPF";
     if (front_tps[i]) front += front.empty() ? "TPS" : ", TPS";
     md += "| " + r.policy + " | " + r.settings + " | " + std::to_string(r.items) + " | " +
-          Fixed(100 * r.accuracy(), 1) + "% | " + Fixed(r.nfe_mean, 1) + " | " +
-          Fixed(r.tpf_until_eos, 2) + " | " + Fixed(r.tpf_non_eos, 2) + " | " +
-          Fixed(r.tps_until_eos, 1) + " | " + Fixed(r.tps_non_eos, 1) + " | " +
+          std::to_string(r.batch) + " | " + Fixed(100 * r.accuracy(), 1) + "% | " +
+          Fixed(r.nfe_mean, 1) + " | " + Fixed(r.tpf_until_eos, 2) + " | " +
+          Fixed(r.tpf_non_eos, 2) + " | " + Fixed(r.tps_until_eos, 1) + " | " +
+          Fixed(r.tps_non_eos, 1) + " | " + Fixed(r.items_per_second(), 2) + " | " +
           Fixed(r.rows_per_token, 0) + " | " + Megabytes(r.peak_rss_bytes) + " | " +
           Megabytes(r.cache_bytes) + " | " + (front.empty() ? "" : "**" + front + "**") + " |\n";
   }
@@ -186,8 +188,11 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
         std::string(ProtocolName(context.protocol)) +
         " counts). TPF and TPS are ratios of sums over the items, TPS on " +
         (context.clock == Clock::kWall ? std::string("wall-clock") : std::string("process CPU")) +
-        " time; rows/token = (layer, position) "
-        "rows computed per canvas position; peak RSS includes the mapped weights.\n";
+        " time of decoding, as are items/s; batch = sequences per forward (in a batched run "
+        "each forward's time is shared among its sequences in proportion to their rows, so "
+        "TPS and items/s are over the wall time of the whole batched run); rows/token = "
+        "(layer, position) rows computed per canvas position; peak RSS includes the mapped "
+        "weights.\n";
   // Other metrics of the suite (gsm8k: strict_match) and the per-task breakdown.
   if (!rows.empty() && rows[0].metrics.size() > 1) {
     md += "\n| policy | settings |";

@@ -16,6 +16,7 @@ namespace polestar::bench {
 struct ResultRow {
   std::string key, policy, settings;
   int64_t items = 0;
+  int batch = 1;                                              // sequences per forward
   std::vector<std::pair<std::string, double>> metrics;        // accuracy per metric, primary first
   std::vector<std::pair<std::string, double>> task_accuracy;  // primary metric per task
   double nfe_mean = 0, tpf_until_eos = 0, tpf_non_eos = 0, tpf_all = 0;
@@ -23,6 +24,8 @@ struct ResultRow {
   int64_t peak_rss_bytes = 0, cache_bytes = 0;
 
   double accuracy() const { return metrics.empty() ? 0 : metrics.front().second; }
+  // Over the decoding time of the whole run (batched runs share each forward's time).
+  double items_per_second() const { return seconds > 0 ? double(items) / seconds : 0; }
   // Throws Error naming the missing field.
   static ResultRow FromJson(const nlohmann::json& row);
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "base/error.h"
 #include "bench/machine.h"
@@ -98,13 +99,11 @@ ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
   return r;
 }
 
-ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
-                   const DecodeOptions& options, Clock clock) {
+namespace {
+
+ItemRecord GradedRecord(const BenchSuite& suite, std::size_t index, const GenerationResult& g,
+                        double seconds) {
   const BenchItem& item = suite.items.at(index);
-  ResetPeakRss();
-  const double started = ClockSeconds(clock);
-  const GenerationResult g = Generate(model, item.prompt, options);
-  const double seconds = clock == Clock::kWall ? g.seconds : ClockSeconds(clock) - started;
   ItemRecord r;
   r.peak_rss_bytes = PeakRssBytes();
   r.id = item.id;
@@ -122,6 +121,67 @@ ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t inde
   r.extracted = graded.grade.extracted;
   r.completion = graded.completion;
   return r;
+}
+
+}  // namespace
+
+// GenerateBatch has the same refill rule but returns only once every request is done; here
+// each item is graded and handed on as it finishes (the store stays resumable, progress
+// moves), and each forward's time is shared out, which needs the steps one by one.
+void DecodeItems(const Model& model, const BenchSuite& suite, std::span<const std::size_t> indices,
+                 const DecodeOptions& options, int batch, Clock clock,
+                 const std::function<void(const ItemRecord&)>& on_record) {
+  if (batch < 1) Fail("the batch size must be at least 1, not ", batch);
+  for (std::size_t index : indices)
+    options.Validate(model.config(), int(suite.items.at(index).prompt.size()));
+  struct Active {
+    std::size_t slot;  // in `indices`
+    std::unique_ptr<Sequence> sequence;
+    double seconds = 0;  // its share of the forwards so far
+  };
+  std::vector<Active> active;
+  std::map<std::size_t, ItemRecord> finished;  // by slot, until those before it are handed on
+  std::vector<Sequence*> step;                 // [active.size()]
+  std::vector<int64_t> rows;                   // [active.size()] each sequence's rows this step
+  std::size_t next = 0, handed_on = 0;
+  while (handed_on < indices.size()) {
+    if (active.empty()) ResetPeakRss();
+    while (active.size() < std::size_t(batch) && next < indices.size()) {
+      active.push_back(
+          {next, std::make_unique<Sequence>(model, suite.items[indices[next]].prompt, options)});
+      ++next;
+    }
+    step.clear();
+    rows.clear();
+    int64_t total_rows = 0;
+    for (Active& a : active) {
+      step.push_back(a.sequence.get());
+      rows.push_back(a.sequence->NextStepRows());
+      total_rows += rows.back();
+    }
+    const double started = ClockSeconds(clock);
+    StepBatch(step);
+    const double elapsed = ClockSeconds(clock) - started;
+    for (std::size_t i = 0; i < active.size(); ++i) {
+      active[i].seconds += total_rows > 0 ? elapsed * double(rows[i]) / double(total_rows)
+                                          : elapsed / double(active.size());
+    }
+    for (auto it = active.begin(); it != active.end();) {
+      if (!it->sequence->done()) {
+        ++it;
+        continue;
+      }
+      it->sequence->RethrowFailure();
+      finished.emplace(it->slot, GradedRecord(suite, indices[it->slot], it->sequence->TakeResult(),
+                                              it->seconds));
+      it = active.erase(it);
+    }
+    for (auto it = finished.find(handed_on); it != finished.end(); it = finished.find(handed_on)) {
+      on_record(it->second);
+      finished.erase(it);
+      ++handed_on;
+    }
+  }
 }
 
 void Totals::Add(const ItemRecord& r) {
@@ -154,7 +214,8 @@ nlohmann::ordered_json TotalsJson(const Totals& t, const std::vector<std::string
        {{"until_eos", t.TpfUntilEos()}, {"non_eos", t.TpfNonEos()}, {"all_positions", t.TpfAll()}}},
       {"tps", {{"until_eos", t.TpsUntilEos()}, {"non_eos", t.TpsNonEos()}}},
       {"rows_per_token", t.RowsPerToken()},
-      {"seconds", t.seconds}};
+      {"seconds", t.seconds},
+      {"items_per_second", t.ItemsPerSecond()}};
   return j;
 }
 
@@ -216,8 +277,11 @@ ResultStore::ResultStore(std::string dir) : dir_(std::move(dir)) {
         items_[j["key"].get<std::string>()].push_back(ItemRecord::FromJson(j));
       });
   skipped_lines_ +=
-      ReadLines((fs::path(dir_) / "results.jsonl").string(),
-                [&](const nlohmann::json& j) { rows_[j["key"].get<std::string>()] = j; });
+      ReadLines((fs::path(dir_) / "results.jsonl").string(), [&](const nlohmann::json& j) {
+        const std::string key = j["key"].get<std::string>();
+        if (rows_.count(key) == 0) row_keys_.push_back(key);
+        rows_[key] = j;
+      });
 }
 
 std::vector<ItemRecord> ResultStore::Items(const std::string& run_key) const {
@@ -240,7 +304,9 @@ void ResultStore::AppendItem(const std::string& run_key, const ItemRecord& recor
 void ResultStore::AppendRow(const nlohmann::ordered_json& row) {
   PS_CHECK(row.contains("key"));
   AppendLine((fs::path(dir_) / "results.jsonl").string(), row);
-  rows_[row["key"].get<std::string>()] = nlohmann::json(row);
+  const std::string key = row["key"].get<std::string>();
+  if (rows_.count(key) == 0) row_keys_.push_back(key);
+  rows_[key] = nlohmann::json(row);
 }
 
 }  // namespace polestar::bench

@@ -1,17 +1,22 @@
-// Running a suite under one decoding configuration, item by item, and what is kept of it:
-// a record per item, a summary per run, and an append-only store that makes runs resumable.
+// Running a suite under one decoding configuration, its items batched, and what is kept of
+// it: a record per item, a summary per run, and an append-only store that makes runs resumable.
 //
 // Counting protocols (SPEC §3), all as ratios of sums over the items:
 //   TPF until EOS  = tokens before the first EOS / forward passes   (Fast-dLLM's)
 //   TPF non-EOS    = generated tokens that are not EOS / passes      (Polestar's)
 //   TPF all        = canvas positions / passes
-//   TPS            = the same token counts / wall seconds of decoding (grading excluded)
+//   TPS            = the same token counts / wall seconds of decoding (grading excluded); in a
+//                    batched run each forward's time is shared among its sequences, so the
+//                    items' seconds add up to the wall time of the whole run
+//   items/s        = items / the same seconds
 //   rows per token = (layer, position) rows computed / canvas positions
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,9 +47,16 @@ struct ItemRecord {
   static ItemRecord FromJson(const nlohmann::json& j);
 };
 
-// Decodes and grades item `index` of `suite`; `seconds` is the decoding time on `clock`.
-ItemRecord RunItem(const Model& model, const BenchSuite& suite, std::size_t index,
-                   const DecodeOptions& options, Clock clock = Clock::kWall);
+// Decodes and grades the items `indices` of `suite`, at most `batch` sequences per forward (a
+// finished sequence's place goes to the next item), and calls `on_record` for each in the
+// order of `indices`, once it and those before it are done. Each forward's time on `clock` is
+// shared among its sequences in proportion to their rows, so an item's `seconds` is its share
+// and the items' seconds add up to the decoding time of the whole run. An item's peak RSS is
+// the process's since the batch was last empty (at batch 1: while decoding it alone).
+// Throws Error for invalid options before any work, and the error of a sequence that fails.
+void DecodeItems(const Model& model, const BenchSuite& suite, std::span<const std::size_t> indices,
+                 const DecodeOptions& options, int batch, Clock clock,
+                 const std::function<void(const ItemRecord&)>& on_record);
 
 struct Totals {
   int64_t items = 0;
@@ -64,6 +76,7 @@ struct Totals {
   double TpfAll() const { return nfe ? double(positions) / double(nfe) : 0; }
   double TpsUntilEos() const { return seconds > 0 ? double(tokens_until_eos) / seconds : 0; }
   double TpsNonEos() const { return seconds > 0 ? double(non_eos_tokens) / seconds : 0; }
+  double ItemsPerSecond() const { return seconds > 0 ? double(items) / seconds : 0; }
   double RowsPerToken() const { return positions ? double(rows_computed) / double(positions) : 0; }
 };
 
@@ -76,7 +89,8 @@ struct RunSummary {
 
   double Accuracy() const { return overall.Accuracy(metric_names.at(0)); }
   // {"items", "accuracy", "metrics": {m: acc}, "nfe_mean", "tpf": {...}, "tps": {...},
-  //  "rows_per_token", "seconds", "peak_rss_bytes", "cache_bytes", "per_task": {...}}
+  //  "rows_per_token", "seconds", "items_per_second", "peak_rss_bytes", "cache_bytes", "per_task":
+  //  {...}}
   nlohmann::ordered_json ToJson() const;
 };
 
@@ -93,8 +107,9 @@ std::string RunKey(const std::string& model_id, const nlohmann::json& selection,
                    const nlohmann::json& options);
 
 // items.jsonl (one line per decoded item) and results.jsonl (one line per finished run) in
-// a folder. Lines are appended and flushed one at a time, so an interrupted run loses at
-// most the item in flight; a torn last line is skipped when reading.
+// a folder. Lines are appended and flushed one at a time, a run's items in suite order, so an
+// interrupted run loses at most the items in flight (and those finished after them); a torn
+// last line is skipped when reading.
 class ResultStore {
  public:
   // Creates `dir` when needed and reads what is there. Throws Error naming the folder.
@@ -103,6 +118,8 @@ class ResultStore {
   const std::string& dir() const { return dir_; }
   std::vector<ItemRecord> Items(const std::string& run_key) const;
   const nlohmann::json* Row(const std::string& run_key) const;
+  // The keys of the finished runs, in the order their lines were written.
+  const std::vector<std::string>& row_keys() const { return row_keys_; }
   void AppendItem(const std::string& run_key, const ItemRecord& record);
   void AppendRow(const nlohmann::ordered_json& row);  // row["key"] names the run
   int skipped_lines() const { return skipped_lines_; }
@@ -111,6 +128,7 @@ class ResultStore {
   std::string dir_;
   std::map<std::string, std::vector<ItemRecord>> items_;
   std::map<std::string, nlohmann::json> rows_;
+  std::vector<std::string> row_keys_;
   int skipped_lines_ = 0;
 };
 

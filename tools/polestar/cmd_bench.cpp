@@ -20,6 +20,7 @@ struct BenchArgs {
   std::string out;
   std::string policies = KnownPolicies(",");  // every registered policy
   std::vector<std::string> grids;
+  std::vector<std::string> merge;  // shard folders
   std::string protocol = "until-eos", clock = "wall";
   DecodeOptions options;
   int threads = 0;
@@ -50,6 +51,13 @@ repeated command skips what is done; results.csv, results.md, pareto.svg/.png (a
 TPF and TPS, Pareto front marked; pareto.gp redraws it) and run.json (command, commit, machine)
 are rewritten for the command's grid each time.
 
+--batch N decodes N items together (one forward for the next step of each); tokens, NFE and
+accuracy are those of --batch 1, and TPS and items/s are over the wall time of the batched run.
+
+Shards: --shard i/n runs the i-th of n slices of the items (one machine each, e.g. a Slurm
+array); bench --merge DIR1 DIR2 ... -o OUT joins the shard folders into what the command
+without --shard writes: results.jsonl, items.jsonl, the tables and the plot.
+
 --scale: step timings on a random-weight checkpoint (see bench/README.md): full pass, windowed
 pass, prefix- and dual-cache steps, Polestar refresh steps at k clusters, k-means and proxy
 attention; every policy under a forced commit schedule; tokens/s projected from the TPF each
@@ -74,13 +82,16 @@ void AddBenchCommand(CLI::App& app) {
          "shared machine with -t 1)")
       ->capture_default_str();
   cmd->add_flag("--no-plot", args->no_plot, "skip gnuplot");
-  cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit");
+  auto* merge = cmd->add_option("--merge", args->merge,
+                                "join these shard output folders (bench --shard i/n) into -o");
+  cmd->add_flag("--dry-run", args->dry_run, "print the grid's points and exit")->excludes(merge);
   cmd->add_flag("-q,--quiet", args->quiet, "no progress bar");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
   // --scale
   bench::ScaleOptions& so = args->scale_options;
-  cmd->add_flag("--scale", args->scale, "scale benchmark on a random-weight checkpoint");
+  cmd->add_flag("--scale", args->scale, "scale benchmark on a random-weight checkpoint")
+      ->excludes(merge);
   cmd->add_option("--like", so.like, "--scale: model shape (llada-1b, llada-8b, dream-7b, ...)")
       ->capture_default_str();
   cmd->add_option("--layer-scale", so.layer_scale, "--scale: multiply the shape's layer count")
@@ -116,6 +127,21 @@ void AddBenchCommand(CLI::App& app) {
     SetThreadCount(args->threads);
     const bench::MachineInfo machine =
         bench::DescribeMachine(bench::ProcessCommandLine(), bench::SourceDir(), ThreadCount());
+    if (!args->merge.empty()) {
+      if (args->out.empty()) Fail("--merge needs the output folder: -o DIR");
+      bench::MergeRequest request;
+      request.shard_dirs = args->merge;
+      request.out_dir = args->out;
+      request.machine = machine;
+      request.protocol = bench::ProtocolFromName(args->protocol);
+      request.plot = !args->no_plot;
+      const bench::BenchOutcome outcome = bench::MergeShards(request);
+      std::printf("%d run(s) merged from %zu folder(s), %d already in %s\n",
+                  int(outcome.rows.size()) - outcome.runs_skipped, args->merge.size(),
+                  outcome.runs_skipped, args->out.c_str());
+      for (const std::string& f : outcome.files) std::printf("  %s\n", f.c_str());
+      return;
+    }
     if (args->scale) {
       bench::ScaleOptions options = args->scale_options;
       options.policies = bench::SplitList(args->scale_policies, ',', "--scale-policies");
@@ -151,6 +177,7 @@ void AddBenchCommand(CLI::App& app) {
     request.machine = machine;
     request.protocol = bench::ProtocolFromName(args->protocol);
     request.clock = bench::ClockFromName(args->clock);
+    request.batch = args->suite.batch;
     request.plot = !args->no_plot;
     request.progress = !args->quiet;
     if (args->dry_run) {

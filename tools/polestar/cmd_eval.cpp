@@ -65,12 +65,13 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
           if (args->items) records.push_back(r);
           progress.Update(int64_t(done), r.id);
         },
-        bench::ClockFromName(args->clock));
+        bench::ClockFromName(args->clock), args->suite.batch);
     progress.Finish();
     if (args->json) {
       nlohmann::ordered_json out = {
           {"model", model_dir},
           {"suite", suite.selection},
+          {"batch", args->suite.batch},
           {"options", bench::OptionsToJson(options.Resolved(model->config()))},
           {"summary", summary.ToJson()}};
       if (args->items) {
@@ -93,6 +94,11 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
       std::printf("%s: %.1f%%\n", suite.metric_names[m].c_str(),
                   100 * summary.overall.Accuracy(suite.metric_names[m]));
     }
+    // In a batched run the items' seconds are shares of the forwards: their sum is the run's.
+    std::printf("batch %d: %.2f items/s (%lld items in %.2f s of decoding, %s clock)\n",
+                args->suite.batch, summary.overall.ItemsPerSecond(),
+                static_cast<long long>(summary.overall.items), summary.overall.seconds,
+                args->clock.c_str());
   });
 }
 

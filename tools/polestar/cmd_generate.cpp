@@ -1,9 +1,13 @@
-// polestar generate: decode a prompt with any policy; text, JSON, or a live canvas.
+// polestar generate: decode a prompt with any policy; text, JSON, or a live canvas; or a file
+// of prompts, batched, JSONL in and out.
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -13,12 +17,14 @@
 #include "decode_flags.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/model_tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace polestar::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, chat_template, system;
+  std::string model, prompt, prompt_ids, prompts_file, chat_template, system;
+  int batch = 1;
   DecodeOptions options;
   bool raw = false, json = false, trace = false, visual = false;
   bool stop_at_eos = true;
@@ -54,6 +60,155 @@ std::vector<int> VisibleIds(const ModelConfig& config, const std::vector<int>& g
   return ids;
 }
 
+// The text of the visible ids ("" without a tokenizer).
+std::string VisibleText(const Tokenizer* tokenizer, const std::vector<int>& visible) {
+  if (tokenizer == nullptr) return "";
+  return tokenizer->Decode(visible, {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+}
+
+// The prompt file's name in messages.
+std::string PromptsName(const GenerateArgs& args) {
+  return args.prompts_file == "-" ? "stdin" : args.prompts_file;
+}
+
+// The prompt ids of -p TEXT or of a "prompt" line: the chat template unless --raw.
+std::vector<int> EncodeTextPrompt(const Tokenizer& tokenizer, const GenerateArgs& args,
+                                  const std::string& text) {
+  if (args.raw) return tokenizer.Encode(text);
+  std::vector<ChatMessage> messages;
+  if (!args.system.empty()) messages.push_back({"system", args.system});
+  messages.push_back({"user", text});
+  return ApplyChatTemplate(tokenizer, messages, ChatTemplateFor(tokenizer, args.chat_template));
+}
+
+// The JSON of one generation, as --json prints it; "text" when there is a tokenizer.
+nlohmann::ordered_json ResultJson(const GenerationResult& r, const Tokenizer* tokenizer,
+                                  const std::string& text, bool trace) {
+  nlohmann::ordered_json out = {
+      {"tokens", r.tokens},
+      {"generated", r.generated},
+      {"nfe", r.nfe},
+      {"tpf",
+       {{"until_eos", r.TpfUntilEos()},
+        {"non_eos", r.TpfNonEos()},
+        {"all_positions", r.TpfAllPositions()}}},
+      {"tps", {{"until_eos", r.TpsUntilEos()}, {"non_eos", r.TpsNonEos()}}},
+      {"tokens_generated", r.tokens_until_eos},
+      {"rows_computed", r.rows_computed},
+      {"seconds", r.seconds}};
+  if (tokenizer != nullptr) out["text"] = text;
+  if (trace) out["trace"] = r.trace;
+  return out;
+}
+
+// One line of a --prompts file.
+struct PromptLine {
+  int line = 0;  // in the file, from 1
+  nlohmann::json id;
+  std::vector<int> prompt;
+};
+
+// Reads a JSONL file of prompts ("-": stdin): an object a line with "prompt" (text, as -p),
+// "messages" (a chat: [{"role", "content"}, ...], the template applied) or "prompt_ids", and
+// optionally "id". Blank lines are skipped. Throws Error naming the line of a bad one.
+std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* tokenizer) {
+  std::ifstream file;
+  if (args.prompts_file != "-") {
+    file.open(args.prompts_file, std::ios::binary);
+    if (!file) Fail("cannot open --prompts ", args.prompts_file);
+  }
+  std::istream& in = args.prompts_file == "-" ? std::cin : file;
+  const std::string name = PromptsName(args);
+  std::vector<PromptLine> prompts;
+  std::string text;
+  for (int number = 1; std::getline(in, text); ++number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = Cat(name, ":", number);
+    if (!unicode::IsValidUtf8(text)) Fail(where, ": the line is not valid UTF-8");
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded()) Fail(where, ": invalid JSON");
+    if (!j.is_object()) Fail(where, ": expected a JSON object");
+    PromptLine p{number, j.value("id", nlohmann::json()), {}};
+    const int given =
+        int(j.contains("prompt")) + int(j.contains("messages")) + int(j.contains("prompt_ids"));
+    if (given != 1) Fail(where, ": needs exactly one of \"prompt\", \"messages\", \"prompt_ids\"");
+    if (j.contains("prompt_ids")) {
+      if (!j["prompt_ids"].is_array()) Fail(where, ": \"prompt_ids\" must be a list of ids");
+      for (const nlohmann::json& id : j["prompt_ids"]) {
+        if (!id.is_number_integer()) Fail(where, ": \"prompt_ids\" must be a list of ids");
+        p.prompt.push_back(id.get<int>());
+      }
+      prompts.push_back(std::move(p));
+      continue;
+    }
+    if (tokenizer == nullptr) Fail(where, ": text prompts need a model with a tokenizer");
+    if (j.contains("prompt")) {
+      if (!j["prompt"].is_string()) Fail(where, ": \"prompt\" must be a string");
+      p.prompt = EncodeTextPrompt(*tokenizer, args, j["prompt"].get<std::string>());
+    } else {
+      if (!j["messages"].is_array() || j["messages"].empty())
+        Fail(where, ": \"messages\" must be a non-empty list of {\"role\", \"content\"}");
+      std::vector<ChatMessage> messages;
+      for (const nlohmann::json& m : j["messages"]) {
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+            !m.contains("content") || !m["content"].is_string()) {
+          Fail(where, ": each message needs string \"role\" and \"content\"");
+        }
+        messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      try {
+        p.prompt = ApplyChatTemplate(*tokenizer, messages,
+                                     ChatTemplateFor(*tokenizer, args.chat_template));
+      } catch (const Error& e) {
+        Fail(where, ": ", e.what());
+      }
+    }
+    prompts.push_back(std::move(p));
+  }
+  if (prompts.empty()) Fail("--prompts ", name, " has no prompts");
+  return prompts;
+}
+
+// --prompts: every line decoded through GenerateBatch, one JSON line out per prompt in order.
+void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Tokenizer* tokenizer) {
+  const std::vector<PromptLine> prompts = ReadPrompts(args, tokenizer);
+  std::vector<GenerationRequest> requests;
+  for (const PromptLine& p : prompts) requests.push_back({p.prompt, args.options});
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<GenerationResult> results;
+  try {
+    results = GenerateBatch(model, requests, args.batch, args.trace);
+  } catch (const Error&) {
+    // GenerateBatch checks every request before any work; find the line it refused (a
+    // Sequence checks its prompt and options as it is built).
+    for (const PromptLine& p : prompts) {
+      try {
+        Sequence check(model, p.prompt, args.options);
+      } catch (const Error& line_error) {
+        Fail(PromptsName(args), ":", p.line, ": ", line_error.what());
+      }
+    }
+    throw;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  int64_t tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GenerationResult& r = results[i];
+    const std::string text =
+        VisibleText(tokenizer, VisibleIds(model.config(), r.generated, args.stop_at_eos));
+    nlohmann::ordered_json out = {{"index", i}};
+    if (!prompts[i].id.is_null()) out["id"] = prompts[i].id;
+    const nlohmann::ordered_json result = ResultJson(r, tokenizer, text, args.trace);
+    for (const auto& [key, value] : result.items()) out[key] = value;
+    std::printf("%s\n", out.dump().c_str());
+    tokens += r.tokens_until_eos;
+  }
+  std::fprintf(stderr, "[%s: %zu prompts, batch %d: %.2f s, %.2f prompts/s, %.1f tokens/s]\n",
+               args.options.policy.c_str(), prompts.size(), args.batch, seconds,
+               double(prompts.size()) / seconds, double(tokens) / seconds);
+}
+
 }  // namespace
 
 void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
@@ -66,6 +221,16 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
                      ->check(Utf8Text());
   auto* ids = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as token ids: 1,2,3");
   prompt->excludes(ids);
+  auto* prompts = cmd->add_option("--prompts", args->prompts_file,
+                                  "JSONL file of prompts (- for stdin): {\"prompt\": TEXT} or "
+                                  "{\"messages\": [...]} or {\"prompt_ids\": [...]}, "
+                                  "optional \"id\"; one JSON line out per prompt");
+  prompts->excludes(prompt)->excludes(ids);
+  cmd->add_option("--batch", args->batch,
+                  "with --prompts: prompts decoded together, one forward for all")
+      ->check(CLI::Range(1, 4096))
+      ->needs(prompts)
+      ->capture_default_str();
   cmd->add_flag("--raw", args->raw, "tokenize the prompt as is, without the chat template");
   cmd->add_option("--chat-template", args->chat_template,
                   "llada | chatml (default: from the model)");
@@ -74,15 +239,16 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->add_flag("--trace", args->trace, "with --json: every step's commits and policy statistics");
-  cmd->add_flag("--visual,--diffusion-visual", args->visual, "show the canvas as it fills");
+  cmd->add_flag("--visual,--diffusion-visual", args->visual, "show the canvas as it fills")
+      ->excludes(prompts);
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
   args->options = defaults;
   AddDecodeFlags(cmd, args->options);
-  cmd->callback([args, prompt, ids] {
+  cmd->callback([args, prompt, ids, prompts] {
     SetThreadCount(args->threads);
-    if (prompt->count() == 0 && ids->count() == 0)
-      Fail("give a prompt with -p TEXT or --prompt-ids 1,2,3");
+    if (prompt->count() == 0 && ids->count() == 0 && prompts->count() == 0)
+      Fail("give a prompt with -p TEXT, --prompt-ids 1,2,3 or --prompts FILE.jsonl");
     const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
     auto model = Model::Load(model_path);
     const ModelConfig& config = model->config();
@@ -90,21 +256,14 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
     std::vector<int> prompt_ids;
     if (prompt->count() > 0) {
       tokenizer = LoadModelTokenizer(model_path);
-      if (args->raw) {
-        prompt_ids = tokenizer->Encode(args->prompt);
-      } else {
-        std::vector<ChatMessage> messages;
-        if (!args->system.empty()) messages.push_back({"system", args->system});
-        messages.push_back({"user", args->prompt});
-        prompt_ids = ApplyChatTemplate(*tokenizer, messages,
-                                       ChatTemplateFor(*tokenizer, args->chat_template));
-      }
+      prompt_ids = EncodeTextPrompt(*tokenizer, *args, args->prompt);
     } else {
-      prompt_ids = ParseIdList(args->prompt_ids, "--prompt-ids");
       if (std::filesystem::is_directory(model_path) &&
           std::filesystem::exists(std::filesystem::path(model_path) / "tokenizer.json")) {
         tokenizer = LoadModelTokenizer(model_path);
       }
+      if (prompts->count() > 0) return GeneratePromptFile(*args, *model, tokenizer.get());
+      prompt_ids = ParseIdList(args->prompt_ids, "--prompt-ids");
     }
     const bool tty = isatty(STDERR_FILENO) != 0;
     StepCallback on_step;
@@ -126,24 +285,9 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
     }
     const GenerationResult r = Generate(*model, prompt_ids, args->options, on_step, args->trace);
     const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
-    std::string text;
-    if (tokenizer != nullptr)
-      text = tokenizer->Decode(visible,
-                               {.skip_special_tokens = true, .clean_up_spaces = std::nullopt});
+    const std::string text = VisibleText(tokenizer.get(), visible);
     if (args->json) {
-      nlohmann::json out = {{"tokens", r.tokens},
-                            {"generated", r.generated},
-                            {"nfe", r.nfe},
-                            {"tpf",
-                             {{"until_eos", r.TpfUntilEos()},
-                              {"non_eos", r.TpfNonEos()},
-                              {"all_positions", r.TpfAllPositions()}}},
-                            {"tps", {{"until_eos", r.TpsUntilEos()}, {"non_eos", r.TpsNonEos()}}},
-                            {"rows_computed", r.rows_computed},
-                            {"seconds", r.seconds}};
-      if (tokenizer != nullptr) out["text"] = text;
-      if (args->trace) out["trace"] = r.trace;
-      std::printf("%s\n", out.dump().c_str());
+      std::printf("%s\n", ResultJson(r, tokenizer.get(), text, args->trace).dump().c_str());
       return;
     }
     if (tokenizer != nullptr) {

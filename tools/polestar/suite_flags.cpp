@@ -17,6 +17,10 @@ void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
   cmd->add_option("--shard", flags.shard, "i/n: the i-th of n contiguous slices (0-based)");
   cmd->add_option("--data", flags.data_dir,
                   "data folder of gsm8k/math500/humaneval/mbpp (default: data/)");
+  cmd->add_option("--batch", flags.batch,
+                  "items decoded together, one forward for all (same tokens as one at a time)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--prompt-format", flags.prompt_format, "auto | chat | raw")
       ->capture_default_str();
 }

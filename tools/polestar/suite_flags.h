@@ -1,4 +1,5 @@
-// The flags eval and bench share to choose a model and a suite's items, declared once.
+// The flags eval and bench share to choose a model, a suite's items and how many of them
+// decode together, declared once.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@ struct SuiteFlags {
   std::string model, suite = "tiny", data_dir, shard, prompt_format = "auto";
   int per_task = 0;
   std::size_t limit = 0;
+  int batch = 1;  // items per forward
 };
 
 void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags);
