@@ -329,30 +329,6 @@ TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
   EXPECT_EQ(Deltas({"ab", "S"}, {"ST"}, &stopped), (std::vector<std::string>{"ab", "", "S"}));
 }
 
-TEST(FairTurn, NeverLetsInMoreThanItsSlots) {
-  for (int slots : {1, 2}) {
-    FairTurn turn(slots);
-    std::atomic<int> active{0}, most{0};
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 4; ++w) {
-      workers.emplace_back([&] {
-        for (int step = 0; step < 50; ++step) {
-          turn.Acquire();
-          const int now = ++active;
-          int seen = most;
-          while (now > seen && !most.compare_exchange_weak(seen, now)) {
-          }
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-          --active;
-          turn.Release();
-        }
-      });
-    }
-    for (std::thread& t : workers) t.join();
-    EXPECT_EQ(most, slots);
-  }
-}
-
 TEST(Codecs, CharVocabularyPadsPromptsAndRejectsUnknownCharacters) {
   auto codec = CharVocabCodec::Load(testing::FixtureDir("llada-probe") + "/vocab.json");
   const std::vector<int> ids = codec->EncodeText("A678+741=");
