@@ -33,6 +33,7 @@ ApiError OutcomeError(const JobOutcome& outcome, double timeout_seconds) {
   }
 }
 
+// MB as --kv-budget counts them (2^20 bytes), to two decimals.
 double Megabytes(int64_t bytes) { return std::round(double(bytes) / (1 << 20) * 100) / 100; }
 
 // A request whose caches exceed the whole KV budget: it would wait for ever.
