@@ -15,14 +15,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "base/error.h"
+#include "base/parallel.h"
+#include "decode/generate.h"
 #include "decode/option_schema.h"
+#include "decode/policy_registry.h"
 #include "io/json_file.h"
 #include "model/model.h"
 #include "server/api.h"
@@ -327,30 +333,6 @@ TEST(OutputText, StopStringsAcrossTokensAreHeldBackAndCut) {
   // The earliest of several stop strings wins; held text is released at the end.
   EXPECT_EQ(Deltas({"1,2", ";3"}, {";", ",2"}, &stopped), (std::vector<std::string>{"1", ""}));
   EXPECT_EQ(Deltas({"ab", "S"}, {"ST"}, &stopped), (std::vector<std::string>{"ab", "", "S"}));
-}
-
-TEST(FairTurn, NeverLetsInMoreThanItsSlots) {
-  for (int slots : {1, 2}) {
-    FairTurn turn(slots);
-    std::atomic<int> active{0}, most{0};
-    std::vector<std::thread> workers;
-    for (int w = 0; w < 4; ++w) {
-      workers.emplace_back([&] {
-        for (int step = 0; step < 50; ++step) {
-          turn.Acquire();
-          const int now = ++active;
-          int seen = most;
-          while (now > seen && !most.compare_exchange_weak(seen, now)) {
-          }
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-          --active;
-          turn.Release();
-        }
-      });
-    }
-    for (std::thread& t : workers) t.join();
-    EXPECT_EQ(most, slots);
-  }
 }
 
 TEST(Codecs, CharVocabularyPadsPromptsAndRejectsUnknownCharacters) {
@@ -1035,6 +1017,327 @@ TEST(Server, RequestsTimeOut) {
   EXPECT_LT(s.server().metrics().ForwardPasses(), 2 * 256);
 }
 
+// --- continuous batching -------------------------------------------------------------------
+
+// What a request gets decoded alone (Generate, batch 1): the text rebuilt token by token from
+// the canvas, up to EOS or max_tokens, and the NFE of the whole canvas.
+struct AloneAnswer {
+  std::string text;
+  int nfe = 0;
+  int completion_tokens = 0;
+};
+
+class AloneDecoder {
+ public:
+  explicit AloneDecoder(const std::string& fixture, DecodeOptions defaults = {})
+      : model_(Model::Load(testing::FixtureDir(fixture))),
+        codec_(LoadTextCodec(testing::FixtureDir(fixture), model_->config())),
+        defaults_(defaults) {}
+
+  AloneAnswer Answer(const json& body) const {
+    const ModelConfig& config = model_->config();
+    const CompletionRequest request = Parse(body);
+    // One thread, as the test servers' forwards: tiny products over two threads spend their
+    // time waiting on a busy machine.
+    SetThreadCount(1);
+    const GenerationResult result = Generate(*model_, request.prompts.at(0), request.options);
+    AloneAnswer answer;
+    answer.nfe = result.nfe;
+    std::unique_ptr<TextStream> stream = codec_->NewTextStream();
+    for (int i = 0; i < request.max_tokens; ++i) {
+      const int token = result.generated.at(size_t(i));
+      if (IsEndToken(config, token)) break;
+      answer.text += stream->Push(token);
+      ++answer.completion_tokens;
+    }
+    answer.text += stream->Finish();
+    return answer;
+  }
+  int64_t CacheBytes(const json& body) const {
+    const CompletionRequest request = Parse(body);
+    return SequenceCacheBytes(*model_, int(request.prompts.at(0).size()), request.options);
+  }
+
+ private:
+  CompletionRequest Parse(const json& body) const {
+    RequestLimits limits;
+    limits.max_prompt_tokens = limits.max_tokens = model_->config().max_positions;
+    return ParseCompletionRequest(body, EndpointOf(body), defaults_, *codec_, model_->config(),
+                                  limits);
+  }
+
+ public:
+  static Endpoint EndpointOf(const json& body) {
+    return body.contains("messages") ? Endpoint::kChatCompletions : Endpoint::kCompletions;
+  }
+
+ private:
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<TextCodec> codec_;
+  DecodeOptions defaults_;
+};
+
+// Request i of a mixed load on llada-tiny: prompt and answer lengths, policy, sampling,
+// thresholds, guidance, stop_early, endpoint and streaming all vary with i.
+json MixedRequest(int i, int steps_divisor = 1) {
+  const std::vector<PolicyEntry>& policies = RegisteredPolicies();
+  const PolicyEntry& policy = policies[size_t(i) % policies.size()];
+  std::string prompt;
+  for (int k = 0; k < 2 + i * 7 % 19; ++k) {
+    if (k) prompt += ' ';
+    prompt += std::to_string((i * 31 + k * 17) % 150);
+  }
+  const int max_tokens = std::array{8, 16, 24, 40}[size_t(i) % 4];
+  json body = {{"max_tokens", max_tokens},
+               {"block_length", 8},
+               {"steps", max_tokens / steps_divisor / (1 + i % 2)},
+               {"policy", policy.name},
+               {"stop_early", i % 3 != 0},
+               {"stream", i / 2 % 2 == 1}};
+  if (i % 3 == 1) {
+    body["temperature"] = 1.0;
+    body["seed"] = i;
+  }
+  if (i % 5 == 2) body["threshold"] = 0.5;
+  if (i % 7 == 3 && policy.guidance) body["cfg_scale"] = 1.5;
+  if (i % 4 == 3) {
+    body["messages"] = {{{"role", "user"}, {"content", prompt}}};
+  } else {
+    body["prompt"] = prompt;
+  }
+  return body;
+}
+
+// The server's answer to `body` (streamed or not): text, NFE and completion tokens.
+AloneAnswer Ask(const TestServer& s, const json& body) {
+  const bool chat = AloneDecoder::EndpointOf(body) == Endpoint::kChatCompletions;
+  const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+  AloneAnswer answer;
+  if (body.value("stream", false)) {
+    SseParser parser;
+    EXPECT_EQ(s.Stream(path, body, parser), 200) << body.dump();
+    json final_chunk;
+    answer.text =
+        Reassemble(parser.events, chat ? "chat.completion.chunk" : "text_completion", &final_chunk);
+    answer.nfe = final_chunk["timings"].value("nfe", -1);
+    answer.completion_tokens = final_chunk["timings"].value("completion_tokens", -1);
+    return answer;
+  }
+  const Reply r = s.Post(path, body);
+  EXPECT_EQ(r.status, 200) << body.dump() << " -> " << r.text;
+  if (r.status != 200) return answer;
+  const json& choice = r.body["choices"][0];
+  answer.text = chat ? choice["message"]["content"] : choice["text"];
+  answer.nfe = r.body["timings"]["nfe"];
+  answer.completion_tokens = r.body["usage"]["completion_tokens"];
+  return answer;
+}
+
+// Every answer of `bodies`, sent by `clients` threads at once (client c sends c, c + clients, ...).
+std::vector<AloneAnswer> AskConcurrently(const TestServer& s, const std::vector<json>& bodies,
+                                         int clients) {
+  std::vector<AloneAnswer> answers(bodies.size());
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      for (size_t i = size_t(c); i < bodies.size(); i += size_t(clients))
+        answers[i] = Ask(s, bodies[i]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return answers;
+}
+
+void ExpectAnswersAsAlone(const AloneDecoder& alone, const std::vector<json>& bodies,
+                          const std::vector<AloneAnswer>& answers) {
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE(bodies[i].dump());
+    const AloneAnswer expected = alone.Answer(bodies[i]);
+    EXPECT_EQ(answers[i].text, expected.text);
+    if (!bodies[i].value("stop_early", true)) {
+      EXPECT_EQ(answers[i].nfe, expected.nfe);
+    }
+    if (!bodies[i].value("stream", false)) {
+      EXPECT_EQ(answers[i].completion_tokens, expected.completion_tokens);
+    }
+  }
+}
+
+TEST(Server, ConcurrentMixedLoadAnswersEveryRequestAsItIsAnsweredAlone) {
+  ServerOptions o;
+  o.max_batch = 8;
+  o.queue = 32;
+  TestServer s(o, "llada-tiny");
+  std::vector<json> bodies;
+  for (int i = 0; i < 24; ++i) bodies.push_back(MixedRequest(i));
+  const std::vector<AloneAnswer> answers = AskConcurrently(s, bodies, 8);
+  ExpectAnswersAsAlone(AloneDecoder("llada-tiny"), bodies, answers);
+  const auto empty = std::count_if(answers.begin(), answers.end(),
+                                   [](const AloneAnswer& a) { return a.text.empty(); });
+  EXPECT_LT(empty, 4) << "the answers have text to compare";
+  EXPECT_GT(s.Metric("polestar_batch_size_count"), s.Metric("polestar_batch_size_bucket{le=\"1\"}"))
+      << "some forwards batched several requests";
+  EXPECT_EQ(s.Metric("polestar_batch_size_bucket{le=\"8\"}"), s.Metric("polestar_batch_size_count"))
+      << "never more than --max-batch";
+  EXPECT_EQ(s.Metric("polestar_batch_rows_count"), s.Metric("polestar_step_seconds_count"));
+  EXPECT_EQ(s.Metric("polestar_kv_bytes_in_use"), 0);
+  EXPECT_EQ(s.Metric("polestar_requests_processing"), 0);
+  EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
+  const std::string text = s.Get("/metrics").text;
+  EXPECT_NE(text.find("# TYPE polestar_batch_size histogram"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE polestar_batch_rows histogram"), std::string::npos);
+}
+
+TEST(Server, ARequestLargerThanTheWholeKvBudgetIsRefusedAtOnce) {
+  const AloneDecoder alone("llada-tiny");
+  const json small = {{"prompt", "1 2 3"}, {"max_tokens", 16}, {"block_length", 8}};
+  json large = small;
+  large["max_tokens"] = 256;
+  const int64_t small_bytes = alone.CacheBytes(small), large_bytes = alone.CacheBytes(large);
+  ASSERT_LT(3 * small_bytes, large_bytes);
+  ServerOptions o;
+  o.kv_budget_mb = 3.0 * double(small_bytes) / (1 << 20);
+  TestServer s(o, "llada-tiny");
+  auto megabytes = [](int64_t bytes) {
+    std::ostringstream out;
+    out << std::round(double(bytes) / (1 << 20) * 100) / 100 << " MB";
+    return out.str();
+  };
+  for (bool stream : {false, true}) {
+    large["stream"] = stream;
+    const Reply r = s.Post("/v1/completions", large);
+    EXPECT_EQ(r.status, 400) << r.text;
+    EXPECT_EQ(r.body["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(r.body["error"]["code"], "kv_budget_exceeded");
+    EXPECT_EQ(r.body["error"]["param"], "max_tokens");
+    const std::string message = r.body["error"]["message"];
+    EXPECT_NE(message.find(megabytes(large_bytes)), std::string::npos) << message;
+    EXPECT_NE(message.find(megabytes(3 * small_bytes)), std::string::npos) << message;
+    EXPECT_NE(message.find("--kv-budget"), std::string::npos) << message;
+  }
+  EXPECT_EQ(s.Metric("polestar_forward_passes_total"), 0) << "refused before it ran";
+  EXPECT_EQ(s.Post("/v1/completions", small).status, 200);
+}
+
+TEST(Server, RequestsWaitForRoomInTheKvBudgetAndAllComplete) {
+  const AloneDecoder alone("llada-tiny");
+  std::vector<json> bodies;
+  for (int i = 0; i < 8; ++i) {
+    // One size of cache for all: equal prompt lengths and canvases, no hidden states kept.
+    bodies.push_back({{"prompt", Cat(i, " ", i + 1, " ", i + 2, " ", i + 3)},
+                      {"max_tokens", 32},
+                      {"block_length", 8},
+                      {"steps", 16},
+                      {"policy", i % 2 ? "fast-dllm-dual" : "vanilla"},
+                      {"stop_early", false},
+                      {"stream", i % 3 == 0}});
+  }
+  const int64_t bytes = alone.CacheBytes(bodies[0]);
+  for (const json& body : bodies) ASSERT_EQ(alone.CacheBytes(body), bytes);
+  ServerOptions o;
+  o.max_batch = 8;
+  o.queue = 16;
+  o.kv_budget_mb = 2.5 * double(bytes) / (1 << 20);  // room for two at a time
+  TestServer s(o, "llada-tiny");
+  EXPECT_EQ(s.Metric("polestar_kv_budget_bytes"), int64_t(2.5 * double(bytes)));
+  const std::vector<AloneAnswer> answers = AskConcurrently(s, bodies, 8);
+  ExpectAnswersAsAlone(alone, bodies, answers);
+  EXPECT_EQ(s.Metric("polestar_batch_size_bucket{le=\"2\"}"), s.Metric("polestar_batch_size_count"))
+      << "the budget holds two sequences at most";
+  EXPECT_EQ(s.Metric("polestar_kv_bytes_in_use"), 0);
+  EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
+}
+
+TEST(Server, CancellingOneRequestMidBatchLeavesTheOthersUnchanged) {
+  ServerOptions o;
+  o.max_batch = 8;
+  TestServer s(o, "llada-tiny");
+  std::vector<json> bodies;
+  for (int i = 0; i < 4; ++i) {
+    bodies.push_back({{"prompt", Cat(i + 1, " 2 3")},
+                      {"max_tokens", 96},
+                      {"block_length", 32},
+                      {"steps", 48},
+                      {"policy", i % 2 ? "fast-dllm-prefix" : "vanilla"},
+                      {"stop_early", false},
+                      {"stream", i % 2 == 1}});
+  }
+  std::vector<AloneAnswer> answers;
+  std::thread others([&] { answers = AskConcurrently(s, bodies, 4); });
+  // The stream hangs up once the others run beside it.
+  SseParser parser;
+  s.Stream("/v1/completions", LongRequest(true), parser, [&](const SseParser& p) {
+    return p.events.size() < 2 || s.Metric("polestar_requests_processing") < 5;
+  });
+  others.join();
+  EXPECT_EQ(s.server().metrics().RequestCount("/v1/completions", 499), 1);
+  ExpectAnswersAsAlone(AloneDecoder("llada-tiny"), bodies, answers);
+  EXPECT_GT(
+      s.Metric("polestar_batch_size_count") - s.Metric("polestar_batch_size_bucket{le=\"4\"}"), 0)
+      << "the cancelled one ran in a batch with the other four";
+  EXPECT_LT(s.server().metrics().ForwardPasses(), 4 * 48 + 256) << "it stopped early";
+}
+
+TEST(Server, OneSequencePerForwardStillRunsEveryRequestInTurn) {
+  // --max-batch 1, today's interleaving; and a row budget smaller than any step, which a
+  // sequence alone may exceed.
+  for (const auto& [max_batch, max_rows] : {std::pair{1, 4096}, std::pair{8, 1}}) {
+    SCOPED_TRACE(Cat("--max-batch ", max_batch, " --max-batch-rows ", max_rows));
+    ServerOptions o;
+    o.max_batch = max_batch;
+    o.max_batch_rows = max_rows;
+    o.parallel = 4;
+    TestServer s(o, "llada-tiny");
+    // A long request, then three short ones sent once it has taken its first step.
+    std::vector<json> bodies;
+    for (int i = 0; i < 4; ++i) {
+      bodies.push_back({{"prompt", Cat(i + 3, " 1")},
+                        {"max_tokens", i ? 32 : 128},
+                        {"block_length", i ? 8 : 0},
+                        {"steps", i ? 32 : 128},
+                        {"stop_early", false},
+                        {"stream", true},
+                        {"stream_canvas", true}});
+    }
+    // Per request: when its first and its last step's canvas arrived.
+    std::vector<std::pair<Clock::time_point, Clock::time_point>> spans(bodies.size());
+    std::vector<std::string> texts(bodies.size());
+    std::atomic<bool> long_one_stepped{false};
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      clients.emplace_back([&, i] {
+        while (i > 0 && !long_one_stepped) std::this_thread::sleep_for(1ms);
+        SseParser parser;
+        size_t seen = 0;
+        EXPECT_EQ(s.Stream("/v1/completions", bodies[i], parser,
+                           [&](const SseParser& p) {
+                             for (; seen < p.events.size(); ++seen) {
+                               const SseEvent& e = p.events[seen];
+                               if (e.name != "canvas" || json::parse(e.data)["nfe"] == 0) continue;
+                               if (spans[i].first == Clock::time_point{})
+                                 spans[i].first = Clock::now();
+                               spans[i].second = Clock::now();
+                               if (i == 0) long_one_stepped = true;
+                             }
+                             return true;
+                           }),
+                  200);
+        texts[i] = Reassemble(parser.events, "text_completion", nullptr);
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    const AloneDecoder alone("llada-tiny");
+    for (size_t i = 0; i < bodies.size(); ++i) EXPECT_EQ(texts[i], alone.Answer(bodies[i]).text);
+    EXPECT_EQ(s.Metric("polestar_batch_size_bucket{le=\"1\"}"),
+              s.Metric("polestar_batch_size_count"))
+        << "one sequence per forward";
+    EXPECT_EQ(s.Metric("polestar_forward_passes_total"), 128 + 3 * 32);
+    // The short ones ran between the long one's steps, not after them.
+    for (size_t i = 1; i < bodies.size(); ++i)
+      EXPECT_LT(spans[i].second, spans[0].second) << "requests take turns step by step";
+  }
+}
+
 TEST(Server, ApiKeyIsRequiredExceptForHealthAndThePage) {
   ServerOptions o = ProbeOptions();
   o.api_key = "sekrit";
@@ -1072,6 +1375,12 @@ TEST(Server, MetricsCountRequestsTokensAndSteps) {
   EXPECT_EQ(s.Metric("polestar_forward_passes_total"), nfe);
   EXPECT_EQ(s.Metric("polestar_step_seconds_count"), nfe);
   EXPECT_EQ(s.Metric("polestar_step_seconds_bucket{le=\"+Inf\"}"), nfe);
+  EXPECT_EQ(s.Metric("polestar_batch_size_bucket{le=\"1\"}"), nfe) << "alone in every forward";
+  EXPECT_EQ(s.Metric("polestar_batch_size_sum"), nfe);
+  EXPECT_EQ(s.Metric("polestar_batch_rows_count"), nfe);
+  EXPECT_GE(s.Metric("polestar_batch_rows_sum"), nfe);
+  EXPECT_EQ(s.Metric("polestar_kv_bytes_in_use"), 0);
+  EXPECT_GT(s.Metric("polestar_kv_budget_bytes"), 0) << "half the memory by default";
   EXPECT_EQ(s.Metric("polestar_queue_depth"), 0);
   const std::string text = s.Get("/metrics").text;
   EXPECT_NE(text.find("# TYPE polestar_step_seconds histogram"), std::string::npos);
@@ -1480,8 +1789,8 @@ TEST(ServeCommand, ServesUntilSigterm) {
     dup2(stderr_pipe[1], 2);
     close(stderr_pipe[0]);
     execl(POLESTAR_BINARY, POLESTAR_BINARY, "serve", "-m", model.c_str(), "--port", "0", "-t", "1",
-          "--gen-length", "32", "--block-length", "8", "--alias", "probe",
-          static_cast<char*>(nullptr));
+          "--gen-length", "32", "--block-length", "8", "--alias", "probe", "--max-batch", "4",
+          "--max-batch-rows", "256", "--kv-budget", "64", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(stderr_pipe[1]);
@@ -1545,28 +1854,41 @@ size_t ResidentBytes() {
 
 TEST(Server, NoMemoryGrowthAcrossManyRequests) {
   ServerOptions o;
-  o.parallel = 2;
+  o.max_batch = 4;
+  o.queue = 16;
   TestServer s(o, "llada-tiny");
-  auto client = s.Client();
-  client.set_keep_alive(true);
-  const std::string request = json({{"prompt", "1 2 3"},
-                                    {"max_tokens", 8},
-                                    {"block_length", 8},
-                                    {"steps", 1},
-                                    {"stream", false}})
-                                  .dump();
-  const std::string streamed = json({{"prompt", "1 2 3"},
-                                     {"max_tokens", 8},
-                                     {"block_length", 8},
-                                     {"steps", 1},
-                                     {"stream", true},
-                                     {"stream_canvas", true}})
-                                   .dump();
+  // A long mixed load from four clients at once: prompt and answer lengths, policies,
+  // guidance, streams and canvas streams vary, so sequences join and leave batches of all
+  // compositions.
+  const std::vector<PolicyEntry>& policies = RegisteredPolicies();
+  std::vector<std::string> requests;
+  for (int i = 0; i < 16; ++i) {
+    const PolicyEntry& policy = policies[size_t(i) % policies.size()];
+    const int blocks = 1 + i % 2;
+    json body = {{"prompt", i % 3 ? "1 2 3" : "4 5 6 7 8 9 10 11 12"},
+                 {"max_tokens", 8 * blocks},
+                 {"block_length", 8},
+                 {"steps", blocks * (1 + i / 8)},
+                 {"policy", policy.name},
+                 {"stream", i % 4 >= 2},
+                 {"stream_canvas", i % 4 == 3}};
+    if (i % 5 == 1 && policy.guidance) body["cfg_scale"] = 1.5;
+    requests.push_back(body.dump());
+  }
   auto burst = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      auto result = client.Post("/v1/completions", i % 2 ? request : streamed, "application/json");
-      ASSERT_TRUE(result && result->status == 200);
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 4; ++c) {
+      clients.emplace_back([&, c] {
+        auto client = s.Client();
+        client.set_keep_alive(true);
+        for (int i = c; i < n; i += 4) {
+          auto result = client.Post("/v1/completions", requests[size_t(i) % requests.size()],
+                                    "application/json");
+          EXPECT_TRUE(result && result->status == 200) << requests[size_t(i) % requests.size()];
+        }
+      });
     }
+    for (std::thread& t : clients) t.join();
   };
   burst(200);  // warm up allocators and thread pools
   const size_t before = ResidentBytes();
@@ -1574,6 +1896,8 @@ TEST(Server, NoMemoryGrowthAcrossManyRequests) {
   const size_t after = ResidentBytes();
   EXPECT_LT(after, before + (4u << 20))
       << "resident memory grew from " << before << " to " << after;
+  EXPECT_GT(s.Metric("polestar_batch_size_count"), s.Metric("polestar_batch_size_bucket{le=\"1\"}"))
+      << "the load was batched";
 }
 
 }  // namespace

@@ -1,21 +1,45 @@
 #include "server/metrics.h"
 
-#include <sstream>
-
 namespace polestar {
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::Observe(double value) {
+  size_t bucket = 0;
+  while (bucket < bounds_.size() && value > bounds_[bucket]) ++bucket;
+  ++counts_[bucket];
+  sum_ += value;
+}
+
+void Histogram::Render(std::ostringstream& out, const std::string& name) const {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out << name << "_bucket{le=\"" << bounds_[i] << "\"} " << cumulative << '\n';
+  }
+  cumulative += counts_.back();
+  out << name << "_bucket{le=\"+Inf\"} " << cumulative << '\n';
+  out << name << "_sum " << sum_ << '\n';
+  out << name << "_count " << cumulative << '\n';
+}
+
+Metrics::Metrics()
+    : step_seconds_({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5}),
+      batch_size_({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256}),
+      batch_rows_({8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768}) {}
 
 void Metrics::CountRequest(const std::string& endpoint, int status) {
   std::lock_guard lock(mutex_);
   ++requests_[{endpoint, status}];
 }
 
-void Metrics::ObserveStep(double seconds) {
-  ++forward_passes_;
+void Metrics::ObserveStep(double seconds, int sequences, int64_t rows) {
+  forward_passes_ += sequences;
   std::lock_guard lock(mutex_);
-  size_t bucket = 0;
-  while (bucket < kStepBuckets.size() && seconds > kStepBuckets[bucket]) ++bucket;
-  ++step_buckets_[bucket];
-  step_seconds_sum_ += seconds;
+  step_seconds_.Observe(seconds);
+  batch_size_.Observe(sequences);
+  batch_rows_.Observe(double(rows));
 }
 
 int64_t Metrics::RequestCount(const std::string& endpoint, int status) const {
@@ -41,21 +65,23 @@ std::string Metrics::Render(int queue_depth) const {
   out << "polestar_prompt_tokens_total " << prompt_tokens_ << '\n';
   header("tokens_generated_total", "counter", "Completion tokens returned to clients.");
   out << "polestar_tokens_generated_total " << generated_tokens_ << '\n';
-  header("forward_passes_total", "counter", "Model forward passes (NFE) over all requests.");
+  header("forward_passes_total", "counter",
+         "Denoising steps (NFE) over all requests; a batched forward counts one per sequence.");
   out << "polestar_forward_passes_total " << forward_passes_ << '\n';
-  header("step_seconds", "histogram", "Latency of one denoising step (one forward pass).");
-  int64_t cumulative = 0;
-  for (size_t i = 0; i < kStepBuckets.size(); ++i) {
-    cumulative += step_buckets_[i];
-    out << "polestar_step_seconds_bucket{le=\"" << kStepBuckets[i] << "\"} " << cumulative << '\n';
-  }
-  cumulative += step_buckets_.back();
-  out << "polestar_step_seconds_bucket{le=\"+Inf\"} " << cumulative << '\n';
-  out << "polestar_step_seconds_sum " << step_seconds_sum_ << '\n';
-  out << "polestar_step_seconds_count " << cumulative << '\n';
-  header("queue_depth", "gauge", "Generations admitted and waiting for a worker.");
+  header("step_seconds", "histogram",
+         "Latency of one batched step (one forward over every sequence in the batch).");
+  step_seconds_.Render(out, "polestar_step_seconds");
+  header("batch_size", "histogram", "Sequences in one batched forward.");
+  batch_size_.Render(out, "polestar_batch_size");
+  header("batch_rows", "histogram", "Input rows of one batched forward, all its sequences.");
+  batch_rows_.Render(out, "polestar_batch_rows");
+  header("kv_bytes_in_use", "gauge", "Cache bytes held by the running generations.");
+  out << "polestar_kv_bytes_in_use " << kv_bytes_in_use_ << '\n';
+  header("kv_budget_bytes", "gauge", "The cache bytes running generations may hold at once.");
+  out << "polestar_kv_budget_bytes " << kv_budget_bytes_ << '\n';
+  header("queue_depth", "gauge", "Generations admitted and waiting to run.");
   out << "polestar_queue_depth " << queue_depth << '\n';
-  header("requests_processing", "gauge", "Generations running on a worker.");
+  header("requests_processing", "gauge", "Generations running (in the batch or its turn).");
   out << "polestar_requests_processing " << processing_ << '\n';
   header("model_loaded", "gauge", "1 once the model is loaded and requests are served.");
   out << "polestar_model_loaded " << (model_loaded_ ? 1 : 0) << '\n';

@@ -1,7 +1,10 @@
 // POST /v1/completions and /v1/chat/completions (and their unversioned aliases), and the
 // generation they share with the diffusion stream: queueing the jobs, waiting for them while
 // watching the client, and streaming Server-Sent Events.
+#include <cmath>
+
 #include "base/error.h"
+#include "decode/generate.h"
 #include "server/server_impl.h"
 
 namespace polestar {
@@ -28,6 +31,19 @@ ApiError OutcomeError(const JobOutcome& outcome, double timeout_seconds) {
     default:
       return ApiError(500, "server_error", "generation failed: " + outcome.error);
   }
+}
+
+// MB as --kv-budget counts them (2^20 bytes), to two decimals.
+double Megabytes(int64_t bytes) { return std::round(double(bytes) / (1 << 20) * 100) / 100; }
+
+// A request whose caches exceed the whole KV budget: it would wait for ever.
+ApiError KvBudgetError(int64_t need, int64_t budget) {
+  return ApiError(400, "invalid_request_error",
+                  Cat("the request needs ", Megabytes(need),
+                      " MB of cache for its prompt and max_tokens, more than the server's whole "
+                      "KV budget of ",
+                      Megabytes(budget), " MB (--kv-budget); shorten the prompt or max_tokens"),
+                  "max_tokens", "kv_budget_exceeded");
 }
 
 std::string SseData(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
@@ -76,6 +92,10 @@ void Server::Impl::Completion(http::ResponseWriter& writer, Endpoint endpoint, c
       job->stream_canvas = request.stream_canvas;
       job->admitted = now;
       job->deadline = Deadline(now);
+      job->cache_bytes = SequenceCacheBytes(*model, int(prompt.size()), request.options);
+      // Waiting could not help: the budget is never larger than now.
+      if (!scheduler->Fits(job->cache_bytes))
+        throw KvBudgetError(job->cache_bytes, scheduler->limits().kv_budget_bytes);
       jobs.push_back(std::move(job));
     }
     if (!scheduler->Submit(jobs)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "base/parallel.h"
 #include "decode/generate.h"
 #include "server/api.h"
@@ -15,6 +16,155 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+constexpr const char* kShuttingDown = "the server is shutting down";
+
+// A running generation: its sequence, and its answer's text as the canvas settles. Lives on
+// the stepping thread; its callback runs there, after each forward the sequence is in.
+class ActiveJob {
+ public:
+  ActiveJob(const Model& model, const TextCodec& codec, std::shared_ptr<GenerationJob> job)
+      : model_(model),
+        config_(model.config()),
+        codec_(codec),
+        job_(std::move(job)),
+        prompt_length_(int(job_->prompt.size())),
+        answer_length_(std::min(job_->max_tokens, job_->options.gen_length)),
+        output_(codec.NewTextStream(), job_->stop) {}
+
+  // Creates the sequence and sends the empty canvas. False when the job ends here (cancelled,
+  // past its deadline, or refused by the decoder): TakeOutcome says how.
+  bool Start() {
+    GenerationJob& job = *job_;
+    const Clock::time_point started = Clock::now();
+    outcome_.queue_seconds = SecondsBetween(job.admitted, started);
+    if (job.cancel) {
+      outcome_.status = JobOutcome::Status::kCancelled;
+      return false;
+    }
+    if (started > job.deadline) {
+      outcome_.status = JobOutcome::Status::kTimedOut;
+      return false;
+    }
+    try {
+      sequence_ = std::make_unique<Sequence>(model_, job.prompt, job.options,
+                                             [this](const StepEvent& e) { return OnStep(e); });
+    } catch (const std::exception& e) {
+      outcome_.status = JobOutcome::Status::kFailed;
+      outcome_.error = e.what();
+      return false;
+    }
+    if (job.stream_canvas) {
+      Publish("", DumpJson({{"nfe", 0},
+                            {"prompt_tokens", prompt_length_},
+                            {"gen_length", job.options.gen_length},
+                            {"block_length", job.options.EffectiveBlockLength()},
+                            {"answer_length", answer_length_},
+                            {"masks_left", job.options.gen_length},
+                            {"committed", nlohmann::json::array()}}));
+    }
+    return true;
+  }
+
+  GenerationJob& job() { return *job_; }
+  Sequence& sequence() { return *sequence_; }
+
+  // The outcome, once the sequence is done or Start returned false; call once.
+  JobOutcome TakeOutcome() {
+    if (outcome_.status != JobOutcome::Status::kDone) return std::move(outcome_);
+    if (!sequence_->error().empty()) {
+      outcome_.status = JobOutcome::Status::kFailed;
+      outcome_.error = sequence_->error();
+      return std::move(outcome_);
+    }
+    const GenerationResult result = sequence_->TakeResult();
+    if (interrupt_ == Interrupt::kNone) Publish(Settle(result.tokens), "");
+    outcome_.nfe = result.nfe;
+    outcome_.seconds = result.seconds;
+    outcome_.committed = committed_total_;
+    if (interrupt_ == Interrupt::kCancelled) outcome_.status = JobOutcome::Status::kCancelled;
+    if (interrupt_ == Interrupt::kTimedOut) outcome_.status = JobOutcome::Status::kTimedOut;
+    outcome_.finish_reason = stopped_ ? "stop" : "length";
+    return std::move(outcome_);
+  }
+
+ private:
+  // Settles the step's text, streams it, and says whether the generation goes on.
+  bool OnStep(const StepEvent& e) {
+    const GenerationJob& job = *job_;
+    committed_total_ += int(e.committed.size());
+    const std::string delta = Settle(e.canvas);
+    std::string canvas;
+    if (job.stream_canvas) {
+      nlohmann::json committed = nlohmann::json::array();
+      for (int p : e.committed) {
+        committed.push_back({p - prompt_length_, codec_.TokenLabel(e.canvas[size_t(p)])});
+      }
+      canvas = DumpJson({{"nfe", e.nfe},
+                         {"block", e.block_index},
+                         {"seconds", e.seconds},
+                         {"masks_left", e.masks_left},
+                         {"committed_total", committed_total_},
+                         {"committed", std::move(committed)}});
+    }
+    Publish(delta, std::move(canvas));
+    if (job.cancel) interrupt_ = Interrupt::kCancelled;
+    if (Clock::now() > job.deadline) interrupt_ = Interrupt::kTimedOut;
+    return interrupt_ == Interrupt::kNone && !(complete_ && job.stop_early);
+  }
+
+  // Moves the answer's newly settled tokens (the prefix without masks) into the text.
+  std::string Settle(std::span<const int> canvas) {
+    std::string delta;
+    while (!complete_ && settled_ < answer_length_) {
+      const int token = canvas[size_t(prompt_length_ + settled_)];
+      if (token == config_.mask_id) break;
+      ++settled_;
+      if (IsEndToken(config_, token)) {
+        stopped_ = complete_ = true;
+        break;
+      }
+      ++outcome_.completion_tokens;
+      delta += output_.Push(token);
+      stopped_ = complete_ = output_.stopped();
+    }
+    if (!complete_ && settled_ == answer_length_) complete_ = true;
+    if (complete_ && !flushed_) {
+      flushed_ = true;
+      delta += output_.Finish();
+    }
+    return delta;
+  }
+
+  void Publish(const std::string& delta, std::string canvas) {
+    GenerationJob& job = *job_;
+    outcome_.text += delta;
+    if (!job.stream_text && !job.stream_canvas) return;
+    {
+      std::lock_guard lock(job.mutex);
+      if (job.stream_text && !delta.empty())
+        job.events.push_back({GenerationJob::Event::Kind::kText, delta});
+      if (!canvas.empty())
+        job.events.push_back({GenerationJob::Event::Kind::kCanvas, std::move(canvas)});
+    }
+    job.changed.notify_all();
+  }
+
+  const Model& model_;
+  const ModelConfig& config_;
+  const TextCodec& codec_;
+  const std::shared_ptr<GenerationJob> job_;
+  const int prompt_length_, answer_length_;
+  JobOutcome outcome_;
+  OutputText output_;
+  int settled_ = 0;          // answer positions moved into the text
+  bool complete_ = false;    // the text is final: EOS, a stop string, or max_tokens reached
+  bool stopped_ = false;     // ... by EOS or a stop string
+  bool flushed_ = false;     // the text stream gave up what it held back
+  int committed_total_ = 0;  // canvas positions committed so far
+  enum class Interrupt { kNone, kCancelled, kTimedOut } interrupt_ = Interrupt::kNone;
+  std::unique_ptr<Sequence> sequence_;  // set by Start
+};
+
 }  // namespace
 
 bool GenerationJob::WaitFinished(Clock::time_point until) {
@@ -22,44 +172,13 @@ bool GenerationJob::WaitFinished(Clock::time_point until) {
   return changed.wait_until(lock, until, [&] { return finished; });
 }
 
-void FairTurn::Acquire() {
-  std::unique_lock lock(mutex_);
-  const uint64_t ticket = next_ticket_++;
-  turn_changed_.wait(lock, [&] { return admitted_ == ticket && active_ < slots_; });
-  ++admitted_;
-  ++active_;
-  lock.unlock();
-  turn_changed_.notify_all();  // the next ticket may fit in another free slot
-}
-
-void FairTurn::Release() {
-  {
-    std::lock_guard lock(mutex_);
-    --active_;
-  }
-  turn_changed_.notify_all();
-}
-
-namespace {
-
-// Forwards that may run at once: one when each uses every core.
-int ComputeSlots(int workers, int threads) {
-  if (threads <= 0) return 1;
-  const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-  return std::clamp(cores / threads, 1, std::max(workers, 1));
-}
-
-}  // namespace
-
-Scheduler::Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics, int workers,
-                     int queue_capacity, int threads)
-    : model_(model),
-      codec_(codec),
-      metrics_(metrics),
-      queue_capacity_(size_t(queue_capacity)),
-      threads_(threads),
-      turn_(ComputeSlots(workers, threads)) {
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+Scheduler::Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics,
+                     SchedulerLimits limits)
+    : model_(model), codec_(codec), metrics_(metrics), limits_(limits) {
+  PS_CHECK(limits_.running >= 1 && limits_.max_batch >= 1 && limits_.kv_budget_bytes > 0 &&
+           limits_.queue >= 0);
+  metrics_.SetKvBudget(limits_.kv_budget_bytes);
+  stepper_ = std::thread([this] { StepLoop(); });
 }
 
 Scheduler::~Scheduler() {
@@ -67,26 +186,28 @@ Scheduler::~Scheduler() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    for (const auto& job : running_) job->cancel = true;
     abandoned.swap(queue_);
   }
   queue_changed_.notify_all();
-  for (std::thread& worker : workers_) worker.join();
+  stepper_.join();
   for (const auto& job : abandoned) {
     std::lock_guard lock(job->mutex);
     job->outcome.status = JobOutcome::Status::kCancelled;
-    job->outcome.error = "the server is shutting down";
+    job->outcome.error = kShuttingDown;
     job->finished = true;
     job->changed.notify_all();
   }
 }
 
+bool Scheduler::Fits(int64_t cache_bytes) const { return cache_bytes <= limits_.kv_budget_bytes; }
+
 bool Scheduler::Submit(const std::vector<std::shared_ptr<GenerationJob>>& jobs) {
+  for (const auto& job : jobs) PS_CHECK(Fits(job->cache_bytes));
   {
     std::lock_guard lock(mutex_);
-    // Idle workers take jobs at once; only the rest wait in the bounded queue.
-    const size_t idle = workers_.size() - running_.size();
-    if (stopping_ || queue_.size() + jobs.size() > queue_capacity_ + idle) return false;
+    // Free running places take jobs at once; only the rest wait in the bounded queue.
+    const size_t free = size_t(limits_.running - running_);
+    if (stopping_ || queue_.size() + jobs.size() > size_t(limits_.queue) + free) return false;
     for (const auto& job : jobs) queue_.push_back(job);
   }
   queue_changed_.notify_all();
@@ -98,162 +219,101 @@ int Scheduler::QueueDepth() const {
   return int(queue_.size());
 }
 
-void Scheduler::WorkerLoop() {
-  SetThreadCount(threads_);  // OpenMP's thread count is per thread: set it on this one
-  for (;;) {
-    std::shared_ptr<GenerationJob> job;
-    {
-      std::unique_lock lock(mutex_);
-      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      job = queue_.front();
-      queue_.pop_front();
-      running_.push_back(job);
-    }
-    metrics_.AddProcessing(1);
-    Run(job);
+std::vector<std::shared_ptr<GenerationJob>> Scheduler::Admit() {
+  std::vector<std::shared_ptr<GenerationJob>> admitted;
+  while (!queue_.empty() && running_ < limits_.running) {
+    const int64_t need = queue_.front()->cache_bytes;
+    if (kv_bytes_ + need > limits_.kv_budget_bytes) break;
+    kv_bytes_ += need;
+    ++running_;
+    admitted.push_back(std::move(queue_.front()));
+    queue_.pop_front();
   }
+  metrics_.SetKvBytesInUse(kv_bytes_);
+  metrics_.AddProcessing(int(admitted.size()));
+  return admitted;
 }
 
-void Scheduler::Run(const std::shared_ptr<GenerationJob>& job_pointer) {
-  GenerationJob& job = *job_pointer;
-  const ModelConfig& config = model_.config();
-  const Clock::time_point started = Clock::now();
-  JobOutcome outcome;
-  outcome.queue_seconds = SecondsBetween(job.admitted, started);
-  auto finish = [&] {
-    // The worker is free before the client hears back, so a client's next request finds it.
-    {
-      std::lock_guard lock(mutex_);
-      running_.erase(std::find(running_.begin(), running_.end(), job_pointer));
-    }
-    metrics_.AddProcessing(-1);
-    std::lock_guard lock(job.mutex);
-    job.outcome = std::move(outcome);
-    job.finished = true;
-    job.changed.notify_all();
-  };
-  if (job.cancel) {
-    outcome.status = JobOutcome::Status::kCancelled;
-    return finish();
+void Scheduler::Finish(GenerationJob& job, JobOutcome outcome) {
+  // The place is free before the client hears back, so a client's next request finds it.
+  {
+    std::lock_guard lock(mutex_);
+    --running_;
+    kv_bytes_ -= job.cache_bytes;
+    metrics_.SetKvBytesInUse(kv_bytes_);
   }
-  if (started > job.deadline) {
-    outcome.status = JobOutcome::Status::kTimedOut;
-    return finish();
-  }
-
-  const int prompt_length = int(job.prompt.size());
-  const int answer_length = std::min(job.max_tokens, job.options.gen_length);
-  OutputText output(codec_.NewTextStream(), job.stop);
-  int settled = 0;          // answer positions moved into the text
-  bool complete = false;    // the text is final: EOS, a stop string, or max_tokens reached
-  bool stopped = false;     // ... by EOS or a stop string
-  bool flushed = false;     // the text stream gave up what it held back
-  int committed_total = 0;  // canvas positions committed so far
-
-  auto publish = [&](const std::string& delta, std::string canvas) {
-    outcome.text += delta;
-    if (!job.stream_text && !job.stream_canvas) return;
-    {
-      std::lock_guard lock(job.mutex);
-      if (job.stream_text && !delta.empty())
-        job.events.push_back({GenerationJob::Event::Kind::kText, delta});
-      if (!canvas.empty())
-        job.events.push_back({GenerationJob::Event::Kind::kCanvas, std::move(canvas)});
-    }
-    job.changed.notify_all();
-  };
-  // Moves the answer's newly settled tokens (the prefix without masks) into the text.
-  auto settle = [&](std::span<const int> canvas) {
-    std::string delta;
-    while (!complete && settled < answer_length) {
-      const int token = canvas[size_t(prompt_length + settled)];
-      if (token == config.mask_id) break;
-      ++settled;
-      if (IsEndToken(config, token)) {
-        stopped = complete = true;
-        break;
-      }
-      ++outcome.completion_tokens;
-      delta += output.Push(token);
-      stopped = complete = output.stopped();
-    }
-    if (!complete && settled == answer_length) complete = true;
-    if (complete && !flushed) {
-      flushed = true;
-      delta += output.Finish();
-    }
-    return delta;
-  };
-
-  if (job.stream_canvas) {
-    publish("", DumpJson({{"nfe", 0},
-                          {"prompt_tokens", prompt_length},
-                          {"gen_length", job.options.gen_length},
-                          {"block_length", job.options.EffectiveBlockLength()},
-                          {"answer_length", answer_length},
-                          {"masks_left", job.options.gen_length},
-                          {"committed", nlohmann::json::array()}}));
-  }
-
-  bool holding_turn = false;
-  Clock::time_point step_started;
-  auto acquire = [&] {
-    turn_.Acquire();
-    holding_turn = true;
-    step_started = Clock::now();
-  };
-  auto release = [&] {
-    if (holding_turn) turn_.Release();
-    holding_turn = false;
-  };
-  enum class Interrupt { kNone, kCancelled, kTimedOut } interrupt = Interrupt::kNone;
-  const StepCallback on_step = [&](const StepEvent& e) {
-    metrics_.ObserveStep(SecondsBetween(step_started, Clock::now()));
-    release();
-    committed_total += int(e.committed.size());
-    const std::string delta = settle(e.canvas);
-    std::string canvas;
-    if (job.stream_canvas) {
-      nlohmann::json committed = nlohmann::json::array();
-      for (int p : e.committed) {
-        committed.push_back({p - prompt_length, codec_.TokenLabel(e.canvas[size_t(p)])});
-      }
-      canvas = DumpJson({{"nfe", e.nfe},
-                         {"block", e.block_index},
-                         {"seconds", e.seconds},
-                         {"masks_left", e.masks_left},
-                         {"committed_total", committed_total},
-                         {"committed", std::move(committed)}});
-    }
-    publish(delta, std::move(canvas));
-    if (job.cancel) interrupt = Interrupt::kCancelled;
-    if (Clock::now() > job.deadline) interrupt = Interrupt::kTimedOut;
-    if (interrupt != Interrupt::kNone || (complete && job.stop_early)) return false;
-    acquire();
-    return true;
-  };
-
-  try {
-    acquire();
-    const GenerationResult result = Generate(model_, job.prompt, job.options, on_step);
-    release();
-    if (interrupt == Interrupt::kNone) publish(settle(result.tokens), "");
-    outcome.nfe = result.nfe;
-    outcome.seconds = result.seconds;
-    outcome.committed = committed_total;
-  } catch (const std::exception& e) {
-    release();
-    outcome.status = JobOutcome::Status::kFailed;
-    outcome.error = e.what();
-    return finish();
-  }
-  if (interrupt == Interrupt::kCancelled) outcome.status = JobOutcome::Status::kCancelled;
-  if (interrupt == Interrupt::kTimedOut) outcome.status = JobOutcome::Status::kTimedOut;
-  outcome.finish_reason = stopped ? "stop" : "length";
+  metrics_.AddProcessing(-1);
   if (outcome.status == JobOutcome::Status::kDone)
     metrics_.AddGeneratedTokens(outcome.completion_tokens);
-  finish();
+  std::lock_guard lock(job.mutex);
+  job.outcome = std::move(outcome);
+  job.finished = true;
+  job.changed.notify_all();
+}
+
+void Scheduler::StepLoop() {
+  SetThreadCount(limits_.threads);  // OpenMP's thread count is per thread: set it on this one
+  // The running jobs in the order the next step considers them.
+  std::vector<std::unique_ptr<ActiveJob>> active, left_out, stepped;
+  std::vector<Sequence*> batch;  // this step's sequences
+  for (;;) {
+    std::vector<std::shared_ptr<GenerationJob>> admitted;
+    {
+      std::unique_lock lock(mutex_);
+      queue_changed_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      if (stopping_) break;
+      admitted = Admit();
+    }
+    for (auto& job : admitted) {
+      auto admitted_job = std::make_unique<ActiveJob>(model_, codec_, job);
+      if (admitted_job->Start()) {
+        active.push_back(std::move(admitted_job));
+      } else {
+        Finish(*job, admitted_job->TakeOutcome());
+      }
+    }
+
+    batch.clear();
+    int64_t rows = 0;  // input rows of the batch
+    std::vector<bool> in_batch(active.size(), false);
+    for (size_t i = 0; i < active.size() && batch.size() < size_t(limits_.max_batch); ++i) {
+      Sequence& sequence = active[i]->sequence();
+      const int64_t next_rows = sequence.NextStepRows();  // 0: done (or failed to plan)
+      if (next_rows == 0) continue;
+      const bool over_budget =
+          limits_.max_batch_rows > 0 && rows + next_rows > limits_.max_batch_rows;
+      if (!batch.empty() && over_budget) continue;
+      batch.push_back(&sequence);
+      in_batch[i] = true;
+      rows += next_rows;
+    }
+    if (!batch.empty()) {
+      const Clock::time_point started = Clock::now();
+      StepBatch(batch);  // each sequence's callback runs in it
+      metrics_.ObserveStep(SecondsBetween(started, Clock::now()), int(batch.size()), rows);
+    }
+
+    // Done jobs leave; those the step left out go first next time, so every job gets its turn.
+    left_out.clear();
+    stepped.clear();
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (active[i]->sequence().done()) {
+        Finish(active[i]->job(), active[i]->TakeOutcome());
+      } else {
+        (in_batch[i] ? stepped : left_out).push_back(std::move(active[i]));
+      }
+    }
+    active.clear();
+    for (auto* group : {&left_out, &stepped}) {
+      for (auto& job : *group) active.push_back(std::move(job));
+    }
+  }
+  for (const auto& job : active) {
+    JobOutcome outcome;
+    outcome.status = JobOutcome::Status::kCancelled;
+    outcome.error = kShuttingDown;
+    Finish(job->job(), std::move(outcome));
+  }
 }
 
 }  // namespace polestar

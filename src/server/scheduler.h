@@ -1,14 +1,16 @@
-// Generations on a fixed set of worker threads sharing one model.
+// Generations sharing one model, decoded by step-level continuous batching.
 //
-// Concurrency: --parallel workers each run one generation at a time, and their denoising
-// steps are interleaved fairly: a forward pass holds a compute slot, slots are granted in
-// request order, and a worker hands its slot on after every step. A forward already spreads
-// over all cores with OpenMP, so by default there is one slot: running two forwards at once
-// would only make them compete. With -t T there are cores / T slots (at most --parallel),
-// so forwards on disjoint cores run side by side. Interleaving by step gives every running
-// request steady progress (a short request is not stuck behind a long one), and text
-// decoding, event formatting and socket writes of one request overlap the next request's
-// forward. Requests are not batched into one forward.
+// One stepping thread runs every generation. Before each step it admits queued jobs in
+// order while they fit: at most --parallel generations running, and their caches within the
+// KV budget (a job that does not fit waits, and the jobs behind it wait too, so a large one
+// is not passed over for ever). It then runs the next step of the running generations in one
+// batched forward (StepBatch): at most --max-batch sequences and --max-batch-rows input rows,
+// though one sequence always runs, however many rows it needs. The running generations left
+// out of a step go first at the next one, so with --max-batch 1 the steps of the running
+// generations take turns one forward at a time. After the forward each job's callback
+// settles its text, queues its stream events and decides whether to go on; jobs join and
+// leave between steps. A sequence's tokens do not depend on what it is batched with, so
+// every answer is the one a request alone gets. The forward spreads over -t threads.
 #pragma once
 
 #include <atomic>
@@ -44,10 +46,11 @@ struct JobOutcome {
   double queue_seconds = 0;  // admitted -> started
 };
 
-// One generation, shared by the HTTP thread that waits for it and the worker that runs it.
+// One generation, shared by the HTTP thread that waits for it and the thread that steps it.
 struct GenerationJob {
   std::vector<int> prompt;  // [P]
   DecodeOptions options;    // gen_length may exceed max_tokens (rounded up to a block)
+  int64_t cache_bytes = 0;  // what its sequence holds while it runs (SequenceCacheBytes)
   int max_tokens = 0;
   std::vector<std::string> stop;
   bool stop_early = true;      // end once the answer is complete
@@ -71,49 +74,46 @@ struct GenerationJob {
   bool WaitFinished(Clock::time_point until);
 };
 
-// A semaphore of `slots` granted in request order, so waiting workers take turns step by
-// step.
-class FairTurn {
- public:
-  explicit FairTurn(int slots) : slots_(slots) {}
-  void Acquire();
-  void Release();
-
- private:
-  const int slots_;
-  std::mutex mutex_;
-  std::condition_variable turn_changed_;
-  uint64_t next_ticket_ = 0, admitted_ = 0;  // tickets handed out / let in
-  int active_ = 0;                           // slots in use
+struct SchedulerLimits {
+  int running = 1;              // generations admitted at once (--parallel)
+  int max_batch = 1;            // sequences in one forward (--max-batch)
+  int64_t max_batch_rows = 0;   // input rows of one forward (--max-batch-rows); 0: no bound
+  int64_t kv_budget_bytes = 1;  // caches of the running generations (--kv-budget)
+  int queue = 0;                // jobs waiting beyond the free running places (--queue)
+  int threads = 0;              // OpenMP threads of the forward (<= 0: all cores)
 };
 
 class Scheduler {
  public:
-  // `threads`: OpenMP threads for each forward (<= 0: all cores).
-  Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics, int workers,
-            int queue_capacity, int threads);
-  ~Scheduler();  // cancels running jobs, fails queued ones, joins the workers
+  Scheduler(const Model& model, const TextCodec& codec, Metrics& metrics, SchedulerLimits limits);
+  ~Scheduler();  // cancels running jobs, fails queued ones, joins the stepping thread
 
-  // Admits all of `jobs` or none (false: the queue is full).
+  // Admits all of `jobs` or none (false: the queue is full). Each job's cache_bytes must fit
+  // the KV budget (Fits).
   bool Submit(const std::vector<std::shared_ptr<GenerationJob>>& jobs);
+  // Whether a generation holding `cache_bytes` can ever run within the KV budget.
+  bool Fits(int64_t cache_bytes) const;
   int QueueDepth() const;
+  const SchedulerLimits& limits() const { return limits_; }
 
  private:
-  void WorkerLoop();
-  void Run(const std::shared_ptr<GenerationJob>& job);  // always ends by finishing the job
+  void StepLoop();
+  // Takes the jobs that fit now from the front of the queue; mutex_ held.
+  std::vector<std::shared_ptr<GenerationJob>> Admit();
+  // Frees the job's place and cache, then hands the client its outcome.
+  void Finish(GenerationJob& job, JobOutcome outcome);
 
   const Model& model_;
   const TextCodec& codec_;
   Metrics& metrics_;
-  const size_t queue_capacity_;
-  const int threads_;
-  FairTurn turn_;
+  const SchedulerLimits limits_;
   mutable std::mutex mutex_;
   std::condition_variable queue_changed_;
-  std::deque<std::shared_ptr<GenerationJob>> queue_;     // guarded by mutex_
-  bool stopping_ = false;                                // guarded by mutex_
-  std::vector<std::shared_ptr<GenerationJob>> running_;  // guarded by mutex_
-  std::vector<std::thread> workers_;
+  std::deque<std::shared_ptr<GenerationJob>> queue_;  // guarded by mutex_
+  bool stopping_ = false;                             // guarded by mutex_
+  int running_ = 0;                                   // guarded by mutex_: admitted, not finished
+  int64_t kv_bytes_ = 0;  // guarded by mutex_: the caches of the running jobs
+  std::thread stepper_;
 };
 
 }  // namespace polestar

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "base/error.h"
@@ -225,7 +227,23 @@ void Server::Impl::MetricsText(const http::Request&, http::ResponseWriter& write
               metrics.Render(ready ? scheduler->QueueDepth() : 0));
 }
 
-Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+namespace {
+
+ServerOptions Resolved(ServerOptions options) {
+  if (options.parallel <= 0) options.parallel = options.max_batch;
+  return options;
+}
+
+// The KV budget in bytes: --kv-budget MB, or half the machine's memory.
+int64_t KvBudgetBytes(double megabytes) {
+  if (megabytes > 0) return std::max<int64_t>(1, int64_t(megabytes * double(1 << 20)));
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
+}
+
+}  // namespace
+
+Server::Server(ServerOptions options)
+    : impl_(std::make_unique<Impl>(Resolved(std::move(options)))) {}
 
 Server::~Server() { Stop(); }
 
@@ -262,8 +280,14 @@ void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> c
   if (s.options.model_id.empty()) s.options.model_id = ServedModelName(model->source());
   s.model = std::move(model);
   s.codec = std::move(codec);
-  s.scheduler = std::make_unique<Scheduler>(*s.model, *s.codec, s.metrics, s.options.parallel,
-                                            s.options.queue, s.options.threads);
+  SchedulerLimits limits;
+  limits.running = s.options.parallel;
+  limits.max_batch = s.options.max_batch;
+  limits.max_batch_rows = s.options.max_batch_rows;
+  limits.kv_budget_bytes = KvBudgetBytes(s.options.kv_budget_mb);
+  limits.queue = s.options.queue;
+  limits.threads = s.options.threads;
+  s.scheduler = std::make_unique<Scheduler>(*s.model, *s.codec, s.metrics, limits);
   s.metrics.SetModelLoaded(true);
   s.ready = true;
 }

@@ -8,10 +8,11 @@
 //   GET  /metrics                 Prometheus text
 //   GET  /                        a page that shows the canvas filling in live
 //
-// Requests wait in a bounded queue (429 when full) for one of --parallel workers (see
-// scheduler.h for how they share the model); a request times out after --timeout seconds
-// and is cancelled when its client disconnects. A wrong method on a known path is a 405;
-// OPTIONS is answered on every path, with CORS headers only when cors_origin is set.
+// Requests wait in a bounded queue (429 when full) for one of --parallel running places and
+// room in the KV budget; the running ones are decoded by continuous batching (scheduler.h).
+// A request whose caches exceed the whole budget is a 400 at once. A request times out after
+// --timeout seconds and is cancelled when its client disconnects. A wrong method on a known path is
+// a 405; OPTIONS is answered on every path, with CORS headers only when cors_origin is set.
 #pragma once
 
 #include <memory>
@@ -27,8 +28,11 @@ namespace polestar {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                   // 0: any free port
-  int parallel = 1;                  // generations running at once
-  int queue = 8;                     // generations waiting for a worker
+  int max_batch = 8;                 // sequences in one batched forward
+  int parallel = 0;                  // generations running at once (0: max_batch)
+  int max_batch_rows = 4096;         // input rows of one forward (0: no bound)
+  double kv_budget_mb = 0;           // caches of the running generations (0: half the RAM)
+  int queue = 8;                     // generations waiting beyond the free running places
   double timeout_seconds = 600;      // a request's whole life, queue included; 0: none
   std::string api_key;               // when set, "Authorization: Bearer KEY" is required
   std::string cors_origin;           // Access-Control-Allow-Origin value; "": no CORS headers

@@ -33,10 +33,27 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->add_option("--port", s.port, "port (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--parallel", s.parallel, "generations running at once (steps interleaved)")
+  cmd->add_option("--max-batch", s.max_batch,
+                  "sequences decoded in one batched forward (continuous batching; 1: running "
+                  "generations take turns, one forward each)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  cmd->add_option("--queue", s.queue, "generations waiting for a worker before 429")
+  cmd->add_option("--parallel", s.parallel,
+                  "generations running at once, in the batch or waiting their turn (0: "
+                  "--max-batch)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--max-batch-rows", s.max_batch_rows,
+                  "input rows of one forward, all sequences together (0: no bound); a sequence "
+                  "that needs more runs alone")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--kv-budget", s.kv_budget_mb,
+                  "MB (2^20 bytes) of caches the running generations may hold; a request "
+                  "that does not fit waits, one that never fits is a 400 (0: half the RAM)")
+      ->check(Within(0, 1e9))
+      ->capture_default_str();
+  cmd->add_option("--queue", s.queue, "generations waiting to run before 429")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
   cmd->add_option("--timeout", s.timeout_seconds,
