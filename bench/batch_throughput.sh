@@ -25,30 +25,33 @@ for rep in $(seq "$REPS"); do
     for batch in $order; do
       # shellcheck disable=SC2086
       "$POLESTAR" eval --suite tiny --policy "$policy" --batch "$batch" -t "$THREADS" -q --json \
-        $EXTRA | python3 -c "
-import json, sys
-j = json.load(sys.stdin)
-s = j['summary']
-print('$policy', $batch, s['items_per_second'], s['accuracy'], s['nfe_mean'], s['items'])" >> "$results"
+        $EXTRA | jq -r --arg policy "$policy" --arg batch "$batch" \
+        '[$policy, $batch, .summary.items_per_second, .summary.accuracy, .summary.nfe_mean,
+          .summary.items] | @tsv' >> "$results"
     done
   done
 done
-python3 - "$results" "$THREADS" <<'PY'
-import statistics, sys
-from collections import defaultdict
-runs = defaultdict(list)
-quality = {}
-for line in open(sys.argv[1]):
-    policy, batch, ips, acc, nfe, items = line.split()
-    runs[(policy, int(batch))].append(float(ips))
-    quality.setdefault((policy, int(batch)), set()).add((acc, nfe, items))
-print(f"eval --suite tiny, -t {sys.argv[2]}: items/s (median of {len(next(iter(runs.values())))}, min-max)")
-print("| policy | batch | items | accuracy | NFE | items/s | min-max | x batch 1 |")
-print("|---|--:|--:|--:|--:|--:|--:|--:|")
-for (policy, batch), values in sorted(runs.items()):
-    median = statistics.median(values)
-    base = statistics.median(runs[(policy, min(b for p, b in runs if p == policy))])
-    (acc, nfe, items), = quality[(policy, batch)]  # one value: batching changes no result
-    print(f"| {policy} | {batch} | {items} | {100 * float(acc):.1f}% | {float(nfe):.2f} | "
-          f"{median:.1f} | {min(values):.1f}-{max(values):.1f} | {median / base:.2f} |")
-PY
+# Per (policy, batch): the median items/s, min, max, and the ratio to the policy's first batch
+# size; accuracy, NFE and items must agree across repetitions (batching changes no result).
+sort -k1,1 -k2,2n -k3,3g "$results" | awk -F'\t' -v threads="$THREADS" -v reps="$REPS" '
+  function flush() {
+    if (n == 0) return
+    median = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    if (policy != base_policy) { base = median; base_policy = policy }
+    printf "| %s | %d | %d | %.1f%% | %.2f | %.1f | %.1f-%.1f | %.2f |\n", policy, batch, items,
+           100 * acc, nfe, median, v[1], v[n], median / base
+    n = 0
+  }
+  BEGIN {
+    printf "eval --suite tiny, -t %s: items/s (median of %s, min-max)\n", threads, reps
+    print "| policy | batch | items | accuracy | NFE | items/s | min-max | x batch 1 |"
+    print "|---|--:|--:|--:|--:|--:|--:|--:|"
+  }
+  $1 != policy || $2 != batch { flush(); policy = $1; batch = $2; acc = $4; nfe = $5; items = $6 }
+  {
+    if ($4 != acc || $5 != nfe || $6 != items) {
+      print "batching changed a result: " $0 > "/dev/stderr"; exit 1
+    }
+    v[++n] = $3
+  }
+  END { flush() }'

@@ -15,7 +15,7 @@ packages=(
   libicu-dev             # tokenizer Unicode normalization (NFC for Qwen/Dream)
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox            # benchmark plots, the polestar-tiny loss curve
-  jq                     # scripts/polestar_tiny_card.sh: the model card's accuracy table
+  jq                     # scripts/polestar_tiny_card.sh (the model card), bench/batch_throughput.sh
 )
 missing=()
 for p in "${packages[@]}"; do
