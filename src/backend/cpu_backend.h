@@ -66,8 +66,8 @@ class CpuBackend final : public Backend {
 
   Isa isa_;
   QuantActivations activations_;
-  std::string name_;                // "cpu-" + the set's name
-  MatMulColumnsFn matmul_columns_;  // float weights (F32, BF16, F16); block types: QuantMatMul
+  std::string name_;                    // "cpu-" + the set's name
+  MatMulColumnsFn matmul_columns_;      // float weights (F32, BF16, F16); block types: QuantMatMul
   DotPathMaxRowsFn dot_path_max_rows_;  // matmul_columns_'s dot path limit, by weight type
   DequantizeRowFn dequantize_row_;
   RowsFn rms_norm_;
