@@ -248,6 +248,10 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     std::vector<float> logits(size_t(n_logits * c.vocab));  // [sum n_logits, V] host
     backend_.LmHeadBatch(final_.data(), segments, C, model.final_norm().data(), c.rms_eps,
                          model.lm_head(), logits.data());
+    if (n == 1) {
+      results[0].logits = std::move(logits);  // a sequence alone: no copy on its hot path
+      return results;
+    }
     const float* from = logits.data();
     for (size_t i = 0; i < n; ++i) {
       const size_t count = size_t(segments[i] * c.vocab);
