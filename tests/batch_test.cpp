@@ -91,7 +91,7 @@ TEST_P(BatchInvariance, EverySequenceDecodesAsItDoesAlone) {
 INSTANTIATE_TEST_SUITE_P(EveryFixture, BatchInvariance,
                          ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c",
                                            "gguf-llada-f16", "gguf-llada-q8_0", "gguf-llada-q4_k_m",
-                                           "gguf-dream-q8_0"),
+                                           "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -91,7 +91,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   int runs = 0;
   for (const char* fixture :
        {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny", "gguf-llada-q8_0",
-        "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0"}) {
+        "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b"}) {
     const std::string dir = testing::FixtureDir(fixture);
     // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights, which the
     // engine follows exactly with fp32 activations (the child processes inherit the setting;
@@ -118,7 +118,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 40);
+  EXPECT_EQ(runs, 44);
 }
 
 // The commit trace with the steps that committed nothing left out: Fast-dLLM runs one such
@@ -138,7 +138,7 @@ std::vector<nlohmann::json> CommittingSteps(const GenerationResult& result) {
 class StandingTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StandingTest, RefreshingEverythingReproducesVanilla) {
-  for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c"}) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c", "lladamoe-b"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
     const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
     for (std::optional<double> threshold : {std::optional<double>(), {0.9}, {0.5}}) {

@@ -58,8 +58,8 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureForward,
-                         ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny",
-                                           "llada-c"),
+                         ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c",
+                                           "lladamoe-a", "lladamoe-b"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& ch : name)

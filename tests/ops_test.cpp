@@ -719,7 +719,7 @@ TEST(CpuBackend, EveryKernelSetsMatMulMatchesTheReferenceBackend) {
 }
 
 TEST(CpuBackend, RopeUndoesItselfAndRotatesPairsByTheTable) {
-  const RopeTable table(4, 8, 10000.0f);
+  const RopeTable table(4, 4, 8, 10000.0f);
   const CpuBackend& backend = CpuBackend::Host();
   // One head of D = 4 at position 3: pairs (0, 2) and (1, 3) turn by 3 * theta^(-2f/D).
   std::vector<float> x = {1, 0, 0, 0};
@@ -730,6 +730,58 @@ TEST(CpuBackend, RopeUndoesItselfAndRotatesPairsByTheTable) {
   backend.UndoRope(x.data(), position, 1, table, false);
   EXPECT_NEAR(x[0], 1.0f, 1e-6f);
   EXPECT_NEAR(x[2], 0.0f, 1e-6f);
+}
+
+TEST(CpuBackend, PartialRopeTurnsOnlyTheFirstRotaryDims) {
+  // D = 8, R = 4 (partial_rotary_factor 0.5): pairs (0, 2) and (1, 3) turn by
+  // p * theta^(-2f/R); dims 4..7 pass unchanged.
+  const RopeTable table(8, 4, 8, 100.0f);
+  std::vector<float> x = {1, 1, 0, 0, 5, 6, 7, 8};
+  const int position[1] = {2};
+  CpuBackend::Host().ApplyRope(x.data(), position, 1, table, false);
+  const float angle1 = 2.0f / 10.0f;  // 2 * 100^(-2/4)
+  EXPECT_NEAR(x[0], std::cos(2.0f), 1e-6f);
+  EXPECT_NEAR(x[2], std::sin(2.0f), 1e-6f);
+  EXPECT_NEAR(x[1], std::cos(angle1), 1e-6f);
+  EXPECT_NEAR(x[3], std::sin(angle1), 1e-6f);
+  EXPECT_EQ(std::vector<float>(x.begin() + 4, x.end()), (std::vector<float>{5, 6, 7, 8}));
+}
+
+TEST(Routing, TopKOfSoftmaxWithBiasNormalisationAndScaling) {
+  // Two rows over 4 experts. Row 0: softmax of log(1, 2, 3, 4) = (0.1, 0.2, 0.3, 0.4).
+  // Row 1: equal logits, so ties go to the lower index.
+  const float logits[8] = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f),
+                           1.0f, 1.0f,           1.0f,           1.0f};
+  int chosen[4];
+  float weights[4];
+  RouterSpec spec{.experts = 4, .top_k = 2};
+  RouteTopK(logits, 2, spec, chosen, weights);
+  EXPECT_EQ(std::vector<int>(chosen, chosen + 4), (std::vector<int>{3, 2, 0, 1}));
+  EXPECT_NEAR(weights[0], 0.4f, 1e-6f);
+  EXPECT_NEAR(weights[1], 0.3f, 1e-6f);
+  EXPECT_NEAR(weights[2], 0.25f, 1e-6f);
+  // A bias of 0.25 on expert 0 lifts it to 0.35 in row 0: chosen, and kept in its weight.
+  const float bias[4] = {0.25f, 0, 0, 0};
+  spec.bias = bias;
+  RouteTopK(logits, 1, spec, chosen, weights);
+  EXPECT_EQ(std::vector<int>(chosen, chosen + 2), (std::vector<int>{3, 0}));
+  EXPECT_NEAR(weights[1], 0.35f, 1e-6f);
+  // Renormalised to sum 1, then scaled.
+  spec.bias = nullptr;
+  spec.normalize = true;
+  spec.scaling = 2.0f;
+  RouteTopK(logits, 1, spec, chosen, weights);
+  EXPECT_NEAR(weights[0], 2.0f * 0.4f / 0.7f, 1e-6f);
+  EXPECT_NEAR(weights[1], 2.0f * 0.3f / 0.7f, 1e-6f);
+}
+
+TEST(Routing, ScaleAddRowsAccumulatesWeightedRowsIntoTheirTargets) {
+  const float src[4] = {1, 2, 3, 4};                  // [2, 2]
+  std::vector<float> dst = {10, 10, 20, 20, 30, 30};  // [3, 2]
+  const float scales[2] = {0.5f, -1.0f};
+  const int rows[2] = {2, 0};
+  CpuBackend::Host().ScaleAddRows(src, scales, dst.data(), rows, 2);
+  EXPECT_EQ(dst, (std::vector<float>{7, 6, 20, 20, 30.5f, 31}));
 }
 
 TEST(CpuBackend, AttentionProbabilitiesAreTheAttentionsProbabilities) {

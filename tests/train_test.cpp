@@ -142,7 +142,7 @@ TEST(TrainLayerTest, RmsNormBackward) {
 TEST(TrainLayerTest, RopeBackwardIsInverseRotation) {
   const int heads = 2, head_dim = 4;
   const int64_t m = 3, stride = 10;  // rows wider than heads * D: the rest is untouched
-  const RopeTable table(head_dim, 16, 10000.0f);
+  const RopeTable table(head_dim, head_dim, 16, 10000.0f);
   const std::vector<int> positions = {0, 5, 11};
   std::vector<float> x = RandomVector(m * stride, 7), r = RandomVector(m * stride, 8);
   auto loss = [&] {

@@ -73,6 +73,8 @@ class Backend {
   virtual float* Allocate(int64_t size, bool zero) const = 0;
   virtual void Free(float* data) const = 0;
   virtual void Copy(const float* src, int64_t size, float* dst) const = 0;
+  // x[n] = 0.
+  virtual void Zero(float* x, int64_t n) const = 0;
 
   // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given), for every weight type, with the M
   // rows of x split into `segments` (one per sequence of a batch, in order): each segment's
@@ -110,6 +112,14 @@ class Backend {
   virtual void SiluMul(float* gate, const float* up, int64_t n) const = 0;
   // x[n] += y[n].
   virtual void AddInPlace(float* x, const float* y, int64_t n) const = 0;
+  // Mixture-of-experts routing: chosen[M, k] and weights[M, k] (host) for router
+  // logits[M, E] (see ops.h RouteTopK).
+  virtual void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
+                         float* weights) const = 0;
+  // dst row dst_rows[i] += scales[i] * src row i (scales and rows host): an expert's output
+  // rows, weighted, into the rows that chose it.
+  virtual void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
+                            std::span<const int> dst_rows, int64_t width) const = 0;
   // dst row dst_rows[i] = src row src_rows[i] (rows of `width` floats); an empty list stands
   // for 0, 1, 2, ... so a gather passes no dst_rows and a scatter no src_rows. Row lists
   // are host memory; at least one must be non-empty, and both the same length when given.

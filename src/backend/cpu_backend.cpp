@@ -64,6 +64,8 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
   if (size > 0) std::memcpy(dst, src, size_t(size) * 4);
 }
 
+void CpuBackend::Zero(float* x, int64_t n) const { std::fill(x, x + n, 0.0f); }
+
 // Batch invariance rests on the kernels' per-output arithmetic: every output of a block-
 // quantised product depends on its own row alone (activations are quantised per row, and
 // every tile shape runs the same operations per output), and so does every output of
@@ -178,6 +180,16 @@ void CpuBackend::SiluMul(float* gate, const float* up, int64_t n) const {
 }
 
 void CpuBackend::AddInPlace(float* x, const float* y, int64_t n) const { add_in_place_(x, y, n); }
+
+void CpuBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
+                           float* weights) const {
+  polestar::RouteTopK(logits, m, spec, chosen, weights);
+}
+
+void CpuBackend::ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
+                              std::span<const int> dst_rows, int64_t width) const {
+  polestar::ScaleAddRows(src, scales, dst, dst_rows, width);
+}
 
 void CpuBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                           std::span<const int> dst_rows, int64_t width) const {

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   float* Allocate(int64_t size, bool zero) const override;
   void Free(float* data) const override;
   void Copy(const float* src, int64_t size, float* dst) const override;
+  void Zero(float* x, int64_t n) const override;
 
   void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                    const float* bias = nullptr) const override;
@@ -43,6 +44,10 @@ class CpuBackend final : public Backend {
                               int kv_heads, int head_dim, float* probs) const override;
   void SiluMul(float* gate, const float* up, int64_t n) const override;
   void AddInPlace(float* x, const float* y, int64_t n) const override;
+  void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
+                 float* weights) const override;
+  void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
+                    std::span<const int> dst_rows, int64_t width) const override;
   void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                 std::span<const int> dst_rows, int64_t width) const override;
   void Embed(const WeightView& embedding, std::span<const int> tokens, std::span<const int> rows,

@@ -40,6 +40,8 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
   c.max_positions = std::min(count(key("context_length")), 32768);
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  c.rotary_dim =
+      m.Has(key("rope.dimension_count")) ? count(key("rope.dimension_count")) : c.head_dim;
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
     Fail(origin, ": ", key("attention.causal"), " is true; diffusion models attend both ways");
   }
@@ -64,10 +66,6 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.rope_interleaved = arch.gguf.rope == RopeStyle::kInterleaved;
   c.sampler = arch.sampler;
   c.Validate(origin);
-  if (m.Has(key("rope.dimension_count")) && count(key("rope.dimension_count")) != c.head_dim) {
-    Fail(origin, ": ", key("rope.dimension_count"), " differs from the head dimension ", c.head_dim,
-         " (partial rotary embeddings are not supported)");
-  }
   return c;
 }
 
@@ -89,7 +87,17 @@ TensorNames LlamaCppTensorNames() {
           .ffn_norm = "ffn_norm.weight",
           .q_bias = "attn_q.bias",
           .k_bias = "attn_k.bias",
-          .v_bias = "attn_v.bias"};
+          .v_bias = "attn_v.bias",
+          .q_norm = "attn_q_norm.weight",
+          .k_norm = "attn_k_norm.weight",
+          .router = "ffn_gate_inp.weight",
+          .expert_bias = "exp_probs_b.bias",
+          .expert_gate = "ffn_gate_exps.weight",
+          .expert_up = "ffn_up_exps.weight",
+          .expert_down = "ffn_down_exps.weight",
+          .shared_gate = "ffn_gate_shexp.weight",
+          .shared_up = "ffn_up_shexp.weight",
+          .shared_down = "ffn_down_shexp.weight"};
 }
 
 std::unique_ptr<Model> LoadGgufModel(const std::string& path) {

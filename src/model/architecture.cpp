@@ -10,10 +10,11 @@ namespace polestar {
 // The architecture files.
 const Architecture& LladaArchitecture();
 const Architecture& DreamArchitecture();
+const Architecture& LladaMoeArchitecture();
 
 const std::vector<const Architecture*>& Architectures() {
-  static const std::vector<const Architecture*> registry = {&LladaArchitecture(),
-                                                            &DreamArchitecture()};
+  static const std::vector<const Architecture*> registry = {
+      &LladaArchitecture(), &DreamArchitecture(), &LladaMoeArchitecture()};
   return registry;
 }
 
@@ -61,6 +62,7 @@ ModelConfig ParseHfConfig(const Architecture& arch, const nlohmann::json& config
   c.shift_logits = arch.logits == LogitPositions::kNext;
   c.sampler = arch.sampler;
   c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
   c.Validate(path);
   return c;
 }
@@ -92,10 +94,37 @@ std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& c, const Tens
     add(names.v, {kv_width, c.width}, Kind::kMatrix);
     if (c.qkv_bias) add(names.v_bias, {kv_width}, Kind::kBias);
     add(names.o, {c.width, q_width}, Kind::kMatrix);
+    if (c.qk_norm) {
+      add(names.q_norm, {c.head_dim}, Kind::kNorm);
+      add(names.k_norm, {c.head_dim}, Kind::kNorm);
+    }
     add(names.ffn_norm, {c.width}, Kind::kNorm);
-    add(names.gate, {c.ffn, c.width}, Kind::kMatrix);
-    add(names.up, {c.ffn, c.width}, Kind::kMatrix);
-    add(names.down, {c.width, c.ffn}, Kind::kMatrix);
+    if (!c.IsMoeLayer(l)) {
+      add(names.gate, {c.ffn, c.width}, Kind::kMatrix);
+      add(names.up, {c.ffn, c.width}, Kind::kMatrix);
+      add(names.down, {c.width, c.ffn}, Kind::kMatrix);
+      continue;
+    }
+    const MoeConfig& moe = c.moe;
+    add(names.router, {moe.experts, c.width}, Kind::kMatrix);
+    if (moe.expert_bias) add(names.expert_bias, {moe.experts}, Kind::kBias);
+    // Per expert (a name with "{}" for its index) or stacked [E, rows, cols].
+    auto experts = [&](const std::string& leaf, int64_t rows, int64_t cols) {
+      const size_t slot = leaf.find("{}");
+      if (slot == std::string::npos) return add(leaf, {moe.experts, rows, cols}, Kind::kMatrix);
+      for (int e = 0; e < moe.experts; ++e) {
+        std::string expert_leaf = leaf;
+        add(expert_leaf.replace(slot, 2, std::to_string(e)), {rows, cols}, Kind::kMatrix);
+      }
+    };
+    experts(names.expert_gate, moe.expert_ffn, c.width);
+    experts(names.expert_up, moe.expert_ffn, c.width);
+    experts(names.expert_down, c.width, moe.expert_ffn);
+    if (moe.shared_ffn > 0) {
+      add(names.shared_gate, {moe.shared_ffn, c.width}, Kind::kMatrix);
+      add(names.shared_up, {moe.shared_ffn, c.width}, Kind::kMatrix);
+      add(names.shared_down, {c.width, moe.shared_ffn}, Kind::kMatrix);
+    }
   }
   tensors.push_back({names.final_norm, {c.width}, Kind::kNorm});
   if (!c.tied_embeddings) tensors.push_back({names.lm_head, {c.vocab, c.width}});

@@ -24,6 +24,14 @@ namespace polestar {
 struct TensorNames {
   std::string embedding, final_norm, lm_head, layer_prefix;
   std::string q, k, v, o, gate, up, down, attn_norm, ffn_norm, q_bias, k_bias, v_bias;
+  // Only for architectures with per-head q/k norms or mixtures of experts:
+  std::string q_norm = {}, k_norm = {};       // per-head norm weights [D]
+  std::string router = {}, expert_bias = {};  // [E, C], [E]
+  // The routed experts' SwiGLU matrices: with "{}" (the expert index), one [Fe, C] or
+  // [C, Fe] tensor per expert (Hugging Face); without, one stacked [E, Fe, C] or [E, C, Fe]
+  // tensor (llama.cpp).
+  std::string expert_gate = {}, expert_up = {}, expert_down = {};
+  std::string shared_gate = {}, shared_up = {}, shared_down = {};
 };
 
 enum class NormKind { kRms };
@@ -36,19 +44,15 @@ enum class RopeStyle { kRotateHalf, kInterleaved };
 // Which rows a query row attends to. Diffusion models attend both ways; LLaDA 2.x's
 // block-causal attention will be a second pattern.
 enum class AttentionPattern { kBidirectional };
-// SwiGLU: down(silu(gate x) * up x). Mixture-of-experts MLPs (LLaDA-MoE) will be a second kind.
-enum class MlpKind { kSwiGlu };
 // Which canvas position output row r predicts: r itself, or r + 1 (logits shifted right).
 enum class LogitPositions { kSame, kNext };
 
 struct BlockStructure {
   NormKind norm = NormKind::kRms;
   NormPlacement norm_placement = NormPlacement::kPre;
-  bool qk_norm = false;  // per-head norms on q and k before RoPE
   QkvBias qkv_bias = QkvBias::kWhenConfigured;
   RopeStyle rope = RopeStyle::kRotateHalf;  // in the Hugging Face checkpoint
   AttentionPattern attention = AttentionPattern::kBidirectional;
-  MlpKind mlp = MlpKind::kSwiGlu;
 };
 
 // What llama.cpp's converter for this architecture writes, and what a GGUF reader assumes
@@ -72,6 +76,9 @@ struct CheckpointShape {
   int max_positions = 4096;
   float rope_theta = 10000.0f;
   int mask_id = 0, eos_id = 0, bos_id = -1, eot_id = -1;
+  // Mixture of experts (experts > 0): routed experts, their inner width, the shared expert's
+  // (0: none), and how many leading layers stay dense (ffn wide).
+  int experts = 0, experts_per_token = 0, expert_ffn = 0, shared_ffn = 0, dense_layers = 0;
 };
 
 struct Architecture {
@@ -109,7 +116,7 @@ ModelConfig ParseHfConfig(const Architecture& arch, const nlohmann::json& config
 struct CheckpointTensor {
   enum class Kind { kMatrix, kNorm, kBias };
   std::string name;
-  std::vector<int64_t> shape;  // [rows, cols] or [n]
+  std::vector<int64_t> shape;  // [rows, cols], [E, rows, cols] (stacked experts) or [n]
   Kind kind = Kind::kMatrix;
   int rope_heads = 0;  // q/k weights and biases: the heads their rows are grouped in
 };

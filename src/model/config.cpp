@@ -22,7 +22,23 @@ void ModelConfig::Validate(const std::string& where) const {
           ") must divide the head count (", heads, ")");
   require(head_dim > 0 && head_dim % 2 == 0, "head dimension (", head_dim,
           ") must be positive and even (RoPE)");
-  require(ffn > 0, "feed-forward width (", ffn, ") must be positive");
+  bool any_dense = moe.experts == 0;
+  for (int l = 0; l < layers && !any_dense; ++l) any_dense = !IsMoeLayer(l);
+  require(!any_dense || ffn > 0, "feed-forward width (", ffn, ") must be positive");
+  require(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rotary dimension (",
+          rotary_dim, ") must be positive, even and at most the head dimension (", head_dim, ")");
+  if (moe.experts != 0) {
+    require(moe.experts > 0, "expert count (", moe.experts, ") must be positive");
+    require(moe.experts_per_token > 0 && moe.experts_per_token <= moe.experts,
+            "experts per token (", moe.experts_per_token, ") must lie in [1, ", moe.experts, "]");
+    require(moe.expert_ffn > 0, "expert feed-forward width (", moe.expert_ffn,
+            ") must be positive");
+    require(moe.shared_ffn >= 0, "shared expert width (", moe.shared_ffn, ") must not be negative");
+    require(int64_t(moe.moe_layers.size()) == layers, "the MoE layer list has ",
+            moe.moe_layers.size(), " entries for ", layers, " layers");
+    require(moe.routed_scaling > 0, "routed scaling factor (", moe.routed_scaling,
+            ") must be positive");
+  }
   require(rms_eps > 0, "rms_norm_eps (", rms_eps, ") must be positive");
   require(rope_theta > 0, "rope_theta (", rope_theta, ") must be positive");
   // The RoPE table holds max_positions x D floats; beyond this a typo, not a model.

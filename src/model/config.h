@@ -3,6 +3,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "ops/ops.h"
 
 namespace polestar {
 
@@ -12,6 +15,23 @@ struct Architecture;
 // random remasking) or Dream's diffusion_generate (its --alg samplers and time schedule).
 // Decoding code asks this, never the architecture.
 enum class SamplerFamily { kLlada, kDream };
+
+// A mixture-of-experts MLP (LLaDA-MoE): per row, a router picks `experts_per_token` of
+// `experts` SwiGLU experts by score (the score plus `expert_bias`, when the checkpoint has
+// one, both to choose and as the weight); the weights are renormalised to sum 1 when
+// `normalize_top_k`, then scaled by `routed_scaling`. A shared expert, when
+// `shared_ffn` > 0, adds its SwiGLU of the same input to every row.
+struct MoeConfig {
+  int experts = 0;            // E; 0: a dense model
+  int experts_per_token = 0;  // k
+  int expert_ffn = 0;         // Fe: each routed expert's inner width
+  int shared_ffn = 0;         // Fs: the shared expert's inner width, 0 without one
+  RouterScore score = RouterScore::kSoftmax;
+  bool expert_bias = false;
+  bool normalize_top_k = false;
+  float routed_scaling = 1.0f;
+  std::vector<bool> moe_layers;  // [layers]: which layers route (the others are dense, F wide)
+};
 
 // The architecture's name ("llada"), or "unknown" for a config built by hand.
 const char* ArchName(const Architecture* arch);
@@ -24,7 +44,8 @@ struct ModelConfig {
   int heads = 0;     // H
   int kv_heads = 0;  // Hkv (GQA when < H)
   int head_dim = 0;  // D = C / H
-  int ffn = 0;       // F: SwiGLU inner width
+  int ffn = 0;       // F: SwiGLU inner width of the dense layers
+  int rotary_dim = 0;  // R <= D: RoPE turns the first R dims of each head (D unless partial)
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
   int max_positions = 4096;
@@ -38,6 +59,10 @@ struct ModelConfig {
   bool shift_logits = false;  // position p is predicted by output p-1 (Dream)
   SamplerFamily sampler = SamplerFamily::kLlada;
   bool rope_interleaved = false;  // RoPE pairs (2i, 2i+1): q/k rows permuted (GGUF LLaDA)
+  bool qk_norm = false;           // RMSNorm over each head of q and k, before RoPE
+  MoeConfig moe;
+
+  bool IsMoeLayer(int layer) const { return moe.experts > 0 && moe.moe_layers[size_t(layer)]; }
 
   static constexpr int kMaxPositions = 1 << 20;
 

@@ -35,7 +35,10 @@ StepRunner::StepRunner(const Backend& backend)
       up_(backend, 0),
       probs_(backend, 0),
       loaded_(backend, 0),
-      final_(backend, 0) {}
+      final_(backend, 0),
+      router_(backend, 0),
+      expert_in_(backend, 0),
+      expert_out_(backend, 0) {}
 
 namespace {
 
@@ -137,6 +140,10 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     backend_.RmsNorm(x_.data(), m_fresh, C, w.attn_norm.data(), c.rms_eps, normed_.data());
     backend_.MatMulBatch(normed_.data(), segments, w.wk, k_.data(),
                          w.bk.empty() ? nullptr : w.bk.data());
+    if (c.qk_norm) {
+      backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
+                       k_.data());
+    }
     backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
                          w.bv.empty() ? nullptr : w.bv.data());
     for (size_t i = 0; i < n; ++i) {
@@ -191,6 +198,9 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     q_.Reserve(m * q_width);  // [sum |Q|, H*D]
     backend_.MatMulBatch(normed_.data(), segments, w.wq, q_.data(),
                          w.bq.empty() ? nullptr : w.bq.data());
+    if (c.qk_norm) {
+      backend_.RmsNorm(q_.data(), m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q_.data());
+    }
     attn_.Reserve(m * q_width);  // [sum |Q|, H*D]
     for (size_t i = 0; i < n; ++i) {
       const SequenceRows& s = rows[i];
@@ -212,15 +222,14 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data());
     backend_.AddInPlace(x_.data(), proj_.data(), m * C);
 
-    // SwiGLU MLP block.
+    // MLP block: SwiGLU, or a mixture of SwiGLU experts.
     normed_.Reserve(m * C);
     backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
-    gate_.Reserve(m * c.ffn);  // [sum |Q|, F]
-    up_.Reserve(m * c.ffn);    // [sum |Q|, F]
-    backend_.MatMulBatch(normed_.data(), segments, w.gate, gate_.data());
-    backend_.MatMulBatch(normed_.data(), segments, w.up, up_.data());
-    backend_.SiluMul(gate_.data(), up_.data(), m * c.ffn);
-    backend_.MatMulBatch(gate_.data(), segments, w.down, proj_.data());
+    if (c.IsMoeLayer(layer)) {
+      MixtureOfExperts(w, c, segments, m);
+    } else {
+      SwiGlu(w.mlp, normed_.data(), segments, m, proj_.data());
+    }
     backend_.AddInPlace(x_.data(), proj_.data(), m * C);
     for (SequenceRows& s : rows) {
       s.fresh = std::move(s.query);
@@ -262,12 +271,81 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
   return results;
 }
 
+void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m,
+                        float* out) {
+  const int64_t inner = w.gate.rows;
+  gate_.Reserve(m * inner);  // [M, F]
+  up_.Reserve(m * inner);    // [M, F]
+  backend_.MatMulBatch(x, segments, w.gate, gate_.data());
+  backend_.MatMulBatch(x, segments, w.up, up_.data());
+  backend_.SiluMul(gate_.data(), up_.data(), m * inner);
+  backend_.MatMulBatch(gate_.data(), segments, w.down, out);
+}
+
+// proj_[M, C] = sum over each row's chosen experts of weight * expert(normed_ row), plus the
+// shared expert's output: the reference's order (zeros, index_add expert by expert, + shared).
+// Each expert runs once over the rows that chose it, in row order, split by sequence so every
+// sequence's rows get the bits they get alone.
+void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, RowSegments segments,
+                                  int64_t m) {
+  const MoeConfig& moe = c.moe;
+  const int k = moe.experts_per_token;
+  const int64_t C = c.width;
+  router_.Reserve(m * moe.experts);  // [M, E]
+  backend_.MatMulBatch(normed_.data(), segments, w.router, router_.data());
+  std::vector<int> chosen(size_t(m * k));     // [M, k] host
+  std::vector<float> weights(size_t(m * k));  // [M, k] host
+  const RouterSpec spec{.experts = moe.experts,
+                        .top_k = k,
+                        .score = moe.score,
+                        .bias = w.expert_bias.empty() ? nullptr : w.expert_bias.data(),
+                        .normalize = moe.normalize_top_k,
+                        .scaling = moe.routed_scaling};
+  backend_.RouteTopK(router_.data(), m, spec, chosen.data(), weights.data());
+
+  // Per expert: its rows (ascending), their weights, and its rows per sequence.
+  std::vector<std::vector<int>> expert_rows(size_t(moe.experts));
+  std::vector<std::vector<float>> expert_weights(size_t(moe.experts));
+  std::vector<std::vector<int64_t>> expert_segments(size_t(moe.experts));
+  int64_t row = 0;
+  for (size_t sequence = 0; sequence < segments.size(); ++sequence) {
+    for (auto& counts : expert_segments) counts.push_back(0);
+    for (int64_t end = row + segments[sequence]; row < end; ++row) {
+      for (int i = 0; i < k; ++i) {
+        const size_t e = size_t(chosen[size_t(row * k + i)]);
+        expert_rows[e].push_back(int(row));
+        expert_weights[e].push_back(weights[size_t(row * k + i)]);
+        ++expert_segments[e].back();
+      }
+    }
+  }
+
+  backend_.Zero(proj_.data(), m * C);
+  for (int e = 0; e < moe.experts; ++e) {
+    const std::vector<int>& rows = expert_rows[size_t(e)];
+    if (rows.empty()) continue;
+    const int64_t n = int64_t(rows.size());
+    expert_in_.Reserve(n * C);   // [n, C] the rows that chose expert e
+    expert_out_.Reserve(n * C);  // [n, C]
+    backend_.CopyRows(normed_.data(), rows, expert_in_.data(), {}, C);
+    SwiGlu(w.experts[size_t(e)], expert_in_.data(), expert_segments[size_t(e)], n,
+           expert_out_.data());
+    backend_.ScaleAddRows(expert_out_.data(), expert_weights[size_t(e)], proj_.data(), rows, C);
+  }
+  if (moe.shared_ffn > 0) {
+    expert_out_.Reserve(m * C);  // [M, C]
+    SwiGlu(w.shared, normed_.data(), segments, m, expert_out_.data());
+    backend_.AddInPlace(proj_.data(), expert_out_.data(), m * C);
+  }
+}
+
 void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) const {
   const ModelConfig& c = model_.config();
   const LayerWeights& w = model_.layer(layer);
   Buffer normed(backend_, m * c.width, Buffer::Init::kNone);  // [M, C]
   backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
   backend_.MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
+  if (c.qk_norm) backend_.RmsNorm(q, m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q);
 }
 
 void Forward::ReadHidden(int layer, std::span<const int> positions, float* out) const {

@@ -89,9 +89,16 @@ class StepRunner {
   std::vector<StepResult> Run(std::span<const SequenceStep> steps);
 
  private:
+  // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).
+  void SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m, float* out);
+  // proj_ = the mixture of experts of normed_ (M rows in `segments`).
+  void MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, RowSegments segments,
+                        int64_t m);
+
   const Backend& backend_;
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
+  Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
 };
 
 // A sequence's view of the model over its cache: its steps alone, and the drift ops.

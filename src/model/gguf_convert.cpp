@@ -65,8 +65,10 @@ std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig&
   // rotate-half checkpoint.
   const bool permute =
       arch.block.rope == RopeStyle::kRotateHalf && arch.gguf.rope == RopeStyle::kInterleaved;
+  if (c.moe.experts > 0) Fail("GGUF conversion of mixture-of-experts checkpoints is not supported");
   const std::vector<CheckpointTensor> hf = CheckpointTensors(c, arch.hf_tensors);
   const std::vector<CheckpointTensor> gguf = CheckpointTensors(c, arch.gguf_tensors);
+  PS_CHECK(hf.size() == gguf.size());
   std::vector<TensorPlan> plan;
   for (size_t i = 0; i < hf.size(); ++i) {
     plan.push_back({gguf[i].name, hf[i].name, hf[i].shape, permute ? hf[i].rope_heads : 0});

@@ -61,6 +61,38 @@ WeightView BindMatrix(const TensorStore& store, const std::string& name, int64_t
   return w;
 }
 
+// The E matrices [rows, cols] of `name`: one tensor per expert when the name holds "{}"
+// (the expert index), else the slices of one stacked [E, rows, cols] tensor.
+std::vector<WeightView> BindExpertMatrices(const TensorStore& store, const std::string& name,
+                                           int64_t experts, int64_t rows, int64_t cols,
+                                           std::set<std::string>& bound) {
+  std::vector<WeightView> views;
+  const size_t slot = name.find("{}");
+  if (slot != std::string::npos) {
+    for (int64_t e = 0; e < experts; ++e) {
+      std::string expert_name = name;
+      expert_name.replace(slot, 2, std::to_string(e));
+      views.push_back(BindMatrix(store, *bound.insert(expert_name).first, rows, cols));
+    }
+    return views;
+  }
+  bound.insert(name);
+  const TensorRef& t = store.Get(name);
+  if (t.shape != std::vector<int64_t>{experts, rows, cols}) {
+    Fail(store.origin(), ": tensor '", name, "' has shape ", ShapeText(t.shape), ", expected [",
+         experts, ", ", rows, ", ", cols, "]");
+  }
+  if (!IsMatrixType(t.dtype) || cols % BlockSize(t.dtype) != 0) {
+    Fail(store.origin(), ": tensor '", name, "' has unsupported type ", DTypeName(t.dtype));
+  }
+  const int64_t row_bytes = RowBytes(t.dtype, cols);
+  PS_CHECK(size_t(row_bytes * rows * experts) == t.bytes);
+  for (int64_t e = 0; e < experts; ++e) {
+    views.push_back({t.dtype, t.data + e * rows * row_bytes, rows, cols, row_bytes});
+  }
+  return views;
+}
+
 std::vector<float> BindVector(const TensorStore& store, const std::string& name, int64_t size) {
   const TensorRef& t = store.Get(name);
   if (t.shape != std::vector<int64_t>{size}) {
@@ -97,9 +129,6 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
     w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
     w.wv = BindMatrix(store_, name(names.v), kv_width, c.width);
     w.wo = BindMatrix(store_, name(names.o), c.width, q_width);
-    w.gate = BindMatrix(store_, name(names.gate), c.ffn, c.width);
-    w.up = BindMatrix(store_, name(names.up), c.ffn, c.width);
-    w.down = BindMatrix(store_, name(names.down), c.width, c.ffn);
     w.attn_norm = BindVector(store_, name(names.attn_norm), c.width);
     w.ffn_norm = BindVector(store_, name(names.ffn_norm), c.width);
     if (c.qkv_bias) {
@@ -107,10 +136,37 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
       w.bk = BindVector(store_, name(names.k_bias), kv_width);
       w.bv = BindVector(store_, name(names.v_bias), kv_width);
     }
+    if (c.qk_norm) {
+      w.q_norm = BindVector(store_, name(names.q_norm), c.head_dim);
+      w.k_norm = BindVector(store_, name(names.k_norm), c.head_dim);
+    }
+    auto swiglu = [&](const std::string& gate, const std::string& up, const std::string& down,
+                      int64_t inner) {
+      return SwiGluWeights{BindMatrix(store_, name(gate), inner, c.width),
+                           BindMatrix(store_, name(up), inner, c.width),
+                           BindMatrix(store_, name(down), c.width, inner)};
+    };
+    if (!c.IsMoeLayer(l)) {
+      w.mlp = swiglu(names.gate, names.up, names.down, c.ffn);
+    } else {
+      const MoeConfig& moe = c.moe;
+      w.router = BindMatrix(store_, name(names.router), moe.experts, c.width);
+      if (moe.expert_bias) w.expert_bias = BindVector(store_, name(names.expert_bias), moe.experts);
+      auto experts = [&](const std::string& leaf, int64_t rows, int64_t cols) {
+        return BindExpertMatrices(store_, LayerTensorName(names, l, leaf), moe.experts, rows, cols,
+                                  bound);
+      };
+      const std::vector<WeightView> gates = experts(names.expert_gate, moe.expert_ffn, c.width);
+      const std::vector<WeightView> ups = experts(names.expert_up, moe.expert_ffn, c.width);
+      const std::vector<WeightView> downs = experts(names.expert_down, c.width, moe.expert_ffn);
+      for (int e = 0; e < moe.experts; ++e) w.experts.push_back({gates[e], ups[e], downs[e]});
+      if (moe.shared_ffn > 0)
+        w.shared = swiglu(names.shared_gate, names.shared_up, names.shared_down, moe.shared_ffn);
+    }
     layers_.push_back(std::move(w));
   }
   FailOnUnusedTensors(store_, bound, c.tied_embeddings ? names.lm_head : "");
-  rope_ = RopeTable(c.head_dim, c.max_positions, c.rope_theta);
+  rope_ = RopeTable(c.head_dim, c.rotary_dim, c.max_positions, c.rope_theta);
 }
 
 int64_t Model::ParameterCount() const {

@@ -14,12 +14,24 @@
 
 namespace polestar {
 
+// down(silu(gate x) * up x), F wide.
+struct SwiGluWeights {
+  WeightView gate, up, down;  // [F, C], [F, C], [C, F]
+};
+
 struct LayerWeights {
-  WeightView wq, wk, wv, wo;      // [H*D, C], [Hkv*D, C], [Hkv*D, C], [C, H*D]
-  WeightView gate, up, down;      // [F, C], [F, C], [C, F]
-  std::vector<float> attn_norm;   // [C]
-  std::vector<float> ffn_norm;    // [C]
-  std::vector<float> bq, bk, bv;  // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
+  WeightView wq, wk, wv, wo;          // [H*D, C], [Hkv*D, C], [Hkv*D, C], [C, H*D]
+  std::vector<float> attn_norm;       // [C]
+  std::vector<float> ffn_norm;        // [C]
+  std::vector<float> bq, bk, bv;      // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
+  std::vector<float> q_norm, k_norm;  // [D] each; empty without per-head q/k norms
+  SwiGluWeights mlp;                  // dense layers: F wide
+  // MoE layers (ModelConfig::IsMoeLayer): the router, its bias, the routed experts (Fe wide)
+  // and the shared expert (Fs wide; rows 0 without one).
+  WeightView router;                   // [E, C]
+  std::vector<float> expert_bias;      // [E]; empty without
+  std::vector<SwiGluWeights> experts;  // [E]
+  SwiGluWeights shared;
 };
 
 class Model {

@@ -31,22 +31,48 @@ struct WeightView {
 void DequantizeRow(const WeightView& w, int64_t n, float* out);
 
 // cos/sin of every (position, frequency) pair, computed once per model as the reference
-// does: angle = float(pos) * inv_freq[i] in fp32, inv_freq[i] = 1 / theta^(2i/D).
+// does: angle = float(pos) * inv_freq[i] in fp32, inv_freq[i] = 1 / theta^(2i/R). RoPE turns
+// the first R = rotary_dim dims of each D-dim head (R < D: partial rotary embeddings, as
+// LLaDA-MoE's partial_rotary_factor); the rest pass unchanged.
 struct RopeTable {
-  int head_dim = 0;
-  std::vector<float> cos, sin;  // [max_positions, D/2]
+  int head_dim = 0;             // D
+  int rotary_dim = 0;           // R
+  std::vector<float> cos, sin;  // [max_positions, R/2]
 
   RopeTable() = default;
-  RopeTable(int head_dim, int max_positions, float theta);
+  RopeTable(int head_dim, int rotary_dim, int max_positions, float theta);
 };
 
 // Rotary position embedding on x[M, heads * D] in place, row i at position positions[i].
-// Rotate-half pairs (i, i + D/2) (HF LLaDA / Dream); interleaved pairs (2i, 2i+1) when
+// Rotate-half pairs (i, i + R/2) (HF LLaDA / Dream); interleaved pairs (2i, 2i+1) when
 // `interleaved` (llama.cpp's permuted LLaDA q/k rows).
 void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
                bool interleaved);
 // The inverse rotation (for keys that must be compared un-rotated).
 void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
               bool interleaved);
+
+// How a mixture-of-experts router turns its logits into expert scores.
+enum class RouterScore { kSoftmax };
+
+// A router's choice rule: per row, the `top_k` of `experts` with the largest score + bias
+// (bias[E] host, or null), weighted by that same sum (the reference keeps the bias in the
+// weight), renormalised to sum 1 when `normalize`, then times `scaling`.
+struct RouterSpec {
+  int experts = 0;  // E
+  int top_k = 0;    // k
+  RouterScore score = RouterScore::kSoftmax;
+  const float* bias = nullptr;
+  bool normalize = false;
+  float scaling = 1.0f;
+};
+
+// chosen[M, k] and weights[M, k] (host) for logits[M, E], best first; ties go to the lower
+// expert index (torch.topk's order on CPU). Scores are computed in fp32.
+void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen, float* weights);
+
+// dst row dst_rows[i] += scales[i] * src row i (rows of `width` floats; scales host).
+void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
+                  std::span<const int> dst_rows, int64_t width);
 
 }  // namespace polestar

@@ -72,7 +72,7 @@ void Rope(float* x, int64_t m, int64_t stride, int heads, std::span<const int> p
           const RopeTable& table, bool inverse) {
   PS_CHECK(int64_t(positions.size()) == m);
   const int head_dim = table.head_dim;
-  const int half = head_dim / 2;
+  const int half = table.rotary_dim / 2;
   const float direction = inverse ? -1.0f : 1.0f;
   ParallelFor(m, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {

@@ -96,7 +96,8 @@ TinyModel::TinyModel(const TinyConfig& config) : config_(config) {
   final_norm_ = Add("model.transformer.ln_f.weight", {C}, false);
   lm_head_ = Add("model.transformer.ff_out.weight", {V, C}, true);
   params_.assign(size_t(tensors_.back().offset + tensors_.back().size()), 0.0f);
-  rope_ = RopeTable(config_.head_dim(), config_.max_positions, config_.rope_theta);
+  rope_ =
+      RopeTable(config_.head_dim(), config_.head_dim(), config_.max_positions, config_.rope_theta);
   acts_.resize(size_t(config_.layers));
 }
 
