@@ -41,10 +41,10 @@ struct ModelConfig {
   int vocab = 0;                       // V: embedding / LM-head rows
   int width = 0;                       // C
   int layers = 0;
-  int heads = 0;     // H
-  int kv_heads = 0;  // Hkv (GQA when < H)
-  int head_dim = 0;  // D = C / H
-  int ffn = 0;       // F: SwiGLU inner width of the dense layers
+  int heads = 0;       // H
+  int kv_heads = 0;    // Hkv (GQA when < H)
+  int head_dim = 0;    // D = C / H
+  int ffn = 0;         // F: SwiGLU inner width of the dense layers
   int rotary_dim = 0;  // R <= D: RoPE turns the first R dims of each head (D unless partial)
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
