@@ -114,6 +114,8 @@ TEST(Jinja, ExpressionsFiltersAndTests) {
   EXPECT_EQ(Render("{{ {'a': [1, none]} | tojson }}"), "{\"a\": [1, null]}");
   EXPECT_EQ(Render("{{ 'a,b,,c'.split(',') | join('-') }}{{ 'x_y'.replace('_', ' ') }}"),
             "a-b--cx y");
+  EXPECT_EQ(Render("{{ [1, 2, 3][::9223372036854775807] }}{{ 'abc'[::-2] }}{{ [1, 2][5:] }}"),
+            "[1]ca[]");
   EXPECT_EQ(Render("{{ 1.0 }} {{ 0.1 + 0.2 }} {{ 1 if false else 2.50 }}"),
             "1.0 0.30000000000000004 2.5");
 }

@@ -1588,8 +1588,7 @@ struct Interpreter {
       case NodeType::kContinue:
         throw LoopControl{false};
       default:
-        Emit(out, Evaluate(node, scope), node.at);
-        return;
+        PS_CHECK(false);  // the parser puts only statements in blocks
     }
   }
 
@@ -1806,8 +1805,7 @@ struct Interpreter {
                 Cat("cannot look up a ", KindName(property.kind), " in a ", KindName(object.kind)));
         }
         if (const Value* found = object.dict->Find(property.str())) return *found;
-        return object.kind == Kind::kDict ? DictMethod(object, property.str(), node.at)
-                                          : Undefined();
+        return object.kind == Kind::kDict ? DictMethod(object, property.str()) : Undefined();
       }
       case Kind::kList:
       case Kind::kString: {
@@ -1873,7 +1871,10 @@ struct Interpreter {
         stop = stop < -1 ? std::max(length + stop, int64_t{-1}) : std::min(stop, length - 1);
       }
       const int64_t direction = step > 0 ? 1 : step < 0 ? -1 : 0;
-      for (int64_t i = start; direction * i < direction * stop; i += step) take(i);
+      for (int64_t i = start; direction * i < direction * stop;) {
+        take(i);
+        if (__builtin_add_overflow(i, step, &i)) break;
+      }
     };
     if (object.kind == Kind::kList) {
       List items;
@@ -2156,7 +2157,7 @@ struct Interpreter {
     }
   }
 
-  Value DictMethod(const Value& object, const std::string& name, size_t at) const {
+  Value DictMethod(const Value& object, const std::string& name) const {
     const std::shared_ptr<Dict> dict = object.dict;
     if (name == "get") {
       return Function([dict](Interpreter& in, size_t call_at, CallArgs args) {
@@ -2174,7 +2175,6 @@ struct Interpreter {
         return in.DictView(*dict, name, call_at);
       });
     }
-    (void)at;
     return Undefined();
   }
 
