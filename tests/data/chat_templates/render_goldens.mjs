@@ -54,6 +54,7 @@ for (let i = 0; i < 6; ++i) {
 }
 conversations.push([{ role: "assistant", content: "An assistant turn alone." }]);
 conversations.push([{ role: "user", content: "one" }, { role: "user", content: "two" }]);
+conversations.push([{ role: "user", content: "hi" }, { role: "tool", content: "{\"result\": 4}" }]);
 
 const files = fs.readdirSync(here).filter((f) => f.endsWith(".jinja")).sort();
 const lines = [];
