@@ -36,7 +36,7 @@ namespace polestar::jinja {
 
 struct RenderLimits {
   size_t max_string_bytes = size_t{32} << 20;  // the output and every string built
-  size_t max_list_items = size_t{1} << 20;
+  size_t max_list_items = size_t{1} << 16;
   uint64_t max_steps = 2'000'000;  // expressions evaluated and loop iterations
 };
 
