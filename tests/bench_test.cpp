@@ -20,6 +20,7 @@
 #include "io/safetensors.h"
 #include "tasks/tasks.h"
 #include "test_support.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/unicode.h"
 
 namespace polestar::bench {
@@ -362,12 +363,9 @@ std::string WriteByteLevelModel(const std::string& dir) {
       {"decoder", {{"type", "ByteLevel"}}},
       {"added_tokens", added}};
   std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
-  const nlohmann::json config = {
-      {"bos_token", "<|startoftext|>"},
-      {"eos_token", "<|endoftext|>"},
-      {"chat_template",
-       "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
-       "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"}};
+  const nlohmann::json config = {{"bos_token", "<|startoftext|>"},
+                                 {"eos_token", "<|endoftext|>"},
+                                 {"chat_template", std::string(BuiltinChatTemplate("llada"))}};
   std::ofstream(dir + "/tokenizer_config.json") << config.dump();
   return dir;
 }

@@ -1433,7 +1433,7 @@ std::unique_ptr<Tokenizer> TinyTokenizer() {
   spec.bos_token = "<|startoftext|>";
   spec.eos_token = "<|endoftext|>";
   spec.mask_token = "<|mdm_mask|>";
-  spec.chat_template = "{{ bos_token }}<|start_header_id|>{{ role }}<|end_header_id|>";
+  spec.chat_template = BuiltinChatTemplate("llada");
   return std::make_unique<Tokenizer>(std::move(spec));
 }
 
@@ -1461,7 +1461,7 @@ TEST(Server, ARealTokenizerEncodesDecodesAndStreams) {
   // Chat goes through LLaDA's template: BOS, headers, end of turn.
   auto reference = TinyTokenizer();
   const std::vector<int> rendered =
-      ApplyChatTemplate(*reference, {{"user", "hi \u00e9"}}, ChatTemplateKind::kLlada);
+      ApplyChatTemplate(*reference, {{"user", "hi \u00e9"}}, ChatTemplateFor(*reference));
   ASSERT_EQ(rendered.front(), 152);
   Reply chat =
       s.Post("/v1/chat/completions",

@@ -170,17 +170,16 @@ TEST_P(ReferenceTokenizer, ChatTemplatesGiveTheReferencePromptAndIds) {
   ASSERT_EQ(records.size(), 4u);
   TokenizerSpec spec = ReadTokenizerFiles(ReferenceDir(GetParam()));
   // The reference rendered Qwen2's ChatML template (with its default system prompt) for the
-  // Qwen tokenizer, whose own template carries reasoning logic the engine does not render.
+  // Qwen tokenizer (Qwen3's own template is checked against @huggingface/jinja in jinja_test).
   spec.chat_template = records[0]["template"];
   const Tokenizer tokenizer(std::move(spec));
-  const ChatTemplateKind kind = ChatTemplateFor(tokenizer);
-  EXPECT_EQ(kind, std::string(GetParam()) == "qwen3" ? ChatTemplateKind::kChatMl
-                                                     : ChatTemplateKind::kLlada);
+  const ChatTemplate chat_template = ChatTemplateFor(tokenizer);
   for (const json& record : records) {
     std::vector<ChatMessage> messages;
     for (const json& m : record["messages"]) messages.push_back({m["role"], m["content"]});
-    EXPECT_EQ(RenderChat(tokenizer, messages, kind), record["text"].get<std::string>());
-    EXPECT_EQ(ApplyChatTemplate(tokenizer, messages, kind), record["ids"].get<std::vector<int>>());
+    EXPECT_EQ(chat_template.Render(tokenizer, messages), record["text"].get<std::string>());
+    EXPECT_EQ(ApplyChatTemplate(tokenizer, messages, chat_template),
+              record["ids"].get<std::vector<int>>());
   }
 }
 
@@ -854,15 +853,14 @@ TEST(TokenizerJson, LoadsAFolderWithSpecialTokensAndAChatTemplate) {
   EXPECT_EQ(ids.bos, 259);
   EXPECT_EQ(ids.eot, 262);
   EXPECT_EQ(tokenizer->Encode("hi<|mdm_mask|><|mdm_mask|>"), Ids({256, 258, 258}));
-  ASSERT_EQ(ChatTemplateFor(*tokenizer), ChatTemplateKind::kLlada);
+  const ChatTemplate chat_template = ChatTemplateFor(*tokenizer);
   const std::vector<ChatMessage> chat = {{"user", " hi\n"}, {"assistant", "hi"}, {"user", "hi"}};
-  EXPECT_EQ(RenderChat(*tokenizer, chat, ChatTemplateKind::kLlada),
+  EXPECT_EQ(chat_template.Render(*tokenizer, chat),
             "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n");
-  const std::vector<int> prompt =
-      ApplyChatTemplate(*tokenizer, {{"user", "hi"}}, ChatTemplateKind::kLlada);
+  const std::vector<int> prompt = ApplyChatTemplate(*tokenizer, {{"user", "hi"}}, chat_template);
   const int nl = '\n';
   EXPECT_EQ(prompt, Ids({259, 260, 'u', 's', 'e', 'r', 261, nl,  nl,  256, 262, 260,
                          'a', 's', 's', 'i', 's', 't', 'a', 'n', 't', 261, nl,  nl}));
@@ -995,49 +993,48 @@ TEST(Encode, InvalidUtf8IsReadAsReplacementCharacters) {
 // ---------------------------------------------------------------------------------------
 // Chat templates
 
-TEST(ChatTemplate, NamesDetectionAndDefaultSystemPrompt) {
-  EXPECT_EQ(ChatTemplateFromName("llada"), ChatTemplateKind::kLlada);
-  EXPECT_EQ(ChatTemplateFromName("chatml"), ChatTemplateKind::kChatMl);
-  EXPECT_THROW(ChatTemplateFromName("zephyr"), Error);
-  EXPECT_EQ(DetectChatTemplate("... '<|start_header_id|>' + role ...", "x"),
-            ChatTemplateKind::kLlada);
-  EXPECT_EQ(DetectChatTemplate("{{'<|im_start|>' + message['role']}}", "x"),
-            ChatTemplateKind::kChatMl);
-  EXPECT_THROW(DetectChatTemplate("{{ '[INST] ' + content }}", "x"), Error);
-  EXPECT_THROW(DetectChatTemplate("", "x"), Error);
-  EXPECT_EQ(
-      ChatMlDefaultSystem("{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"),
-      "You are a helpful assistant.");
-  EXPECT_EQ(
-      ChatMlDefaultSystem("{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"),
-      "");
-}
-
-TEST(ChatTemplate, DefaultSystemPromptSearchIsLinearInTheTemplate) {
-  // Every opening but the last starts a non-constant literal that runs to the one close at
-  // the end: reading from each opening to the close took hours for a 2 MB template.
-  std::string jinja;
-  for (int i = 0; i < 100000; ++i) jinja += "<|im_start|>system\n'";
-  jinja += "<|im_start|>system\nHello<|im_end|>";
-  EXPECT_EQ(ChatMlDefaultSystem(jinja), "Hello");
-  jinja.resize(jinja.size() - std::string("Hello<|im_end|>").size());
-  EXPECT_EQ(ChatMlDefaultSystem(jinja), "");
+TEST(ChatTemplate, BuiltinsByNameAndTheTokenizersOwn) {
+  TokenizerSpec spec = ByteLevelSpec({});
+  spec.added_tokens = {Added("<|im_start|>", 300), Added("<|im_end|>", 301)};
+  spec.chat_template = "{{ messages[0].content | upper }}{{ eos_token is defined }}";
+  const Tokenizer tokenizer(spec);
+  EXPECT_EQ(ChatTemplateFor(tokenizer).Render(tokenizer, {{"user", "hi"}}), "HIfalse");
+  EXPECT_THAT(
+      [&] { ChatTemplateFor(tokenizer, "zephyr"); },
+      testing::ThrowsErrorContaining({"unknown chat template \"zephyr\"", "llada, chatml"}));
+  spec.chat_template = "";
+  const Tokenizer no_template(spec);
+  EXPECT_THAT([&] { ChatTemplateFor(no_template); },
+              testing::ThrowsErrorContaining({"no chat_template", "llada or chatml"}));
+  spec.chat_template = "{% if %}";
+  const Tokenizer broken(spec);
+  EXPECT_THAT([&] { ChatTemplateFor(broken); },
+              testing::ThrowsErrorContaining({"chat_template:1:7"}));
+  spec.chat_template = "{{ raise_exception('Only user and assistant roles') }}";
+  const Tokenizer raises(spec);
+  EXPECT_THAT(
+      [&] {
+        ChatTemplateFor(raises).Render(raises, {{"user", "hi"}});
+      },
+      testing::ThrowsErrorContaining({"Only user and assistant roles"}));
 }
 
 TEST(ChatTemplate, ChatMlWithAndWithoutGenerationPrompt) {
   TokenizerSpec spec = ByteLevelSpec({});
   spec.added_tokens = {Added("<|im_start|>", 300), Added("<|im_end|>", 301)};
   const Tokenizer tokenizer(spec);
+  const ChatTemplate chatml = ChatTemplateFor(tokenizer, "chatml");
   const std::vector<ChatMessage> chat = {{"system", "S"}, {"user", " U "}};
   EXPECT_EQ(
-      RenderChat(tokenizer, chat, ChatTemplateKind::kChatMl),
+      chatml.Render(tokenizer, chat),
       "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n U <|im_end|>\n<|im_start|>assistant\n");
   ChatOptions no_prompt;
   no_prompt.add_generation_prompt = false;
-  EXPECT_EQ(ApplyChatTemplate(tokenizer, {{"user", "U"}}, ChatTemplateKind::kChatMl, no_prompt),
+  EXPECT_EQ(ApplyChatTemplate(tokenizer, {{"user", "U"}}, chatml, no_prompt),
             Ids({300, 'u', 's', 'e', 'r', '\n', 'U', 301, '\n'}));
-  EXPECT_THROW(RenderChat(tokenizer, {}, ChatTemplateKind::kChatMl), Error);
-  EXPECT_THROW(RenderChat(tokenizer, chat, ChatTemplateKind::kLlada), Error);
+  EXPECT_THROW(chatml.Render(tokenizer, {}), Error);
+  EXPECT_THAT([&] { ChatTemplateFor(tokenizer, "llada").Render(tokenizer, chat); },
+              testing::ThrowsErrorContaining({"needs the token <|start_header_id|>"}));
 }
 
 TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {

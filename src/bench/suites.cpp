@@ -185,17 +185,17 @@ std::string CharVocabCodec::Decode(std::span<const int> ids) const {
 
 TokenizerCodec::TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, PromptFormat format)
     : tokenizer_(std::move(tokenizer)) {
-  chat_ = format == PromptFormat::kChat ||
-          (format == PromptFormat::kAuto && !tokenizer_->chat_template().empty());
-  // Resolve the template now, so a tokenizer the engine cannot template fails before any work.
-  if (chat_) template_kind_ = ChatTemplateFor(*tokenizer_);
+  const bool chat = format == PromptFormat::kChat ||
+                    (format == PromptFormat::kAuto && !tokenizer_->chat_template().empty());
+  // Parse the template now, so a tokenizer the engine cannot template fails before any work.
+  if (chat) chat_template_.emplace(ChatTemplateFor(*tokenizer_));
 }
 
 std::vector<int> TokenizerCodec::EncodePrompt(const eval::EvalItem& item) const {
-  if (!chat_) return tokenizer_->Encode(item.prompt);
+  if (!chat_template_) return tokenizer_->Encode(item.prompt);
   // The whole prompt, few-shot examples included, as one user turn (as Fast-dLLM and the
   // LLaDA evaluations give it to instruct models).
-  return ApplyChatTemplate(*tokenizer_, {{"user", item.prompt}}, template_kind_);
+  return ApplyChatTemplate(*tokenizer_, {{"user", item.prompt}}, *chat_template_);
 }
 
 std::string TokenizerCodec::Decode(std::span<const int> ids) const {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,7 +64,7 @@ enum class PromptFormat { kAuto, kChat, kRaw };
 // A model's own tokenizer (tokenizer.json + tokenizer_config.json).
 class TokenizerCodec final : public TextCodec {
  public:
-  // Throws Error when chat is asked for and the template is not one the engine knows.
+  // Throws Error when chat is asked for and the tokenizer has no template that parses.
   TokenizerCodec(std::unique_ptr<Tokenizer> tokenizer, PromptFormat format);
   std::vector<int> EncodePrompt(const eval::EvalItem& item) const override;
   std::string Decode(std::span<const int> ids) const override;
@@ -71,8 +72,7 @@ class TokenizerCodec final : public TextCodec {
 
  private:
   std::unique_ptr<Tokenizer> tokenizer_;
-  bool chat_ = false;
-  ChatTemplateKind template_kind_ = ChatTemplateKind::kLlada;
+  std::optional<ChatTemplate> chat_template_;  // none: prompts are raw text
 };
 PromptFormat PromptFormatFromName(const std::string& name);  // auto | chat | raw
 const char* PromptFormatName(PromptFormat format);

@@ -1,27 +1,27 @@
-// Chat formats of the supported models, implemented natively (no Jinja interpreter):
+// Chat templates: the model's own Jinja chat_template (tokenizer_config.json or
+// chat_template.jinja), rendered by the Jinja interpreter (jinja.h) with the variables
+// transformers' apply_chat_template passes: messages (role, content), add_generation_prompt,
+// bos_token, eos_token, pad_token, unk_token and mask_token where the tokenizer has them
+// (tools and documents absent). The rendered text is encoded with Tokenizer::Encode, as the
+// reference encodes apply_chat_template's string with add_special_tokens=False.
 //
-//   llada   LLaDA-8B-Instruct (model_specs.md §1.5): bos_token once, then per message
-//           <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>, and
-//           always <|start_header_id|>assistant<|end_header_id|>\n\n at the end.
-//   chatml  Dream / Qwen2: <|im_start|>{role}\n{content}<|im_end|>\n per message, then
-//           <|im_start|>assistant\n when add_generation_prompt. When the model's template
-//           carries a default system prompt (Qwen2-style "You are a helpful assistant."),
-//           it opens a conversation that has no system message.
-//
-// The model's format is recognised from tokenizer_config.json's chat_template; a name can
-// override it. The rendered text is encoded with Tokenizer::Encode, as the reference
-// encodes apply_chat_template's string with add_special_tokens=False.
+// A tokenizer without a template (or a caller that wants another format) names a built-in,
+// itself Jinja text rendered the same way:
+//   llada   LLaDA-8B-Instruct's template: bos_token once, every turn
+//           <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>, and the
+//           assistant header always at the end (whatever add_generation_prompt says).
+//   chatml  ChatML: <|im_start|>{role}\n{content}<|im_end|>\n per message, then
+//           <|im_start|>assistant\n when add_generation_prompt.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/jinja.h"
 #include "tokenizer/tokenizer.h"
 
 namespace polestar {
-
-enum class ChatTemplateKind { kLlada, kChatMl };
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant"
@@ -29,27 +29,37 @@ struct ChatMessage {
 };
 
 struct ChatOptions {
-  bool add_generation_prompt = true;  // ChatML only; LLaDA's template always adds it
+  bool add_generation_prompt = true;
 };
 
-const char* ChatTemplateName(ChatTemplateKind kind);
-// "llada" or "chatml"; throws Error listing the known names.
-ChatTemplateKind ChatTemplateFromName(std::string_view name);
-// The format of a Jinja chat template: LLaDA's by <|start_header_id|>, ChatML by
-// <|im_start|>. Throws Error (suggesting a name) for a template the engine does not know.
-ChatTemplateKind DetectChatTemplate(std::string_view jinja, const std::string& where);
-// The tokenizer's own template, or `name` when not empty.
-ChatTemplateKind ChatTemplateFor(const Tokenizer& tokenizer, std::string_view name = "");
+// The Jinja source of a built-in template ("llada" or "chatml"); throws Error listing them.
+std::string_view BuiltinChatTemplate(std::string_view name);
 
-// The default system prompt in a ChatML Jinja template ("" when it has none).
-std::string ChatMlDefaultSystem(std::string_view jinja);
+class ChatTemplate {
+ public:
+  // Parses `source`; `where` names it in errors. `required_tokens` must be tokens of the
+  // tokenizer it renders for (the built-ins' markers).
+  ChatTemplate(std::string_view source, std::string where,
+               std::vector<std::string> required_tokens = {});
 
-// The prompt text. Throws Error when the tokenizer lacks the format's marker tokens (for
-// example llada with a ChatML tokenizer) or the conversation is empty.
-std::string RenderChat(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
-                       ChatTemplateKind kind, const ChatOptions& options = {});
+  // The prompt text. Throws Error for an empty conversation, a tokenizer without the
+  // template's marker tokens, or what the template raises (raise_exception) or does wrong.
+  std::string Render(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+                     const ChatOptions& options = {}) const;
+
+ private:
+  jinja::Template template_;
+  std::string where_;
+  std::vector<std::string> required_tokens_;
+};
+
+// The tokenizer's own template, or the built-in `name` when not empty. Throws Error when
+// the tokenizer has no template (suggesting a built-in) or the template does not parse.
+ChatTemplate ChatTemplateFor(const Tokenizer& tokenizer, std::string_view name = "");
+
 std::vector<int> ApplyChatTemplate(const Tokenizer& tokenizer,
-                                   const std::vector<ChatMessage>& messages, ChatTemplateKind kind,
+                                   const std::vector<ChatMessage>& messages,
+                                   const ChatTemplate& chat_template,
                                    const ChatOptions& options = {});
 
 }  // namespace polestar

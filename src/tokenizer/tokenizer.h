@@ -82,7 +82,7 @@ struct TokenizerSpec {
   bool clean_up_tokenization_spaces = false;
   std::string bos_token, eos_token, pad_token, mask_token, config_unk_token;
   std::vector<std::string> additional_special_tokens;
-  std::string chat_template;  // Jinja source; used to pick the chat format (chat_template.h)
+  std::string chat_template;  // Jinja source, rendered by chat_template.h
 };
 
 // Special token ids found in the tokenizer files; -1 when absent.
@@ -131,6 +131,7 @@ class Tokenizer {
   bool IsSpecial(int id) const;                                // dropped by skip_special_tokens
   const SpecialIds& special_ids() const { return special_ids_; }
   const std::string& chat_template() const { return spec_.chat_template; }
+  const TokenizerSpec& spec() const { return spec_; }  // special token texts for templates
   const std::string& bos_token() const { return spec_.bos_token; }
   bool clean_up_tokenization_spaces() const { return spec_.clean_up_tokenization_spaces; }
   const std::string& source() const { return spec_.source; }

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_json.h"
 #include "tokenizer/unicode.h"
@@ -244,19 +245,11 @@ std::string BpeTokenizer::TokenizerConfigJson(int model_max_length) const {
                                                  {"normalized", false},  {"rstrip", false},
                                                  {"single_word", false}, {"special", true}};
   }
-  // LLaDA-8B-Instruct's template: BOS once, every turn trimmed and closed with <|eot_id|>,
-  // the assistant header always appended.
-  const std::string chat_template =
-      "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | "
-      "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
-      "{% endif %}{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' "
-      "}}";
   const ordered_json config = {{"add_bos_token", false},
                                {"add_eos_token", false},
                                {"added_tokens_decoder", decoder},
                                {"bos_token", kBosToken},
-                               {"chat_template", chat_template},
+                               {"chat_template", std::string(BuiltinChatTemplate("llada"))},
                                {"clean_up_tokenization_spaces", false},
                                {"eos_token", kEosToken},
                                {"mask_token", kMaskToken},

@@ -1,8 +1,8 @@
-// libFuzzer target: the chat renderer on arbitrary templates and messages. The input is split
-// at NUL bytes into the Jinja template, a flags field (first byte: bit 0 picks the format,
-// bit 1 add_generation_prompt, bit 2 detect the format from the template instead) and then
-// role/content pairs. Rendering must either throw polestar::Error or give a prompt whose
-// encoding decodes back to it.
+// libFuzzer target: the Jinja chat renderer on arbitrary templates and messages. The input is
+// split at NUL bytes into the Jinja template, a flags field (first byte: bit 0 picks the
+// built-in, bit 1 add_generation_prompt, bit 2 renders the template itself instead of a
+// built-in) and then role/content pairs. Rendering must either throw polestar::Error or give a
+// prompt whose encoding decodes back to it.
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -31,15 +31,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     spec.chat_template = fields[0];
     spec.bos_token = "<|startoftext|>";
     const Tokenizer tokenizer(std::move(spec));
-    ChatMlDefaultSystem(tokenizer.chat_template());
-    const ChatTemplateKind kind = flags & 4
-                                      ? ChatTemplateFor(tokenizer)
-                                      : ChatTemplateFor(tokenizer, flags & 1 ? "chatml" : "llada");
+    const ChatTemplate chat_template =
+        flags & 4 ? ChatTemplateFor(tokenizer)
+                  : ChatTemplateFor(tokenizer, flags & 1 ? "chatml" : "llada");
     ChatOptions options;
     options.add_generation_prompt = (flags & 2) != 0;
-    const std::string prompt = RenderChat(tokenizer, messages, kind, options);
+    const std::string prompt = chat_template.Render(tokenizer, messages, options);
     fuzz::CheckRoundTrip(tokenizer, prompt);
-    if (ApplyChatTemplate(tokenizer, messages, kind, options) != tokenizer.Encode(prompt)) {
+    if (ApplyChatTemplate(tokenizer, messages, chat_template, options) !=
+        tokenizer.Encode(prompt)) {
       std::abort();
     }
   } catch (const Error&) {

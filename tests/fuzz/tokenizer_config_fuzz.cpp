@@ -25,9 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int id : {special.bos, special.eos, special.pad, special.eot, special.mask, special.unk}) {
       if (id < -1 || id >= tokenizer.vocab_size()) std::abort();
     }
-    const ChatTemplateKind kind = ChatTemplateFor(tokenizer);
-    const std::string prompt =
-        RenderChat(tokenizer, {{"system", "Be brief."}, {"user", " hi \xc3\xa9 "}}, kind);
+    const std::string prompt = ChatTemplateFor(tokenizer).Render(
+        tokenizer, {{"system", "Be brief."}, {"user", " hi \xc3\xa9 "}});
     fuzz::CheckRoundTrip(tokenizer, prompt);
   } catch (const Error&) {
   }

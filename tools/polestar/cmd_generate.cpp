@@ -233,7 +233,7 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
       ->capture_default_str();
   cmd->add_flag("--raw", args->raw, "tokenize the prompt as is, without the chat template");
   cmd->add_option("--chat-template", args->chat_template,
-                  "llada | chatml (default: from the model)");
+                  "built-in chat template llada | chatml (default: the model's own)");
   cmd->add_option("--system", args->system, "system message")->check(Utf8Text());
   cmd->add_option("--stop-at-eos", args->stop_at_eos, "cut the text at the first EOS / end of turn")
       ->capture_default_str();

@@ -67,8 +67,9 @@ void AddTokenizeCommand(CLI::App& app) {
   text->excludes(jsonl)->excludes(decode);
   jsonl->excludes(decode);
   cmd->add_flag("--chat", args->chat, "encode each text as a user turn in the model's chat format");
-  cmd->add_option("--chat-template", args->chat_template,
-                  "chat format instead of the model's own: llada or chatml (implies --chat)");
+  cmd->add_option(
+      "--chat-template", args->chat_template,
+      "built-in chat template instead of the model's own: llada or chatml (implies --chat)");
   cmd->add_option("--system", args->system, "system message for --chat")->check(Utf8Text());
   cmd->add_flag("--skip-special", args->skip_special, "leave special tokens out of --decode text");
   cmd->callback([args, text, jsonl, decode] {
