@@ -49,20 +49,21 @@ TEST(ArchitectureRegistry, UnknownNamesListTheRegisteredOnes) {
   EXPECT_EQ(ErrorOf([] {
               ArchitectureOfHfConfig({{"model_type", "gpt2"}}, "c.json");
             }),
-            "c.json: unknown model_type 'gpt2' (supported: llada, Dream, lladamoe)");
+            "c.json: unknown model_type 'gpt2' (supported: llada, Dream, lladamoe, llada2_moe)");
   EXPECT_EQ(ErrorOf([] {
               ArchitectureOfHfConfig({{"model_type", 5}}, "c.json");
             }),
-            "c.json: no model_type string (supported: llada, Dream, lladamoe)");
+            "c.json: no model_type string (supported: llada, Dream, lladamoe, llada2_moe)");
   EXPECT_EQ(ErrorOf([] { ArchitectureOfHfConfig(nlohmann::json::object(), "c.json"); }),
-            "c.json: no model_type string (supported: llada, Dream, lladamoe)");
+            "c.json: no model_type string (supported: llada, Dream, lladamoe, llada2_moe)");
   // Case matters: Dream's own configs say "Dream", llama.cpp's GGUF files "dream".
   EXPECT_THAT(ErrorOf([] {
                 ArchitectureOfHfConfig({{"model_type", "LLaDA"}}, "c.json");
               }),
               HasSubstr("unknown model_type 'LLaDA'"));
-  EXPECT_EQ(ErrorOf([] { ArchitectureOfGguf("qwen2", "x.gguf"); }),
-            "x.gguf: general.architecture 'qwen2' is not supported (llada, dream, llada-moe)");
+  EXPECT_EQ(
+      ErrorOf([] { ArchitectureOfGguf("qwen2", "x.gguf"); }),
+      "x.gguf: general.architecture 'qwen2' is not supported (llada, dream, llada-moe, llada2)");
 }
 
 TEST(ArchitectureRegistry, NamesModelTypesAndShapesAreUnique) {
@@ -81,7 +82,7 @@ TEST(ArchitectureRegistry, NamesModelTypesAndShapesAreUnique) {
   EXPECT_EQ(bench::ShapeByName("dream-tiny").arch, &ArchitectureOfGguf("dream", ""));
   EXPECT_THAT(ErrorOf([] { bench::ShapeByName("gpt2-tiny"); }),
               HasSubstr("(known: llada-8b, llada-1b, llada-tiny, dream-7b, dream-tiny, "
-                        "llada-moe-7b-a1b, llada-moe-tiny)"));
+                        "llada-moe-7b-a1b, llada-moe-tiny, llada2-mini, llada2-tiny)"));
 }
 
 // What each architecture's checkpoints decode with, from its model card and llama.cpp's
@@ -97,6 +98,7 @@ const std::map<std::string, Expected>& ExpectedBehaviour() {
       {"llada", {false, false, true, SamplerFamily::kLlada}},
       {"dream", {true, true, false, SamplerFamily::kDream}},
       {"llada-moe", {false, false, false, SamplerFamily::kLlada}},
+      {"llada2", {false, false, false, SamplerFamily::kLlada2}},
   };
   return expected;
 }
@@ -131,6 +133,13 @@ TEST_P(EveryArchitecture, RoundTripsRandomCheckpointThroughGguf) {
   options.dtype = DType::kF32;
   bench::WriteRandomModel(dir + "/hf", options);
   auto hf = Model::Load(dir + "/hf");
+  EXPECT_EQ(hf->config().sampler, want.sampler);
+  if (!arch.gguf.converts) {  // no GGUF layout to round-trip through: a clear refusal
+    EXPECT_THAT(
+        ErrorOf([&] { ConvertToGguf(dir + "/hf", dir + "/model.gguf", GgufFileType::kF16); }),
+        HasSubstr("llama.cpp has no GGUF layout for " + arch.name));
+    return;
+  }
   if (hf->config().moe.experts > 0) GTEST_SKIP() << "GGUF conversion of MoE checkpoints: pending";
   ConvertToGguf(dir + "/hf", dir + "/model.gguf", GgufFileType::kF16);
   auto gguf = Model::Load(dir + "/model.gguf");

@@ -17,7 +17,10 @@ std::string SharedDir() {
   return env != nullptr && *env != 0 ? env : POLESTAR_SHARED_DEFAULT;
 }
 
-std::string FixtureDir(const std::string& name) { return SharedDir() + "/fixtures/" + name; }
+std::string FixtureDir(const std::string& name) {
+  const std::string ours = SourceDir() + "/tests/data/fixtures/" + name;
+  return std::filesystem::exists(ours) ? ours : SharedDir() + "/fixtures/" + name;
+}
 
 std::string SourceDir() { return POLESTAR_SOURCE_DIR; }
 

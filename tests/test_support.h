@@ -16,7 +16,8 @@ namespace polestar::testing {
 
 // ../shared beside the checkout, or $POLESTAR_SHARED.
 std::string SharedDir();
-std::string FixtureDir(const std::string& name);  // SharedDir()/fixtures/name
+// tests/data/fixtures/name (the fixtures this repository made), else SharedDir()/fixtures/name.
+std::string FixtureDir(const std::string& name);
 std::string SourceDir();
 // A fresh empty folder under the build tree's test output, named after the current test.
 std::string TempDir();

@@ -112,6 +112,8 @@ class Backend {
   virtual void SiluMul(float* gate, const float* up, int64_t n) const = 0;
   // x[n] += y[n].
   virtual void AddInPlace(float* x, const float* y, int64_t n) const = 0;
+  // x[n] clamped to [-limit, limit].
+  virtual void Clamp(float* x, int64_t n, float limit) const = 0;
   // Mixture-of-experts routing: chosen[M, k] and weights[M, k] (host) for router
   // logits[M, E] (see ops.h RouteTopK).
   virtual void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,

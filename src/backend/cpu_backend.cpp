@@ -181,6 +181,8 @@ void CpuBackend::SiluMul(float* gate, const float* up, int64_t n) const {
 
 void CpuBackend::AddInPlace(float* x, const float* y, int64_t n) const { add_in_place_(x, y, n); }
 
+void CpuBackend::Clamp(float* x, int64_t n, float limit) const { polestar::Clamp(x, n, limit); }
+
 void CpuBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                            float* weights) const {
   polestar::RouteTopK(logits, m, spec, chosen, weights);

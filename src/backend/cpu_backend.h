@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
                               int kv_heads, int head_dim, float* probs) const override;
   void SiluMul(float* gate, const float* up, int64_t n) const override;
   void AddInPlace(float* x, const float* y, int64_t n) const override;
+  void Clamp(float* x, int64_t n, float limit) const override;
   void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                  float* weights) const override;
   void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,

@@ -39,7 +39,7 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.rms_eps = float(m.GetFloat(key("attention.layer_norm_rms_epsilon")));
   c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
   c.max_positions = std::min(count(key("context_length")), 32768);
-  c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  c.head_dim = DefaultHeadDim(c, origin);
   c.rotary_dim =
       m.Has(key("rope.dimension_count")) ? count(key("rope.dimension_count")) : c.head_dim;
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
@@ -88,6 +88,7 @@ TensorNames LlamaCppTensorNames() {
           .q_bias = "attn_q.bias",
           .k_bias = "attn_k.bias",
           .v_bias = "attn_v.bias",
+          .o_bias = "attn_output.bias",
           .q_norm = "attn_q_norm.weight",
           .k_norm = "attn_k_norm.weight",
           .router = "ffn_gate_inp.weight",

@@ -1,5 +1,6 @@
 // LLaDA-MoE (inclusionAI's LLaDA-MoE-7B-A1B, model_type lladamoe): OLMoE-style blocks run
-// without a causal mask. Per-head RMSNorm on q and k before RoPE, rotate-half RoPE on the
+// without a causal mask. Per-head RMSNorm on q and k (then clip_qkv's clamp of q, k and v)
+// before RoPE, optional biases on q, k, v and o (attention_bias), rotate-half RoPE on the
 // first partial_rotary_factor of each head, and an MLP that is, per moe_layer_freq, either
 // dense SwiGLU or a mixture of SwiGLU experts: softmax router in fp32, the optional expert
 // bias added to the probabilities (it picks the experts and stays in their weights), top-k
@@ -20,9 +21,6 @@ namespace {
 ModelConfig ParseConfig(const nlohmann::json& j, const std::string& path) {
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     Fail(path, ": hidden_act must be silu");
-  if (j.contains("clip_qkv") && !j["clip_qkv"].is_null()) Fail(path, ": clip_qkv is not supported");
-  if (JsonBool(j, "attention_bias", false, path))
-    Fail(path, ": attention_bias=true is not supported");
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     Fail(path, ": rope_scaling is not supported");
   ModelConfig c;
@@ -42,6 +40,9 @@ ModelConfig ParseConfig(const nlohmann::json& j, const std::string& path) {
   c.eot_id = JsonInt(j, "eot_token_id", -1, path);
   c.tied_embeddings = JsonBool(j, "tie_word_embeddings", false, path);
   c.qk_norm = JsonBool(j, "qk_layernorm", true, path);
+  c.qkv_bias = c.o_bias = JsonBool(j, "attention_bias", false, path);  // q, k, v and o
+  c.clip_qkv = JsonFloat(j, "clip_qkv", 0.0f, path);
+  if (c.clip_qkv < 0) Fail(path, ": clip_qkv must not be negative");
   // As Hugging Face's default RoPE init: int(head_dim * partial_rotary_factor) dims.
   const float partial = JsonFloat(j, "partial_rotary_factor", 1.0f, path);
   if (!(partial > 0.0f && partial <= 1.0f))
@@ -132,6 +133,7 @@ Architecture MakeLladaMoe() {
                   .q_bias = "self_attn.q_proj.bias",
                   .k_bias = "self_attn.k_proj.bias",
                   .v_bias = "self_attn.v_proj.bias",
+                  .o_bias = "self_attn.o_proj.bias",
                   .q_norm = "self_attn.q_norm.weight",
                   .k_norm = "self_attn.k_norm.weight",
                   .router = "mlp.gate.weight",

@@ -11,10 +11,11 @@ namespace polestar {
 const Architecture& LladaArchitecture();
 const Architecture& DreamArchitecture();
 const Architecture& LladaMoeArchitecture();
+const Architecture& Llada2Architecture();
 
 const std::vector<const Architecture*>& Architectures() {
   static const std::vector<const Architecture*> registry = {
-      &LladaArchitecture(), &DreamArchitecture(), &LladaMoeArchitecture()};
+      &LladaArchitecture(), &DreamArchitecture(), &LladaMoeArchitecture(), &Llada2Architecture()};
   return registry;
 }
 
@@ -61,10 +62,18 @@ ModelConfig ParseHfConfig(const Architecture& arch, const nlohmann::json& config
   c.rope_interleaved = arch.block.rope == RopeStyle::kInterleaved;
   c.shift_logits = arch.logits == LogitPositions::kNext;
   c.sampler = arch.sampler;
-  c.head_dim = c.heads > 0 ? c.width / c.heads : 0;
+  if (c.head_dim == 0) c.head_dim = DefaultHeadDim(c, path);
   if (c.rotary_dim == 0) c.rotary_dim = c.head_dim;
   c.Validate(path);
   return c;
+}
+
+int DefaultHeadDim(const ModelConfig& c, const std::string& where) {
+  if (c.heads <= 0) return 0;  // Validate names the head count
+  if (c.width % c.heads != 0) {
+    Fail(where, ": head count (", c.heads, ") must divide the hidden width (", c.width, ")");
+  }
+  return c.width / c.heads;
 }
 
 std::string LayerTensorName(const TensorNames& names, int layer, const std::string& leaf) {
@@ -87,13 +96,19 @@ std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& c, const Tens
       tensors.push_back({LayerTensorName(names, l, leaf), std::move(shape), kind, rope_heads});
     };
     add(names.attn_norm, {c.width}, Kind::kNorm);
-    add(names.q, {q_width, c.width}, Kind::kMatrix, c.heads);
-    if (c.qkv_bias) add(names.q_bias, {q_width}, Kind::kBias, c.heads);
-    add(names.k, {kv_width, c.width}, Kind::kMatrix, c.kv_heads);
-    if (c.qkv_bias) add(names.k_bias, {kv_width}, Kind::kBias, c.kv_heads);
-    add(names.v, {kv_width, c.width}, Kind::kMatrix);
-    if (c.qkv_bias) add(names.v_bias, {kv_width}, Kind::kBias);
+    if (names.qkv.empty()) {
+      add(names.q, {q_width, c.width}, Kind::kMatrix, c.heads);
+      if (c.qkv_bias) add(names.q_bias, {q_width}, Kind::kBias, c.heads);
+      add(names.k, {kv_width, c.width}, Kind::kMatrix, c.kv_heads);
+      if (c.qkv_bias) add(names.k_bias, {kv_width}, Kind::kBias, c.kv_heads);
+      add(names.v, {kv_width, c.width}, Kind::kMatrix);
+      if (c.qkv_bias) add(names.v_bias, {kv_width}, Kind::kBias);
+    } else {
+      add(names.qkv, {q_width + 2 * kv_width, c.width}, Kind::kMatrix);
+      if (c.qkv_bias) add(names.qkv_bias, {q_width + 2 * kv_width}, Kind::kBias);
+    }
     add(names.o, {c.width, q_width}, Kind::kMatrix);
+    if (c.o_bias) add(names.o_bias, {c.width}, Kind::kBias);
     if (c.qk_norm) {
       add(names.q_norm, {c.head_dim}, Kind::kNorm);
       add(names.k_norm, {c.head_dim}, Kind::kNorm);

@@ -24,7 +24,10 @@ namespace polestar {
 struct TensorNames {
   std::string embedding, final_norm, lm_head, layer_prefix;
   std::string q, k, v, o, gate, up, down, attn_norm, ffn_norm, q_bias, k_bias, v_bias;
-  // Only for architectures with per-head q/k norms or mixtures of experts:
+  // Only for architectures with fused q/k/v projections (rows: the H q heads, then the Hkv k
+  // heads, then the Hkv v heads; when set, q/k/v and their biases are unused), an output
+  // bias, per-head q/k norms or mixtures of experts:
+  std::string qkv = {}, qkv_bias = {}, o_bias = {};
   std::string q_norm = {}, k_norm = {};       // per-head norm weights [D]
   std::string router = {}, expert_bias = {};  // [E, C], [E]
   // The routed experts' SwiGLU matrices: with "{}" (the expert index), one [Fe, C] or
@@ -67,6 +70,7 @@ struct GgufLayout {
   bool writes_vocab_size = false;    // {name}.vocab_size
   bool writes_shift_logits = false;  // diffusion.shift_logits
   bool adds_bos_token = false;       // tokenizer.ggml.add_bos_token = true
+  bool converts = true;              // false: llama.cpp has no converter, so no GGUF form
 };
 
 // The sizes of a checkpoint: what make-random-model needs to write one.
@@ -79,6 +83,7 @@ struct CheckpointShape {
   // Mixture of experts (experts > 0): routed experts, their inner width, the shared expert's
   // (0: none), and how many leading layers stay dense (ffn wide).
   int experts = 0, experts_per_token = 0, expert_ffn = 0, shared_ffn = 0, dense_layers = 0;
+  int groups = 1, top_groups = 1;  // expert groups, and how many a row may route to
 };
 
 struct Architecture {
@@ -125,6 +130,9 @@ std::vector<CheckpointTensor> CheckpointTensors(const ModelConfig& c, const Tens
 // llama.cpp's tensor names (token_embd, blk.N.attn_q, ...), which its converters write for
 // every registered architecture (arch_gguf.cpp).
 TensorNames LlamaCppTensorNames();
+// C / H, the head dimension of configs that do not give one; throws Error prefixed with
+// `where` when H does not divide C.
+int DefaultHeadDim(const ModelConfig& c, const std::string& where);
 // `names.layer_prefix` + `leaf` for layer `layer`.
 std::string LayerTensorName(const TensorNames& names, int layer, const std::string& leaf);
 

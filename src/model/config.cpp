@@ -16,8 +16,6 @@ void ModelConfig::Validate(const std::string& where) const {
   require(layers > 0, "layer count (", layers, ") must be positive");
   require(heads > 0, "head count (", heads, ") must be positive");
   require(kv_heads > 0, "key/value head count (", kv_heads, ") must be positive");
-  require(width % heads == 0, "head count (", heads, ") must divide the hidden width (", width,
-          ")");
   require(heads % kv_heads == 0, "key/value head count (", kv_heads,
           ") must divide the head count (", heads, ")");
   require(head_dim > 0 && head_dim % 2 == 0, "head dimension (", head_dim,
@@ -25,6 +23,7 @@ void ModelConfig::Validate(const std::string& where) const {
   bool any_dense = moe.experts == 0;
   for (int l = 0; l < layers && !any_dense; ++l) any_dense = !IsMoeLayer(l);
   require(!any_dense || ffn > 0, "feed-forward width (", ffn, ") must be positive");
+  require(clip_qkv >= 0, "clip_qkv (", clip_qkv, ") must not be negative");
   require(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "rotary dimension (",
           rotary_dim, ") must be positive, even and at most the head dimension (", head_dim, ")");
   if (moe.experts != 0) {
@@ -36,6 +35,12 @@ void ModelConfig::Validate(const std::string& where) const {
     require(moe.shared_ffn >= 0, "shared expert width (", moe.shared_ffn, ") must not be negative");
     require(int64_t(moe.moe_layers.size()) == layers, "the MoE layer list has ",
             moe.moe_layers.size(), " entries for ", layers, " layers");
+    require(moe.groups >= 1 && moe.experts % moe.groups == 0 &&
+                (moe.groups == 1 || moe.experts / moe.groups >= 2),
+            "expert groups (", moe.groups, ") must divide the ", moe.experts,
+            " experts into groups of at least two");
+    require(moe.top_groups >= 1 && moe.top_groups <= moe.groups, "kept expert groups (",
+            moe.top_groups, ") must lie in [1, ", moe.groups, "]");
     require(moe.routed_scaling > 0, "routed scaling factor (", moe.routed_scaling,
             ") must be positive");
   }

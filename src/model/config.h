@@ -12,15 +12,17 @@ namespace polestar {
 struct Architecture;
 
 // Whose reference sampler decodes a checkpoint: LLaDA's generate.py (low-confidence or
-// random remasking) or Dream's diffusion_generate (its --alg samplers and time schedule).
-// Decoding code asks this, never the architecture.
-enum class SamplerFamily { kLlada, kDream };
+// random remasking), Dream's diffusion_generate (its --alg samplers and time schedule), or
+// LLaDA 2.x's generate (block diffusion: blocks aligned from position 0, attention causal
+// across blocks, per-block threshold commits). Decoding code asks this, never the
+// architecture.
+enum class SamplerFamily { kLlada, kDream, kLlada2 };
 
-// A mixture-of-experts MLP (LLaDA-MoE): per row, a router picks `experts_per_token` of
-// `experts` SwiGLU experts by score (the score plus `expert_bias`, when the checkpoint has
-// one, both to choose and as the weight); the weights are renormalised to sum 1 when
-// `normalize_top_k`, then scaled by `routed_scaling`. A shared expert, when
-// `shared_ffn` > 0, adds its SwiGLU of the same input to every row.
+// A mixture-of-experts MLP (LLaDA-MoE, LLaDA 2.x): per row, a router picks
+// `experts_per_token` of `experts` SwiGLU experts by score plus `expert_bias` (when the
+// checkpoint has one), among the best `top_groups` of `groups` expert groups, and weights
+// them as ops.h RouterSpec says. A shared expert, when `shared_ffn` > 0, adds its SwiGLU of
+// the same input to every row.
 struct MoeConfig {
   int experts = 0;            // E; 0: a dense model
   int experts_per_token = 0;  // k
@@ -28,6 +30,8 @@ struct MoeConfig {
   int shared_ffn = 0;         // Fs: the shared expert's inner width, 0 without one
   RouterScore score = RouterScore::kSoftmax;
   bool expert_bias = false;
+  bool bias_in_weights = true;  // the bias stays in the weights (LLaDA-MoE) or only selects
+  int groups = 1, top_groups = 1;
   bool normalize_top_k = false;
   float routed_scaling = 1.0f;
   std::vector<bool> moe_layers;  // [layers]: which layers route (the others are dense, F wide)
@@ -60,6 +64,8 @@ struct ModelConfig {
   SamplerFamily sampler = SamplerFamily::kLlada;
   bool rope_interleaved = false;  // RoPE pairs (2i, 2i+1): q/k rows permuted (GGUF LLaDA)
   bool qk_norm = false;           // RMSNorm over each head of q and k, before RoPE
+  bool o_bias = false;            // the attention output projection has a bias
+  float clip_qkv = 0;             // > 0: q, k (after their norms) and v clamped to +-clip_qkv
   MoeConfig moe;
 
   bool IsMoeLayer(int layer) const { return moe.experts > 0 && moe.moe_layers[size_t(layer)]; }

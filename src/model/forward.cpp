@@ -144,6 +144,10 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
                        k_.data());
     }
+    if (c.clip_qkv > 0) {
+      backend_.Clamp(k_.data(), m_fresh * kv_width, c.clip_qkv);
+      backend_.Clamp(v_.data(), m_fresh * kv_width, c.clip_qkv);
+    }
     backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
                          w.bv.empty() ? nullptr : w.bv.data());
     for (size_t i = 0; i < n; ++i) {
@@ -201,6 +205,7 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     if (c.qk_norm) {
       backend_.RmsNorm(q_.data(), m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q_.data());
     }
+    if (c.clip_qkv > 0) backend_.Clamp(q_.data(), m * q_width, c.clip_qkv);
     attn_.Reserve(m * q_width);  // [sum |Q|, H*D]
     for (size_t i = 0; i < n; ++i) {
       const SequenceRows& s = rows[i];
@@ -212,14 +217,31 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(),
                                      layer) != plan.capture_layers.end();
       const int64_t rows_here = int64_t(s.query.size());
-      if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
-      backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
-                         c.kv_heads, c.head_dim, attn_.data() + s.query_offset * q_width,
-                         capture ? probs_.data() : nullptr);
-      if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
+      float* out = attn_.data() + s.query_offset * q_width;
+      if (plan.attention_block == 0) {
+        if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
+        backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
+                           c.kv_heads, c.head_dim, out, capture ? probs_.data() : nullptr);
+        if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
+        continue;
+      }
+      // Block-causal: a row sees the keys up to the end of its block, the first rows of the
+      // cache; each run of consecutive query rows with the same end attends at once.
+      PS_CHECK(!capture);
+      const int64_t block = plan.attention_block;
+      auto visible = [&](int64_t r) {
+        return std::min(length, (s.query[size_t(r)] / block + 1) * block);
+      };
+      for (int64_t begin = 0, end = 0; begin < rows_here; begin = end) {
+        const int64_t keys = visible(begin);
+        for (end = begin + 1; end < rows_here && visible(end) == keys;) ++end;
+        backend_.Attention(q + begin * q_width, end - begin, cache.keys(layer), cache.values(layer),
+                           keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width);
+      }
     }
     proj_.Reserve(m * C);  // [sum |Q|, C]
-    backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data());
+    backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data(),
+                         w.bo.empty() ? nullptr : w.bo.data());
     backend_.AddInPlace(x_.data(), proj_.data(), m * C);
 
     // MLP block: SwiGLU, or a mixture of SwiGLU experts.
@@ -299,6 +321,9 @@ void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, R
                         .top_k = k,
                         .score = moe.score,
                         .bias = w.expert_bias.empty() ? nullptr : w.expert_bias.data(),
+                        .bias_in_weights = moe.bias_in_weights,
+                        .groups = moe.groups,
+                        .top_groups = moe.top_groups,
                         .normalize = moe.normalize_top_k,
                         .scaling = moe.routed_scaling};
   backend_.RouteTopK(router_.data(), m, spec, chosen.data(), weights.data());

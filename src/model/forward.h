@@ -7,7 +7,9 @@
 //     cache keeps it) and their K/V rows are recomputed and overwritten in place.
 //   query rows Q_l: rows pushed through attention + MLP. Default Q_l = F_l; a hook may
 //     choose others, whose input then comes from the hidden-state cache.
-//   Attention of Q_l runs over all L cached rows (bidirectional).
+//   Attention of Q_l runs over all L cached rows (bidirectional), or, when the plan sets
+//   attention_block B, block-causally: row p over the cached rows of the blocks up to its
+//   own, [0, (p / B + 1) B) (LLaDA 2.x's block diffusion).
 // Logits are computed for plan.logit_rows (which must be query rows of the last layer).
 //
 // Every op runs on the cache's backend (backend/backend.h); the step's scratch lives there too.
@@ -62,6 +64,7 @@ struct StepPlan {
   std::vector<int> logit_rows;      // rows whose final hidden state goes through the LM head
   std::vector<int> capture_layers;  // layers whose attention probabilities go to the hook
   LayerHook* hook = nullptr;
+  int attention_block = 0;  // B > 0: block-causal attention (no capture then)
 };
 
 struct StepResult {

@@ -65,6 +65,7 @@ std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig&
   // rotate-half checkpoint.
   const bool permute =
       arch.block.rope == RopeStyle::kRotateHalf && arch.gguf.rope == RopeStyle::kInterleaved;
+  if (!arch.gguf.converts) Fail("llama.cpp has no GGUF layout for ", arch.name, " checkpoints");
   if (c.moe.experts > 0) Fail("GGUF conversion of mixture-of-experts checkpoints is not supported");
   const std::vector<CheckpointTensor> hf = CheckpointTensors(c, arch.hf_tensors);
   const std::vector<CheckpointTensor> gguf = CheckpointTensors(c, arch.gguf_tensors);

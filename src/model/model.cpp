@@ -125,17 +125,35 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
   for (int l = 0; l < c.layers; ++l) {
     auto name = [&](const std::string& leaf) { return use(LayerTensorName(names, l, leaf)); };
     LayerWeights w;
-    w.wq = BindMatrix(store_, name(names.q), q_width, c.width);
-    w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
-    w.wv = BindMatrix(store_, name(names.v), kv_width, c.width);
+    if (names.qkv.empty()) {
+      w.wq = BindMatrix(store_, name(names.q), q_width, c.width);
+      w.wk = BindMatrix(store_, name(names.k), kv_width, c.width);
+      w.wv = BindMatrix(store_, name(names.v), kv_width, c.width);
+    } else {
+      // Row slices of the fused projection: q heads, k heads, v heads.
+      const WeightView qkv = BindMatrix(store_, name(names.qkv), q_width + 2 * kv_width, c.width);
+      auto rows = [&](int64_t first, int64_t count) {
+        return WeightView{qkv.dtype, qkv.Row(first), count, qkv.cols, qkv.row_bytes};
+      };
+      w.wq = rows(0, q_width);
+      w.wk = rows(q_width, kv_width);
+      w.wv = rows(q_width + kv_width, kv_width);
+    }
     w.wo = BindMatrix(store_, name(names.o), c.width, q_width);
     w.attn_norm = BindVector(store_, name(names.attn_norm), c.width);
     w.ffn_norm = BindVector(store_, name(names.ffn_norm), c.width);
-    if (c.qkv_bias) {
+    if (c.qkv_bias && names.qkv.empty()) {
       w.bq = BindVector(store_, name(names.q_bias), q_width);
       w.bk = BindVector(store_, name(names.k_bias), kv_width);
       w.bv = BindVector(store_, name(names.v_bias), kv_width);
+    } else if (c.qkv_bias) {
+      const std::vector<float> fused =
+          BindVector(store_, name(names.qkv_bias), q_width + 2 * kv_width);
+      w.bq.assign(fused.begin(), fused.begin() + q_width);
+      w.bk.assign(fused.begin() + q_width, fused.begin() + q_width + kv_width);
+      w.bv.assign(fused.begin() + q_width + kv_width, fused.end());
     }
+    if (c.o_bias) w.bo = BindVector(store_, name(names.o_bias), c.width);
     if (c.qk_norm) {
       w.q_norm = BindVector(store_, name(names.q_norm), c.head_dim);
       w.k_norm = BindVector(store_, name(names.k_norm), c.head_dim);

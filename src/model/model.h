@@ -24,6 +24,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;       // [C]
   std::vector<float> ffn_norm;        // [C]
   std::vector<float> bq, bk, bv;      // [H*D], [Hkv*D], [Hkv*D]; empty without q/k/v bias
+  std::vector<float> bo;              // [C]; empty without an output bias
   std::vector<float> q_norm, k_norm;  // [D] each; empty without per-head q/k norms
   SwiGluWeights mlp;                  // dense layers: F wide
   // MoE layers (ModelConfig::IsMoeLayer): the router, its bias, the routed experts (Fe wide)

@@ -77,36 +77,78 @@ void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chos
                float* weights) {
   const int experts = spec.experts, k = spec.top_k;
   PS_CHECK(experts > 0 && k > 0 && k <= experts);
-  std::vector<float> scores(static_cast<size_t>(experts));  // [E] one row's score + bias
-  std::vector<int> order(static_cast<size_t>(experts));     // [E] expert indices, best first
+  PS_CHECK(spec.groups >= 1 && experts % spec.groups == 0 && spec.top_groups >= 1 &&
+           spec.top_groups <= spec.groups);
+  const int group_size = experts / spec.groups;
+  PS_CHECK(spec.groups == 1 || group_size >= 2);
+  std::vector<float> scores(static_cast<size_t>(experts));     // [E] s
+  std::vector<float> selection(static_cast<size_t>(experts));  // [E] v = s + bias
+  std::vector<int> order(static_cast<size_t>(experts));        // [E] expert indices, best first
+  std::vector<float> group_scores(static_cast<size_t>(spec.groups));  // [groups]
+  std::vector<int> group_order(static_cast<size_t>(spec.groups));
+  // Larger first, ties to the lower index (torch.topk's order on CPU).
+  auto by_value = [](const std::vector<float>& values) {
+    return [&values](int a, int b) {
+      return values[size_t(a)] > values[size_t(b)] ||
+             (values[size_t(a)] == values[size_t(b)] && a < b);
+    };
+  };
   for (int64_t r = 0; r < m; ++r) {
     const float* row = logits + r * experts;
-    // Softmax as torch computes it in fp32: exp(x - max) / sum.
-    float max = row[0];
-    for (int e = 1; e < experts; ++e) max = std::max(max, row[e]);
-    float sum = 0.0f;
-    for (int e = 0; e < experts; ++e) {
-      scores[size_t(e)] = std::exp(row[e] - max);
-      sum += scores[size_t(e)];
+    if (spec.score == RouterScore::kSoftmax) {
+      // As torch computes it in fp32: exp(x - max) / sum.
+      float max = row[0];
+      for (int e = 1; e < experts; ++e) max = std::max(max, row[e]);
+      float sum = 0.0f;
+      for (int e = 0; e < experts; ++e) {
+        scores[size_t(e)] = std::exp(row[e] - max);
+        sum += scores[size_t(e)];
+      }
+      for (int e = 0; e < experts; ++e) scores[size_t(e)] /= sum;
+    } else {
+      for (int e = 0; e < experts; ++e) scores[size_t(e)] = 1.0f / (1.0f + std::exp(-row[e]));
     }
-    for (int e = 0; e < experts; ++e) {
-      scores[size_t(e)] /= sum;
-      if (spec.bias != nullptr) scores[size_t(e)] += spec.bias[e];
+    for (int e = 0; e < experts; ++e)
+      selection[size_t(e)] = scores[size_t(e)] + (spec.bias != nullptr ? spec.bias[e] : 0.0f);
+    if (spec.groups > 1) {
+      for (int g = 0; g < spec.groups; ++g) {
+        const float* v = &selection[size_t(g * group_size)];
+        float first = -INFINITY, second = -INFINITY;
+        for (int i = 0; i < group_size; ++i) {
+          if (v[i] > first) {
+            second = first;
+            first = v[i];
+          } else if (v[i] > second) {
+            second = v[i];
+          }
+        }
+        group_scores[size_t(g)] = first + second;
+        group_order[size_t(g)] = g;
+      }
+      std::partial_sort(group_order.begin(), group_order.begin() + spec.top_groups,
+                        group_order.end(), by_value(group_scores));
+      for (int i = spec.top_groups; i < spec.groups; ++i) {
+        const int g = group_order[size_t(i)];
+        std::fill_n(selection.begin() + g * group_size, group_size, -INFINITY);
+      }
     }
     for (int e = 0; e < experts; ++e) order[size_t(e)] = e;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-      return scores[size_t(a)] > scores[size_t(b)] ||
-             (scores[size_t(a)] == scores[size_t(b)] && a < b);
-    });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), by_value(selection));
+    const std::vector<float>& weight_of = spec.bias_in_weights ? selection : scores;
     float total = 0.0f;
-    for (int i = 0; i < k; ++i) total += scores[size_t(order[size_t(i)])];
+    for (int i = 0; i < k; ++i) total += weight_of[size_t(order[size_t(i)])];
     for (int i = 0; i < k; ++i) {
       const int e = order[size_t(i)];
       chosen[r * k + i] = e;
-      const float weight = spec.normalize ? scores[size_t(e)] / total : scores[size_t(e)];
+      const float weight =
+          spec.normalize ? weight_of[size_t(e)] / (total + 1e-20f) : weight_of[size_t(e)];
       weights[r * k + i] = weight * spec.scaling;
     }
   }
+}
+
+void Clamp(float* x, int64_t n, float limit) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], -limit, limit);
 }
 
 void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,

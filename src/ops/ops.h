@@ -53,16 +53,22 @@ void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTab
               bool interleaved);
 
 // How a mixture-of-experts router turns its logits into expert scores.
-enum class RouterScore { kSoftmax };
+enum class RouterScore { kSoftmax, kSigmoid };
 
-// A router's choice rule: per row, the `top_k` of `experts` with the largest score + bias
-// (bias[E] host, or null), weighted by that same sum (the reference keeps the bias in the
-// weight), renormalised to sum 1 when `normalize`, then times `scaling`.
+// A router's choice rule, per row: scores s = softmax or sigmoid of the logits, selection
+// values v = s + bias (bias[E] host, or null). With `groups` > 1 the experts form that many
+// groups of consecutive indices, each ranked by the sum of its two largest v, and only the
+// best `top_groups` groups stay eligible (DeepSeek-V3 / LLaDA 2.x). The `top_k` eligible
+// experts with the largest v are chosen, weighted by v when `bias_in_weights` (LLaDA-MoE keeps
+// the bias) or else by s; the weights are divided by their sum (+1e-20) when `normalize`,
+// then multiplied by `scaling`.
 struct RouterSpec {
   int experts = 0;  // E
   int top_k = 0;    // k
   RouterScore score = RouterScore::kSoftmax;
   const float* bias = nullptr;
+  bool bias_in_weights = true;
+  int groups = 1, top_groups = 1;
   bool normalize = false;
   float scaling = 1.0f;
 };
@@ -70,6 +76,9 @@ struct RouterSpec {
 // chosen[M, k] and weights[M, k] (host) for logits[M, E], best first; ties go to the lower
 // expert index (torch.topk's order on CPU). Scores are computed in fp32.
 void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen, float* weights);
+
+// x[n] clamped to [-limit, limit].
+void Clamp(float* x, int64_t n, float limit);
 
 // dst row dst_rows[i] += scales[i] * src row i (rows of `width` floats; scales host).
 void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
