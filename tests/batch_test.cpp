@@ -52,6 +52,12 @@ std::vector<Case> MixedCases(const Model& model) {
     }
   }
   cases[1].options.temperature = 0.7;
+  if (config.sampler == SamplerFamily::kLlada2) {
+    // Block diffusion decodes with its own sampler alone (options.h ValidateBlockDiffusion).
+    for (Case& c : cases) c.options.policy = "vanilla";
+    cases[2].options.eos_early_stop = true;
+    return cases;
+  }
   cases[2].options.cfg_scale = 1.5;
   cases[2].options.policy = "vanilla";  // guidance is vanilla's
   return cases;
@@ -91,7 +97,8 @@ TEST_P(BatchInvariance, EverySequenceDecodesAsItDoesAlone) {
 INSTANTIATE_TEST_SUITE_P(EveryFixture, BatchInvariance,
                          ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c",
                                            "gguf-llada-f16", "gguf-llada-q8_0", "gguf-llada-q4_k_m",
-                                           "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b"),
+                                           "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b",
+                                           "llada2-a", "llada2-b"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '-', '_');

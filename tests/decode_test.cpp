@@ -1,6 +1,7 @@
 // Decoding: every reference run of the fixtures through `polestar generate --json`, the
 // commit rules and schedules against hand-computed cases, and the standing equivalence of
 // cached policies told to refresh everything with vanilla.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,6 +82,7 @@ std::string RunFlags(const std::string& run, const nlohmann::json& p) {
   if (p.contains("threshold") && !p["threshold"].is_null()) {
     flags += " --threshold " + std::to_string(p["threshold"].get<double>());
   }
+  if (p.value("eos_early_stop", false)) flags += " --eos-early-stop";
   if (p.contains("alg"))
     flags += " --alg " + p["alg"].get<std::string>() + " --eps " +
              std::to_string(p["eps"].get<double>());
@@ -91,7 +93,8 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   int runs = 0;
   for (const char* fixture :
        {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny", "gguf-llada-q8_0",
-        "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b"}) {
+        "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b",
+        "llada2-a", "llada2-b"}) {
     const std::string dir = testing::FixtureDir(fixture);
     // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights, which the
     // engine follows exactly with fp32 activations (the child processes inherit the setting;
@@ -118,7 +121,129 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 44);
+  EXPECT_EQ(runs, 52);
+}
+
+// LLaDA 2.x's block diffusion, step by step: the reference records the window of every
+// forward, so the tokens each step commits are the difference of consecutive windows. The
+// engine computes each finished block's K/V once (at the next block's first step), yet it
+// commits exactly those tokens at exactly those steps, and what generate returns (cut after
+// the first end token); recomputing the whole window every step (refresh_all) is the same.
+TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
+  int runs = 0;
+  for (const char* fixture : {"llada2-a", "llada2-b"}) {
+    const std::string dir = testing::FixtureDir(fixture);
+    auto model = Model::Load(dir);
+    const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
+    TensorStore tensors;
+    ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
+    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    for (const auto& [run, p] : expected["runs"].items()) {
+      SCOPED_TRACE(std::string(fixture) + " " + run);
+      DecodeOptions options;
+      options.gen_length = p["gen_length"];
+      options.block_length = p["block_length"];
+      options.steps = p["steps"];
+      options.threshold = p["threshold"].get<double>();
+      options.eos_early_stop = p["eos_early_stop"];
+      const GenerationResult got = Generate(*model, prompt, options, nullptr, true);
+      const std::vector<int> windows = ReadIds(tensors, run + ".inputs");  // [nfe, T]
+      const int nfe = p["nfe"];
+      ASSERT_EQ(got.nfe, nfe);
+      ASSERT_EQ(got.trace.size(), size_t(nfe));
+      const size_t width = windows.size() / size_t(nfe);
+      for (int step = 0; step + 1 < nfe; ++step) {
+        std::vector<int> committed;
+        for (size_t i = 0; i < width; ++i) {
+          if (windows[size_t(step) * width + i] != windows[size_t(step + 1) * width + i])
+            committed.push_back(int(i));
+        }
+        EXPECT_EQ(got.trace[size_t(step)]["committed"].get<std::vector<int>>(), committed)
+            << "step " << step;
+      }
+      EXPECT_EQ(got.tokens, ReadIds(tensors, run + ".tokens"));
+      std::vector<int> answer = got.generated;
+      const auto end = std::find(answer.begin(), answer.end(), model->config().eos_id);
+      if (end != answer.end()) answer.erase(end + 1, answer.end());
+      EXPECT_EQ(answer, ReadIds(tensors, run + ".answer"));
+
+      options.refresh_all = true;
+      const GenerationResult full = Generate(*model, prompt, options, nullptr, true);
+      EXPECT_EQ(full.tokens, got.tokens);
+      EXPECT_EQ(full.trace, got.trace);
+      EXPECT_GT(full.rows_computed, got.rows_computed);
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 8);
+}
+
+TEST(BlockDiffusionDecode, PoliciesAndOptionsItsSamplerDoesNotReadAreRefused) {
+  auto model = Model::Load(testing::FixtureDir("llada2-a"));
+  const std::vector<int> prompt = {1, 2, 3};
+  auto error_of = [&](auto change) {
+    DecodeOptions options;
+    options.gen_length = 16;
+    options.block_length = 8;
+    options.steps = 8;
+    change(options);
+    try {
+      Generate(*model, prompt, options);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const PolicyEntry& entry : RegisteredPolicies()) {
+    if (std::string(entry.name) == "vanilla") continue;
+    EXPECT_THAT(error_of([&](DecodeOptions& o) { o.policy = std::string(entry.name); }),
+                ::testing::HasSubstr("nothing stale to refresh"));
+  }
+  EXPECT_THAT(error_of([](DecodeOptions& o) { o.block_length = 0; }),
+              ::testing::HasSubstr("decodes block by block"));
+  EXPECT_THAT(error_of([](DecodeOptions& o) { o.factor = 1.0; }),
+              ::testing::HasSubstr("does not apply to llada2's sampler"));
+  EXPECT_THAT(error_of([](DecodeOptions& o) { o.cfg_scale = 1.0; }),
+              ::testing::HasSubstr("does not apply to llada2's sampler"));
+  EXPECT_EQ(error_of([](DecodeOptions&) {}), "");
+}
+
+// On the other models eos_early_stop is an opt-in variable length: decoding ends at the step
+// that commits an end token with nothing masked before it, and until then is the run without.
+TEST(EosEarlyStop, EndsAtTheFirstCompleteAnswerAndChangesNothingBefore) {
+  // The bundled model answers "ab+cd=" in a few tokens and pads with end tokens.
+  auto model = Model::Load(testing::SourceDir() + "/models/polestar-tiny");
+  const ModelConfig& config = model->config();
+  int stopped = 0;
+  for (int seed = 0; seed < 6; ++seed) {
+    // <|startoftext|><|start_header_id|>user<|end_header_id|>\n\n{a}{b}+{c}{d}=<|eot_id|>
+    // <|start_header_id|>assistant<|end_header_id|>\n\n, digits as their bytes.
+    const std::vector<int> prompt = {555, 557,           267, 558, 10,  10,  49 + seed % 9, 50, 43,
+                                     51,  52 + seed % 5, 61,  559, 557, 266, 558,           10, 10};
+    DecodeOptions options;
+    options.gen_length = 32;
+    options.block_length = 8;
+    options.steps = 32;
+    options.temperature = seed < 3 ? 0.0 : 1.0;
+    options.seed = uint64_t(seed);
+    const GenerationResult full = Generate(*model, prompt, options, nullptr, true);
+    options.eos_early_stop = true;
+    const GenerationResult early = Generate(*model, prompt, options, nullptr, true);
+    ASSERT_LE(early.nfe, full.nfe);
+    // The same steps up to the stop.
+    ASSERT_EQ(early.trace, std::vector<nlohmann::json>(full.trace.begin(),
+                                                       full.trace.begin() + early.trace.size()));
+    if (early.nfe == full.nfe) continue;
+    ++stopped;
+    const auto end = std::find_if(early.generated.begin(), early.generated.end(),
+                                  [&](int t) { return IsEndToken(config, t); });
+    ASSERT_NE(end, early.generated.end());
+    EXPECT_EQ(std::count(early.generated.begin(), end, config.mask_id), 0);
+    EXPECT_EQ(std::vector<int>(early.generated.begin(), end),
+              std::vector<int>(full.generated.begin(),
+                               full.generated.begin() + (end - early.generated.begin())));
+  }
+  EXPECT_GT(stopped, 0) << "no run committed an end token early: the test shows nothing";
 }
 
 // The commit trace with the steps that committed nothing left out: Fast-dLLM runs one such
@@ -200,7 +325,7 @@ TEST(PolicyRegistry, ListsEveryPolicyOnceInRankOrderWithItsOptions) {
             std::string::npos)
       << help;
   // The shared loop's options end the list; refresh_all and the policies' own are not in it.
-  EXPECT_TRUE(help.ends_with(" --cfg-scale --top-p --top-k\n")) << help;
+  EXPECT_TRUE(help.ends_with(" --cfg-scale --top-p --top-k --eos-early-stop\n")) << help;
   DecodeOptions o;
   o.policy = "nope";
   auto model = Model::Load(testing::FixtureDir("llada-tiny"));

@@ -11,7 +11,9 @@ TokenSampler::TokenSampler(const ModelConfig& config, const DecodeOptions& optio
     : config_(config), options_(options), confidence_(confidence) {}
 
 TokenChoice TokenSampler::operator()(std::span<const float> logits, Rng& rng) const {
-  if (config_.sampler == SamplerFamily::kDream) {
+  // LLaDA 2.x generate samples as Dream does (logits / T, top-k, top-p, fp32 softmax;
+  // the chosen token's probability is its confidence).
+  if (config_.sampler == SamplerFamily::kDream || config_.sampler == SamplerFamily::kLlada2) {
     return ChooseDream(logits, config_.mask_id, options_.temperature, options_.top_p,
                        options_.top_k, confidence_, rng);
   }
@@ -43,6 +45,35 @@ class SelectingRule : public CommitRule {
 
  private:
   TokenSampler sampler_;
+};
+
+// LLaDA 2.x generate: step i of a block commits every mask whose confidence exceeds the
+// threshold when at least n_i do, else the n_i most confident, where n_i is the block
+// length split over the steps (from the block length, not the block's mask count).
+class BlockThresholdRule : public SelectingRule {
+ public:
+  BlockThresholdRule(TokenSampler sampler, double threshold, int block_length)
+      : SelectingRule(std::move(sampler)), threshold_(threshold), block_length_(block_length) {}
+  void StartBlock(int, int steps) override { counts_ = NumTransferTokens(block_length_, steps); }
+
+ protected:
+  std::vector<size_t> Select(std::span<const double> confidence, int step, Rng&) override {
+    // The schedule sums to the block length, so a block ends within it; past it (never on
+    // the reference's path) everything left commits.
+    const size_t count =
+        step < int(counts_.size()) ? size_t(counts_[size_t(step)]) : confidence.size();
+    std::vector<size_t> high;
+    for (size_t i = 0; i < confidence.size(); ++i) {
+      if (confidence[i] > threshold_) high.push_back(i);
+    }
+    if (high.size() >= count) return high;
+    return SelectTopK(confidence, std::min(count, confidence.size()));
+  }
+
+ private:
+  double threshold_;
+  int block_length_;
+  std::vector<int> counts_;
 };
 
 class FixedCountRule : public SelectingRule {
@@ -211,6 +242,10 @@ std::unique_ptr<CommitRule> MakeCommitRule(const DecodeOptions& options,
     return std::make_unique<DreamScheduleRule>(TokenSampler(config, options, confidence), options);
   }
   const TokenSampler sampler(config, options);
+  if (config.sampler == SamplerFamily::kLlada2) {
+    return std::make_unique<BlockThresholdRule>(sampler, options.threshold.value_or(0.95),
+                                                options.block_length);
+  }
   if (options.threshold) return std::make_unique<ThresholdRule>(sampler, *options.threshold);
   if (options.factor) return std::make_unique<FactorRule>(sampler, *options.factor);
   // Dream without --alg: maskgit_plus confidence.

@@ -6,7 +6,9 @@
 //   dream      Dream diffusion_generate (maskgit_plus, topk_margin, entropy): its time
 //              schedule's count, by its confidence kind, optionally sampled (alg_temp);
 //   dream-threshold  Fast-dLLM's Dream confidence_threshold;
-//   dream-origin     Dream's origin: every mask commits with the schedule's probability.
+//   dream-origin     Dream's origin: every mask commits with the schedule's probability;
+//   block-threshold  LLaDA 2.x generate: every mask above the threshold when at least the
+//                    schedule's count are, else that count, most confident first.
 // A rule draws each position's token with the checkpoint's sampler family (TokenSampler), so
 // the random stream is consumed in the reference's order.
 #pragma once

@@ -52,6 +52,33 @@ class Guidance {
   StepPlan plain_;                  // the conditional plan without its hook
 };
 
+// Where the blocks lie. LLaDA and Dream decode gen_length / B blocks from the prompt's end;
+// LLaDA 2.x's blocks are aligned from position 0, so the first decoded block may hold the
+// prompt's tail, blocks of prompt alone are never decoded, and the canvas runs to the end of
+// the last block (past prompt + gen_length by less than a block).
+struct BlockLayout {
+  BlockLayout(const ModelConfig& config, const DecodeOptions& options, int prompt_length)
+      : length(prompt_length + options.gen_length),
+        block_length(options.EffectiveBlockLength()),
+        steps(options.StepsPerBlock()),
+        origin(prompt_length),
+        count(options.BlockCount()) {
+    if (config.sampler != SamplerFamily::kLlada2) return;
+    origin = 0;
+    first = prompt_length / block_length;
+    count = (length + block_length - 1) / block_length;
+    length = count * block_length;
+    steps = std::min(options.steps, options.gen_length);  // steps per block, as its generate
+  }
+  Block At(int index) const {
+    return {index, origin + index * block_length, origin + (index + 1) * block_length};
+  }
+
+  int length, block_length, steps;
+  int origin;            // where block 0 starts
+  int first = 0, count;  // the decoded blocks: [first, count)
+};
+
 void CheckPrompt(const ModelConfig& config, std::span<const int> prompt) {
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= config.vocab) {
@@ -75,14 +102,16 @@ class Decoder {
         on_step_(std::move(on_step)),
         keep_trace_(keep_trace),
         prompt_length_(int(prompt.size())),
-        length_(prompt_length_ + options_.gen_length),
+        layout_(config_, options_, prompt_length_),
+        length_(layout_.length),
         canvas_(prompt.begin(), prompt.end()),
         // The policy and the rule keep references to the options: this decoder's own copy.
         policy_(MakePolicy(options_, model)),
         rule_(MakeCommitRule(options_, config_)),
         cache_(MakeCache(model, length_, policy_->NeedsHiddenStates())),
         forward_(model, cache_),
-        rng_(options_.seed) {
+        rng_(options_.seed),
+        block_index_(layout_.first) {
     canvas_.resize(size_t(length_), config_.mask_id);
     if (options_.cfg_scale > 0) guidance_.emplace(model, length_, options_.cfg_scale);
     result_.cache_bytes = cache_.Bytes() + (guidance_ ? guidance_->CacheBytes() : 0);
@@ -99,6 +128,7 @@ class Decoder {
     plan_ = policy_->Plan(context);
     masked_ = policy_->CommitCandidates(context, block_masked_);
     for (int p : masked_) plan_.logit_rows.push_back(config_.PredictingRow(p));
+    if (config_.sampler == SamplerFamily::kLlada2) plan_.attention_block = layout_.block_length;
     std::sort(plan_.logit_rows.begin(), plan_.logit_rows.end());
     plan_.logit_rows.erase(std::unique(plan_.logit_rows.begin(), plan_.logit_rows.end()),
                            plan_.logit_rows.end());
@@ -149,13 +179,16 @@ class Decoder {
     policy_->AfterStep(Context(), step_result, candidates, commits);
     if (!Apply(block_.index, commits)) result_.cancelled = true;
     ++step_;
+    if (options_.eos_early_stop && EndsEarly(commits)) done_ = true;
     Advance();
   }
 
   GenerationResult Result() {
     result_.seconds = Elapsed();
-    result_.tokens = canvas_;
-    result_.generated.assign(canvas_.begin() + prompt_length_, canvas_.end());
+    // The prompt and gen_length positions (LLaDA 2.x's canvas may run past them).
+    const auto end = canvas_.begin() + prompt_length_ + options_.gen_length;
+    result_.tokens.assign(canvas_.begin(), end);
+    result_.generated.assign(canvas_.begin() + prompt_length_, end);
     CountEndTokens();
     return std::move(result_);
   }
@@ -178,19 +211,18 @@ class Decoder {
   // Moves on to the next step to run (within the block, or the next block with masks), or
   // marks the generation done.
   void Advance() {
-    const int block_length = options_.EffectiveBlockLength();
-    const int steps = options_.StepsPerBlock();
+    const int steps = layout_.steps;
     while (!done_) {
-      if (result_.cancelled || (!in_block_ && block_index_ >= options_.BlockCount())) {
+      if (result_.cancelled || (!in_block_ && block_index_ >= layout_.count)) {
         done_ = true;
         return;
       }
       if (!in_block_) {
-        block_ = {block_index_, prompt_length_ + block_index_ * block_length,
-                  prompt_length_ + (block_index_ + 1) * block_length};
+        block_ = layout_.At(block_index_);
         const int block_masks = int(MaskedIn(block_).size());
         if (block_masks == 0) {  // filled by earlier suffix commits
           ++block_index_;
+          done_ = EndsAfterBlock();
           continue;
         }
         rule_->StartBlock(block_masks, steps);
@@ -206,6 +238,7 @@ class Decoder {
       if (block_masked_.empty() && !(step_ == 1 && policy_->RunsStepAfterFilledBlockStart())) {
         in_block_ = false;
         ++block_index_;
+        done_ = EndsAfterBlock();
         continue;
       }
       if (step_ >= step_limit_) {
@@ -214,6 +247,34 @@ class Decoder {
       }
       return;
     }
+  }
+
+  // LLaDA 2.x generate stops after a block once the generated positions so far hold an end
+  // token.
+  bool EndsAfterBlock() const {
+    if (config_.sampler != SamplerFamily::kLlada2) return false;
+    return std::find(canvas_.begin() + prompt_length_, canvas_.begin() + block_.end,
+                     config_.eos_id) != canvas_.begin() + block_.end;
+  }
+
+  // eos_early_stop: a step that committed an end token ends decoding when no mask lies
+  // between the prompt and the first end token. LLaDA 2.x generate's: its eos id alone,
+  // searched from position 0 within the window, as the reference does; elsewhere any end
+  // token after the prompt (chat prompts end turns with them).
+  bool EndsEarly(std::span<const Commit> commits) const {
+    const bool llada2 = config_.sampler == SamplerFamily::kLlada2;
+    auto is_end = [&](int token) {
+      return llada2 ? token == config_.eos_id : IsEndToken(config_, token);
+    };
+    if (std::none_of(commits.begin(), commits.end(),
+                     [&](const Commit& c) { return is_end(c.token); })) {
+      return false;
+    }
+    const auto search_end = llada2 ? canvas_.begin() + block_.end : canvas_.end();
+    const auto first_end =
+        std::find_if(canvas_.begin() + (llada2 ? 0 : prompt_length_), search_end, is_end);
+    if (first_end - canvas_.begin() <= prompt_length_) return true;
+    return std::find(canvas_.begin() + prompt_length_, first_end, config_.mask_id) == first_end;
   }
 
   void RequireFinite(std::span<const float> logits) const {
@@ -244,7 +305,7 @@ class Decoder {
     }
     if (!on_step_) return true;
     int masks_left = 0;
-    for (int p = prompt_length_; p < length_; ++p)
+    for (int p = prompt_length_; p < prompt_length_ + options_.gen_length; ++p)
       masks_left += canvas_[size_t(p)] == config_.mask_id;
     const StepEvent event{result_.nfe, block_index, canvas_, committed, masks_left, Elapsed()};
     return on_step_(event);
@@ -270,7 +331,9 @@ class Decoder {
   const DecodeOptions options_;
   const StepCallback on_step_;
   const bool keep_trace_;
-  const int prompt_length_, length_;
+  const int prompt_length_;
+  const BlockLayout layout_;
+  const int length_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::vector<int> canvas_;  // [L]: prompt + canvas
   std::unique_ptr<Policy> policy_;
@@ -284,7 +347,7 @@ class Decoder {
 
   // Where decoding stands: the block being decoded and its step about to run.
   bool done_ = false, in_block_ = false;
-  int block_index_ = 0;
+  int block_index_;
   Block block_;
   int step_ = 0, step_limit_ = 0;
   std::vector<int> block_masked_;  // the block's masked positions before the step
@@ -374,7 +437,7 @@ int64_t SequenceCacheBytes(const Model& model, int prompt_length, const DecodeOp
   const ModelConfig& config = model.config();
   requested.Validate(config, prompt_length);
   const DecodeOptions options = requested.Resolved(config);
-  const int64_t length = prompt_length + options.gen_length;
+  const int64_t length = BlockLayout(config, options, prompt_length).length;
   const int64_t kv = 2 * int64_t(config.layers) * length * config.kv_heads * config.head_dim;
   const bool hidden = MakePolicy(options, model)->NeedsHiddenStates();
   const int64_t floats = kv + (hidden ? int64_t(config.layers) * length * config.width : 0);

@@ -13,6 +13,8 @@ DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
   if (resolved.policy == "polestar" && !resolved.threshold && !resolved.factor) {
     resolved.threshold = resolved.tau_s;
   }
+  // LLaDA 2.x generate's default threshold.
+  if (config.sampler == SamplerFamily::kLlada2 && !resolved.threshold) resolved.threshold = 0.95;
   return resolved;
 }
 
@@ -28,6 +30,8 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   // Every value in its range (the schema's), in the schema's order.
   for (const OptionSpec& spec : OptionSchema()) CheckOptionValue(spec, *this, config);
   // Combinations.
+  if (config.sampler == SamplerFamily::kLlada2)
+    return ValidateBlockDiffusion(config, prompt_length);
   const int block = EffectiveBlockLength();
   if (gen_length % block != 0) {
     FailOption(OptionOf(&DecodeOptions::block_length), " ", block, " does not divide ",
@@ -59,6 +63,35 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
     FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),
                " does not apply");
   }
+}
+
+void DecodeOptions::ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const {
+  // Previous blocks are final and later blocks invisible, so a cache-refresh policy has
+  // nothing stale to refresh: the reference sampler with finished blocks' K/V cached exactly
+  // (vanilla) is the policy.
+  if (policy != "vanilla") {
+    FailOption(OptionOf(&DecodeOptions::policy), " ", policy, " does not apply to ",
+               ArchName(config.arch),
+               ": block diffusion keeps earlier blocks' K/V final, so there is nothing stale to "
+               "refresh; use vanilla (LLaDA 2.x's own sampler, earlier blocks cached exactly)");
+  }
+  if (block_length == 0) {
+    FailOption(OptionOf(&DecodeOptions::block_length), " must be set: ", ArchName(config.arch),
+               " decodes block by block");
+  }
+  const int64_t blocks = (int64_t(prompt_length) + gen_length + block_length - 1) / block_length;
+  if (blocks * block_length > config.max_positions) {
+    Fail("prompt (", prompt_length, " tokens) + generation (", gen_length, ") rounded up to whole ",
+         block_length, "-token blocks exceeds the model's context of ", config.max_positions,
+         " positions");
+  }
+  auto unsupported = [&](bool given, const OptionSpec& option) {
+    if (given) FailOption(option, " does not apply to ", ArchName(config.arch), "'s sampler");
+  };
+  unsupported(factor.has_value(), OptionOf(&DecodeOptions::factor));
+  unsupported(!alg.empty(), OptionOf(&DecodeOptions::alg));
+  unsupported(remasking != "low_confidence", OptionOf(&DecodeOptions::remasking));
+  unsupported(cfg_scale > 0, OptionOf(&DecodeOptions::cfg_scale));
 }
 
 }  // namespace polestar

@@ -16,7 +16,7 @@ struct DecodeOptions {
   std::string policy = "vanilla";  // a registered policy (policy_registry.h)
   int gen_length = 128;
   int block_length = 32;  // 0: one block over the whole canvas
-  int steps = 128;        // total over all blocks (LLaDA generate.py convention)
+  int steps = 128;        // total over all blocks (LLaDA generate.py); per block for LLaDA 2.x
   // Unset: the policy's schedule. Explicit values must be valid: a rule is never switched
   // off by a number.
   std::optional<double> threshold;  // in (0, 1]: Fast-dLLM threshold commit (top-1 + conf >= t)
@@ -33,6 +33,9 @@ struct DecodeOptions {
   int top_k = 0;
   // Forces every step to be a full pass (the standing "cached == vanilla" test).
   bool refresh_all = false;
+  // Stop as soon as a step commits an end token with nothing masked before the first one
+  // (LLaDA 2.x generate's eos_early_stop; on other models an opt-in variable length).
+  bool eos_early_stop = false;
 
   // Elastic-Cache.
   int track_num = 1;
@@ -65,7 +68,10 @@ struct DecodeOptions {
   // Throws Error naming the first invalid value or combination (an OptionError naming the
   // options), before any work is done. Call it on the options as given, before Resolved().
   void Validate(const ModelConfig& config, int prompt_length) const;
+  // The combinations LLaDA 2.x's block diffusion decodes (part of Validate).
+  void ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const;
   // The number of blocks and steps per block this configuration decodes with.
+  // (LLaDA 2.x's blocks are aligned from position 0 instead: policy.h BlockLayout.)
   int EffectiveBlockLength() const { return block_length > 0 ? block_length : gen_length; }
   int BlockCount() const { return gen_length / EffectiveBlockLength(); }
   int StepsPerBlock() const { return steps / BlockCount(); }

@@ -1,4 +1,7 @@
 // vanilla (LLaDA generate.py; Dream's _sample on Dream checkpoints): every step a full pass.
+// On LLaDA 2.x (block diffusion, attention causal across blocks) a full pass of the window is
+// what its generate runs; the rows of finished blocks give the same K/V every step, so they
+// are computed once, with their final tokens, at the next block's first step.
 #include "decode/policy_registry.h"
 
 namespace polestar {
@@ -8,9 +11,17 @@ class VanillaPolicy : public Policy {
  public:
   StepPlan Plan(const DecodeContext& context) override {
     StepPlan plan;
-    plan.input_rows = Range(0, int(context.canvas.size()));
+    if (context.model.config().sampler != SamplerFamily::kLlada2) {
+      plan.input_rows = Range(0, int(context.canvas.size()));
+      return plan;
+    }
+    plan.input_rows = Range(context.options.refresh_all ? 0 : final_before_, context.block.end);
+    final_before_ = context.block.start;
     return plan;
   }
+
+ private:
+  int final_before_ = 0;  // LLaDA 2.x: rows before it hold their final K/V
 };
 
 const PolicyRegistration kVanilla({
