@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "bench/random_model.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/gguf_convert.h"
@@ -831,6 +832,49 @@ TEST(GgufConvertMoe, F16FilesReproduceTheReferenceDecodeTraces) {
     }
   }
   EXPECT_EQ(runs, 4);
+}
+
+// The fixtures' widths fit no K-quant block (Q4_K_M falls back to Q8_0 there, as llama.cpp
+// does); a random checkpoint of width 256 runs Q4_K and Q6_K experts.
+TEST(GgufConvertMoe, KQuantExpertsRunCloseToTheirSource) {
+  const std::string dir = testing::TempDir();
+  bench::RandomModelOptions options;
+  options.shape = bench::ShapeByName("llada-moe-tiny");
+  bench::ModelShape& s = options.shape;
+  s.width = s.ffn = s.expert_ffn = s.shared_ffn = 256;
+  options.dtype = DType::kF32;
+  options.seed = 3;
+  bench::WriteRandomModel(dir + "/hf", options);
+  ConvertToGguf(dir + "/hf", dir + "/q4km.gguf", GgufFileType::kQ4_K_M);
+  auto hf = Model::Load(dir + "/hf");
+  auto gguf = Model::Load(dir + "/q4km.gguf");
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_gate_exps.weight").dtype, DType::kQ4_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_exps.weight").dtype, DType::kQ6_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_shexp.weight").dtype, DType::kQ6_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_gate_inp.weight").dtype, DType::kF32);
+  const CpuBackend exact(BestIsa(), QuantActivations::kF32);
+  std::vector<int> ids(24);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i * 37 % 150);
+  auto logits = [&](const Model& model) {
+    KvCache cache = MakeCache(model, int64_t(ids.size()), false, exact);
+    Forward forward(model, cache);
+    StepPlan plan;
+    plan.input_rows.resize(ids.size());
+    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+    plan.logit_rows = plan.input_rows;
+    return forward.Run(ids, plan).logits;
+  };
+  const std::vector<float> want = logits(*hf), got = logits(*gguf);
+  ASSERT_EQ(got.size(), want.size());
+  double max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, double(std::fabs(got[i] - want[i])));
+    max_abs = std::max(max_abs, double(std::fabs(want[i])));
+  }
+  std::printf("random MoE, width 256, as Q4_K_M: max |logit error| / max |logit| = %.2e\n",
+              max_err / max_abs);
+  EXPECT_LE(max_err / max_abs, 0.3);  // the Q4_0 bound of the dense conversions
+  EXPECT_GT(max_err / max_abs, 1e-4);
 }
 
 TEST(GgufConvertMoe, ExpertTensorTypesFollowTheirDenseCounterparts) {
