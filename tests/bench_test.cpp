@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "decode/generate.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "ops/ops.h"
 #include "tasks/tasks.h"
 #include "test_support.h"
 #include "tokenizer/chat_template.h"
@@ -840,6 +842,81 @@ TEST(RandomModel, ShardsLargeCheckpointsAndRefusesRealOnes) {
   EXPECT_THAT([&] { WriteRandomModel(dir + "/real", options); },
               testing::ThrowsErrorContaining({"did not write"}));
   EXPECT_THROW(ShapeByName("llada-80b"), Error);
+}
+
+// llada-moe-tiny: 3 layers, width 64, 4 heads of which 2 for k/v, 8 experts of 32 with 2
+// per token, a shared expert of 24, the first layer dense (ffn 96), vocabulary 160.
+TEST(RandomModel, WritesAMixtureOfExpertsWhoseRouterSpreadsTheTokens) {
+  const std::string dir = testing::TempDir() + "/moe";
+  RandomModelOptions options;
+  options.shape = ShapeByName("llada-moe-tiny");
+  options.dtype = DType::kF32;
+  const RandomModelSummary summary = WriteRandomModel(dir, options);
+  auto model = Model::Load(dir);
+  const ModelConfig& c = model->config();
+  ASSERT_EQ(c.moe.experts, 8);
+  EXPECT_EQ(c.moe.moe_layers, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(model->ParameterCount(), summary.parameters);
+  const int64_t C = 64, kv = 2 * 16, attention = 2 * C * C + 2 * C * kv + 2 * 16 + 2 * C;
+  const int64_t dense = 3 * C * 96, routed = 8 * C + 8 * 3 * C * 32 + 3 * C * 24;
+  EXPECT_EQ(summary.parameters, 2 * 160 * C + C + 3 * attention + dense + 2 * routed);
+  EXPECT_EQ(summary.active_parameters, summary.parameters - 2 * (8 - 2) * 3 * C * 32);
+  // Random weights route like a trained model does at the start: every expert gets tokens
+  // and no token's top choice takes most of the weight (normalised embeddings through the
+  // router of layer 1).
+  const TensorRef& embedding = model->tensors().Get("model.embed_tokens.weight");
+  const TensorRef& router = model->tensors().Get("model.layers.1.mlp.gate.weight");
+  const float* e = reinterpret_cast<const float*>(embedding.data);  // [V, C]
+  const float* w = reinterpret_cast<const float*>(router.data);     // [E, C]
+  const int tokens = 64;
+  std::vector<float> logits(size_t(tokens * 8));  // [tokens, E]
+  for (int t = 0; t < tokens; ++t) {
+    double sq = 0;
+    for (int j = 0; j < C; ++j) sq += double(e[t * C + j]) * e[t * C + j];
+    const double inv_rms = 1.0 / std::sqrt(sq / double(C) + 1e-5);
+    for (int x = 0; x < 8; ++x) {
+      double dot = 0;
+      for (int j = 0; j < C; ++j) dot += double(e[t * C + j]) * inv_rms * w[x * C + j];
+      logits[size_t(t * 8 + x)] = float(dot);
+    }
+  }
+  std::vector<int> chosen(size_t(tokens * 2));
+  std::vector<float> weights(chosen.size());
+  RouteTopK(logits.data(), tokens, RouterSpec{.experts = 8, .top_k = 2}, chosen.data(),
+            weights.data());
+  std::vector<int> load(8, 0);
+  for (int x : chosen) ++load[size_t(x)];
+  for (int x = 0; x < 8; ++x) EXPECT_GT(load[size_t(x)], 0) << "expert " << x;
+  for (int t = 0; t < tokens; ++t) EXPECT_LT(weights[size_t(t * 2)], 0.5f) << "token " << t;
+}
+
+// The MoE scale run on a GGUF conversion: the file is written next to the checkpoint and is
+// what runs; the report carries the expert sizes and the memory.
+TEST(Scale, RunsAGgufConversionOfAMixtureOfExperts) {
+  const std::string dir = testing::TempDir();
+  ScaleOptions options;
+  options.like = "llada-moe-tiny";
+  options.model_dir = dir + "/moe";
+  options.gguf_type = "q8_0";
+  options.out_dir = dir + "/out";
+  options.reps = 1;
+  options.prompt_length = 8;
+  options.base.gen_length = 32;
+  options.base.block_length = 8;
+  options.tokens_per_step = 2;
+  options.policies = {"fast-dllm-dual", "polestar"};
+  options.progress = false;
+  const nlohmann::json out = RunScaleBenchmark(options, MachineInfo{});
+  EXPECT_EQ(out["model"]["file"], dir + "/moe-q8_0.gguf");
+  EXPECT_TRUE(fs::exists(dir + "/moe-q8_0.gguf"));
+  EXPECT_EQ(out["model"]["file_bytes"], int64_t(fs::file_size(dir + "/moe-q8_0.gguf")));
+  EXPECT_EQ(out["model"]["experts"], 8);
+  EXPECT_EQ(out["model"]["experts_per_token"], 2);
+  EXPECT_GT(out["model"]["peak_rss_bytes"].get<int64_t>(), 0);
+  for (const auto& run : out["forced"]) EXPECT_FALSE(run.contains("error")) << run.dump();
+  options.gguf_type = "q3_k";
+  EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
+              testing::ThrowsErrorContaining({"unknown GGUF type 'q3_k'"}));
 }
 
 TEST(Scale, ForcedScheduleStepsPerBlock) {

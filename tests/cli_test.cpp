@@ -58,6 +58,23 @@ TEST(CliInspect, LladaTinyReport) {
   EXPECT_THAT(r.output, HasSubstr("mask 156, eos 157"));
 }
 
+// make-random-model prints a mixture of experts' sizes; its GGUF conversion inspects as
+// llama.cpp's architecture name with the experts stacked.
+TEST(CliMakeRandomModel, MixtureOfExpertsSizesAndItsGgufConversion) {
+  const std::string dir = testing::TempDir() + "/moe";
+  const CliResult made = Polestar("make-random-model --like llada-moe-tiny -o " + Quote(dir));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_THAT(made.output,
+              HasSubstr("8 experts, 2 per token, expert ffn 32, shared expert ffn 24, 1 dense "
+                        "layers"));
+  const CliResult converted =
+      Polestar("convert -q -m " + Quote(dir) + " -o " + Quote(dir + ".gguf") + " --type q8_0");
+  ASSERT_EQ(converted.exit_code, 0) << converted.output;
+  const CliResult inspected = Polestar("inspect -m " + Quote(dir + ".gguf"));
+  ASSERT_EQ(inspected.exit_code, 0) << inspected.output;
+  EXPECT_THAT(inspected.output, HasSubstr("architecture  llada-moe"));
+}
+
 TEST(CliInspect, Bf16AndDreamReports) {
   CliResult r = Polestar("inspect -m " + Quote(testing::FixtureDir("llada-tiny-bf16")));
   ASSERT_EQ(r.exit_code, 0) << r.output;

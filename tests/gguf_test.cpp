@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "bench/random_model.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/gguf_convert.h"
@@ -658,6 +659,283 @@ TEST(GgufConvertTokenizer, WritesTokenizerJsonAsGgufVocabulary) {
   EXPECT_EQ(testing::RunCli("convert -m " + hf + " -o " + dir + "/x.gguf --type q3_k", &out, true),
             1);
   EXPECT_NE(out.find("unknown GGUF type 'q3_k'"), std::string::npos) << out;
+}
+
+// --- mixtures of experts (LLaDA-MoE) ---
+
+// The bytes of `rows` x `cols` values of `source` (rows from `first_row`) quantised to `type`
+// one row at a time: what llama.cpp's converter writes for them.
+std::vector<uint8_t> QuantizedRows(const TensorRef& source, int64_t first_row, int64_t rows,
+                                   int64_t cols, DType type) {
+  std::vector<uint8_t> out(size_t(rows * RowBytes(type, cols)));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    DequantizeValues(source.dtype, source.data + (first_row + r) * cols * BlockBytes(source.dtype),
+                     cols, row.data());
+    QuantizeValues(type, row.data(), cols, out.data() + r * RowBytes(type, cols));
+  }
+  return out;
+}
+
+// lladamoe-b has everything LLaDA-MoE's config can switch on: a dense first layer, a shared
+// expert, an expert bias, partial RoPE and GQA.
+TEST(GgufConvertMoe, StacksEachLayersExpertsAsLlamaCppDoes) {
+  const std::string hf = testing::FixtureDir("lladamoe-b");
+  const std::string out = testing::TempDir() + "/moe.gguf";
+  ConvertToGguf(hf, out, GgufFileType::kQ8_0);
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(out, store);
+  const TensorStore source = ReadSafetensorsDir(hf);
+  const GgufMetadata& m = file.metadata;
+  EXPECT_EQ(m.GetString("general.architecture"), "llada-moe");
+  EXPECT_EQ(m.GetUint("llada-moe.expert_count"), 6u);
+  EXPECT_EQ(m.GetUint("llada-moe.expert_used_count"), 3u);
+  EXPECT_EQ(m.GetUint("llada-moe.expert_feed_forward_length"), 48u);
+  EXPECT_EQ(m.GetUint("llada-moe.expert_shared_feed_forward_length"), 40u);
+  EXPECT_EQ(m.GetUint("llada-moe.feed_forward_length"), 128u);
+  EXPECT_EQ(m.GetUint("llada-moe.rope.dimension_count"), 8u);  // 96 / 6 * 0.5
+  EXPECT_FALSE(m.GetBool("llada-moe.attention.causal"));
+  EXPECT_EQ(m.GetUint("tokenizer.ggml.mask_token_id"), 196u);
+  std::map<std::string, const GgufTensorInfo*> infos;
+  for (const GgufTensorInfo& t : file.tensors) infos[t.name] = &t;
+  // The dense layer keeps llama.cpp's dense names and has no router.
+  EXPECT_TRUE(infos.contains("blk.0.ffn_gate.weight"));
+  EXPECT_FALSE(infos.contains("blk.0.ffn_gate_inp.weight"));
+  EXPECT_FALSE(infos.contains("blk.1.ffn_gate.weight"));
+  EXPECT_EQ(infos.at("blk.1.ffn_gate_inp.weight")->dtype, DType::kF32);  // the router
+  EXPECT_EQ(infos.at("blk.1.exp_probs_b.bias")->dtype, DType::kF32);
+  EXPECT_EQ(infos.at("blk.1.attn_q_norm.weight")->dtype, DType::kF32);
+  EXPECT_EQ(infos.at("blk.2.ffn_up_shexp.weight")->dtype, DType::kQ8_0);
+  const struct {
+    const char* leaf;
+    const char* hf_leaf;
+    int64_t rows, cols;
+    DType type;
+  } stacked[] = {{"ffn_gate_exps", "gate_proj", 48, 96, DType::kQ8_0},
+                 {"ffn_up_exps", "up_proj", 48, 96, DType::kQ8_0},
+                 // Rows of 48 fit no Q8_0 block: F16, as llama.cpp falls back.
+                 {"ffn_down_exps", "down_proj", 96, 48, DType::kF16}};
+  for (int l = 1; l < 3; ++l) {
+    for (const auto& t : stacked) {
+      const std::string name = Cat("blk.", l, ".", t.leaf, ".weight");
+      const GgufTensorInfo& info = *infos.at(name);
+      EXPECT_EQ(info.ne, (std::vector<int64_t>{t.cols, t.rows, 6}))
+          << name;  // ne0 = the columns, ne2 = the experts
+      ASSERT_EQ(info.dtype, t.type) << name;
+      const TensorRef& got = store.Get(name);
+      const size_t slice = size_t(t.rows * RowBytes(t.type, t.cols));
+      ASSERT_EQ(got.bytes, 6 * slice) << name;
+      for (int e = 0; e < 6; ++e) {
+        const TensorRef& expert =
+            source.Get(Cat("model.layers.", l, ".mlp.experts.", e, ".", t.hf_leaf, ".weight"));
+        const std::vector<uint8_t> want = QuantizedRows(expert, 0, t.rows, t.cols, t.type);
+        EXPECT_EQ(std::memcmp(got.data + e * slice, want.data(), slice), 0)
+            << name << " expert " << e;
+      }
+    }
+  }
+  // The Hugging Face and GGUF forms describe the same model.
+  auto from_hf = Model::Load(hf);
+  auto from_gguf = Model::Load(out);
+  const ModelConfig& a = from_hf->config();
+  const ModelConfig& b = from_gguf->config();
+  EXPECT_EQ(
+      std::tie(a.ffn, a.rotary_dim, a.qk_norm, a.mask_id, a.moe.experts, a.moe.experts_per_token,
+               a.moe.expert_ffn, a.moe.shared_ffn, a.moe.expert_bias, a.moe.moe_layers),
+      std::tie(b.ffn, b.rotary_dim, b.qk_norm, b.mask_id, b.moe.experts, b.moe.experts_per_token,
+               b.moe.expert_ffn, b.moe.shared_ffn, b.moe.expert_bias, b.moe.moe_layers));
+  EXPECT_FALSE(b.rope_interleaved);  // llama.cpp runs LLaDA-MoE with NEOX RoPE, unpermuted
+  EXPECT_EQ(from_hf->ParameterCount(), from_gguf->ParameterCount());
+}
+
+struct MoeConversion {
+  const char* source;
+  GgufFileType type;
+  const char* type_name;
+  double tolerance;  // max |logit error| / max |logit| against the PyTorch reference
+};
+
+void PrintTo(const MoeConversion& c, std::ostream* out) {
+  *out << c.source << " as " << c.type_name;
+}
+
+class GgufMoeConvert : public ::testing::TestWithParam<MoeConversion> {};
+
+// The converted files against the reference logits of the original (unquantised) weights:
+// the error is the weights' rounding, within the bounds the dense conversions meet (F16
+// and Q8_0 as BF16 does, Q4_K_M as Q4_0 does); with F16 weights the int8 activation path
+// does not run, so both backends agree exactly.
+TEST_P(GgufMoeConvert, LogitsStayCloseToTheReference) {
+  const MoeConversion& c = GetParam();
+  const std::string dir = testing::FixtureDir(c.source);
+  const std::string out = testing::TempDir() + "/" + c.source + "-" + c.type_name + ".gguf";
+  ConvertToGguf(dir, out, c.type);
+  auto model = Model::Load(out);
+  EXPECT_EQ(std::string(ArchName(model->config().arch)), "llada-moe");
+  const CpuBackend exact(BestIsa(), QuantActivations::kF32), int8(BestIsa());
+  const double error = RelativeLogitError(*model, dir + "/expected.safetensors", exact);
+  const double int8_error = RelativeLogitError(*model, dir + "/expected.safetensors", int8);
+  std::printf("%s as %s: max |logit error| / max |logit| = %.2e (f32 activations), %.2e (int8)\n",
+              c.source, c.type_name, error, int8_error);
+  EXPECT_LE(error, c.tolerance);
+  EXPECT_GT(error, 1e-6);  // the weights were rounded
+  EXPECT_LE(int8_error, c.tolerance + 3e-2);
+  if (c.type == GgufFileType::kF16) {
+    EXPECT_EQ(int8_error, error);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GgufMoeConvert,
+    ::testing::Values(MoeConversion{"lladamoe-a", GgufFileType::kF16, "f16", 2e-3},
+                      MoeConversion{"lladamoe-a", GgufFileType::kQ8_0, "q8_0", 3e-2},
+                      MoeConversion{"lladamoe-a", GgufFileType::kQ4_K_M, "q4_k_m", 3e-2},
+                      MoeConversion{"lladamoe-b", GgufFileType::kF16, "f16", 2e-3},
+                      MoeConversion{"lladamoe-b", GgufFileType::kQ8_0, "q8_0", 3e-2},
+                      MoeConversion{"lladamoe-b", GgufFileType::kQ4_K_M, "q4_k_m", 3e-2}),
+    [](const auto& info) {
+      std::string name = Cat(info.param.source, "_", info.param.type_name);
+      for (char& ch : name)
+        if (ch == '-') ch = '_';
+      return name;
+    });
+
+// F16 experts keep the reference decode traces token for token (every run of each fixture's
+// expected.json: vanilla LLaDA sampling, with and without a confidence threshold).
+TEST(GgufConvertMoe, F16FilesReproduceTheReferenceDecodeTraces) {
+  int runs = 0;
+  for (const char* fixture : {"lladamoe-a", "lladamoe-b"}) {
+    const std::string dir = testing::FixtureDir(fixture);
+    const std::string path = testing::TempDir() + "/" + fixture + ".gguf";
+    ConvertToGguf(dir, path, GgufFileType::kF16);
+    const nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
+    TensorStore tensors;
+    ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
+    std::string prompt;
+    for (int id : ToInts(tensors.Get("prompt"))) prompt += (prompt.empty() ? "" : ",") + Cat(id);
+    for (const auto& [run, p] : expected["runs"].items()) {
+      SCOPED_TRACE(std::string(fixture) + " " + run);
+      ASSERT_EQ(run.rfind("vanilla", 0), 0u);
+      std::string flags =
+          Cat(" --gen-length ", p["gen_length"].get<int>(), " --steps ", p["steps"].get<int>(),
+              " --block-length ", p["block_length"].get<int>());
+      if (p.contains("threshold")) flags += Cat(" --threshold ", p["threshold"].get<double>());
+      std::string out;
+      ASSERT_EQ(testing::RunCli("generate -t 1 -m " + path + " --prompt-ids " + prompt +
+                                    " --json --policy vanilla" + flags,
+                                &out),
+                0);
+      const nlohmann::json got = nlohmann::json::parse(out);
+      EXPECT_EQ(got["tokens"].get<std::vector<int>>(), ToInts(tensors.Get(run + ".tokens")));
+      EXPECT_EQ(got["nfe"], p["nfe"]);
+      ++runs;
+    }
+  }
+  EXPECT_EQ(runs, 4);
+}
+
+// The fixtures' widths fit no K-quant block (Q4_K_M falls back to Q8_0 there, as llama.cpp
+// does); a random checkpoint of width 256 runs Q4_K and Q6_K experts.
+TEST(GgufConvertMoe, KQuantExpertsRunCloseToTheirSource) {
+  const std::string dir = testing::TempDir();
+  bench::RandomModelOptions options;
+  options.shape = bench::ShapeByName("llada-moe-tiny");
+  bench::ModelShape& s = options.shape;
+  s.width = s.ffn = s.expert_ffn = s.shared_ffn = 256;
+  options.dtype = DType::kF32;
+  options.seed = 3;
+  bench::WriteRandomModel(dir + "/hf", options);
+  ConvertToGguf(dir + "/hf", dir + "/q4km.gguf", GgufFileType::kQ4_K_M);
+  auto hf = Model::Load(dir + "/hf");
+  auto gguf = Model::Load(dir + "/q4km.gguf");
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_gate_exps.weight").dtype, DType::kQ4_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_exps.weight").dtype, DType::kQ6_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_shexp.weight").dtype, DType::kQ6_K);
+  EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_gate_inp.weight").dtype, DType::kF32);
+  const CpuBackend exact(BestIsa(), QuantActivations::kF32);
+  std::vector<int> ids(24);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i * 37 % 150);
+  auto logits = [&](const Model& model) {
+    KvCache cache = MakeCache(model, int64_t(ids.size()), false, exact);
+    Forward forward(model, cache);
+    StepPlan plan;
+    plan.input_rows.resize(ids.size());
+    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+    plan.logit_rows = plan.input_rows;
+    return forward.Run(ids, plan).logits;
+  };
+  const std::vector<float> want = logits(*hf), got = logits(*gguf);
+  ASSERT_EQ(got.size(), want.size());
+  double max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, double(std::fabs(got[i] - want[i])));
+    max_abs = std::max(max_abs, double(std::fabs(want[i])));
+  }
+  std::printf("random MoE, width 256, as Q4_K_M: max |logit error| / max |logit| = %.2e\n",
+              max_err / max_abs);
+  EXPECT_LE(max_err / max_abs, 0.3);  // the Q4_0 bound of the dense conversions
+  EXPECT_GT(max_err / max_abs, 1e-4);
+}
+
+TEST(GgufConvertMoe, ExpertTensorTypesFollowTheirDenseCounterparts) {
+  // llama.cpp's router stays F32 whatever the file type.
+  for (GgufFileType type : {GgufFileType::kF16, GgufFileType::kQ8_0, GgufFileType::kQ4_K_M}) {
+    EXPECT_EQ(GgufTensorType(type, "blk.0.ffn_gate_inp.weight", 2048, false), DType::kF32);
+  }
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.ffn_gate_exps.weight", 2048, false),
+            DType::kQ4_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.ffn_down_exps.weight", 1024, false),
+            DType::kQ6_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ4_K_M, "blk.0.ffn_down_shexp.weight", 1024, false),
+            DType::kQ6_K);
+  EXPECT_EQ(GgufTensorType(GgufFileType::kQ8_0, "blk.0.ffn_up_exps.weight", 2048, false),
+            DType::kQ8_0);
+}
+
+TEST(GgufBadFiles, MoeLoaderNamesTheProblem) {
+  const std::string dir = testing::TempDir();
+  const std::string source = dir + "/moe-a.gguf";
+  ConvertToGguf(testing::FixtureDir("lladamoe-a"), source, GgufFileType::kF16);
+  auto set = [](const char* key, uint32_t value) {
+    return [=](GgufMetadata& m) {
+      m = Without(m, key);
+      m.Add(key, GgufValue::U32(value));
+    };
+  };
+  struct Case {
+    std::string file;
+    std::function<void(GgufMetadata&)> edit;
+    std::string drop_tensor;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"top_k.gguf", set("llada-moe.expert_used_count", 9), "", "experts per token (9)"},
+      {"top_k0.gguf", set("llada-moe.expert_used_count", 0), "", "experts per token (0)"},
+      {"experts0.gguf", set("llada-moe.expert_count", 0), "", "llada-moe.expert_count is 0"},
+      {"no_top_k.gguf", [](GgufMetadata& m) { m = Without(m, "llada-moe.expert_used_count"); }, "",
+       "missing metadata key 'llada-moe.expert_used_count'"},
+      {"no_expert_ffn.gguf",
+       [](GgufMetadata& m) { m = Without(m, "llada-moe.expert_feed_forward_length"); }, "",
+       "missing metadata key 'llada-moe.expert_feed_forward_length'"},
+      // Metadata that disagrees with the stacked tensors' shapes.
+      {"expert_ffn.gguf", set("llada-moe.expert_feed_forward_length", 16), "",
+       "'blk.0.ffn_gate_exps.weight' has shape [8, 32, 64], expected [8, 16, 64]"},
+      {"experts.gguf", set("llada-moe.expert_count", 7), "", "blk.0.ffn_gate_inp.weight"},
+      {"huge_blocks.gguf", set("llada-moe.block_count", 0x7fffffff), "", "tensors"},
+      {"no_experts.gguf", [](GgufMetadata&) {}, "blk.1.ffn_down_exps.weight",
+       "missing tensor 'blk.1.ffn_down_exps.weight'"},
+      // A layer without a router is dense, and then needs the dense tensors.
+      {"no_router.gguf", [](GgufMetadata&) {}, "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate"},
+      // Without expert_count the file reads as dense and the expert tensors are left over.
+      {"dense.gguf", [](GgufMetadata& m) { m = Without(m, "llada-moe.expert_count"); }, "",
+       "blk.0.ffn_gate"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir + "/" + c.file;
+    RewriteGguf(source, path, c.edit, c.drop_tensor);
+    EXPECT_THAT([&] { Model::Load(path); }, testing::ThrowsErrorContaining({path, c.message}))
+        << c.file;
+  }
 }
 
 }  // namespace

@@ -202,6 +202,12 @@ RandomModelSummary WriteRandomModel(const std::string& dir, const RandomModelOpt
     shards.back().push_back(i);
     shard_bytes += bytes;
   }
+  summary.active_parameters = summary.parameters;
+  if (s.experts > 0) {
+    const int64_t routed_layers = s.layers - std::min(s.dense_layers, s.layers);
+    summary.active_parameters -=
+        routed_layers * int64_t(s.experts - s.experts_per_token) * 3 * s.width * s.expert_ffn;
+  }
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
   for (size_t k = 0; k < shards.size(); ++k) {
     char name[64];

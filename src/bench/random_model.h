@@ -43,6 +43,8 @@ struct RandomModelOptions {
 struct RandomModelSummary {
   ModelShape shape;  // after scaling
   int64_t parameters = 0;
+  // What one token's forward pass multiplies by: all but the routed experts it skips.
+  int64_t active_parameters = 0;
   int64_t bytes = 0;               // tensor data over all files
   std::vector<std::string> files;  // written, relative to the folder
 };

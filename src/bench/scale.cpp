@@ -15,6 +15,7 @@
 #include "drift/drift.h"
 #include "io/atomic_file.h"
 #include "model/forward.h"
+#include "model/gguf_convert.h"
 
 namespace polestar::bench {
 namespace {
@@ -114,6 +115,16 @@ const StepTiming* FindStep(const std::vector<StepTiming>& steps, const std::stri
 }
 
 std::string RefreshKind(int k) { return Cat("refresh step, k=", k); }
+
+// The bytes of a model file, or of every file of a checkpoint folder.
+int64_t ModelFileBytes(const std::string& path) {
+  if (!fs::is_directory(path)) return int64_t(fs::file_size(path));
+  int64_t bytes = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path)) {
+    if (entry.is_regular_file()) bytes += int64_t(entry.file_size());
+  }
+  return bytes;
+}
 
 }  // namespace
 
@@ -351,7 +362,19 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
     random.scale = options.layer_scale;
     WriteRandomModel(options.model_dir, random);
   }
-  auto model = Model::Load(options.model_dir);
+  std::string model_path = options.model_dir;
+  if (!options.gguf_type.empty()) {
+    model_path = options.model_dir + "-" + options.gguf_type + ".gguf";
+    const GgufFileType type = ParseGgufFileType(options.gguf_type);
+    if (!fs::exists(model_path)) {
+      if (options.progress) std::fprintf(stderr, "converting it to %s ...\n", model_path.c_str());
+      ConvertToGguf(options.model_dir, model_path, type);
+    }
+  }
+  // The peak from here on is the model's weights as the steps touch them (a GGUF file is
+  // mapped, so only what the steps read becomes resident) plus the decoding buffers.
+  ResetPeakRss();
+  auto model = Model::Load(model_path);
   const ModelConfig& config = model->config();
   if (options.reps < 1) Fail("--reps must be at least 1");
   if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
@@ -381,7 +404,14 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   const StepTiming* full = FindStep(steps, "full pass");
   nlohmann::ordered_json out;
   out["machine"] = machine.ToJson();
+  const int64_t peak_rss = PeakRssBytes();
   out["model"] = {{"folder", options.model_dir},
+                  {"file", model_path},
+                  {"file_bytes", ModelFileBytes(model_path)},
+                  {"peak_rss_bytes", peak_rss},
+                  {"experts", config.moe.experts},
+                  {"experts_per_token", config.moe.experts_per_token},
+                  {"expert_ffn", config.moe.expert_ffn},
                   {"like", options.like},
                   {"layer_scale", options.layer_scale},
                   {"layers", config.layers},
@@ -400,6 +430,13 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                    std::to_string(config.width) + ", " +
                    Fixed(double(model->ParameterCount()) / 1e9, 2) + " B parameters)\n\n";
   md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
+  if (config.moe.experts > 0) {
+    md += "Mixture of experts: " + std::to_string(config.moe.experts) + " experts of width " +
+          std::to_string(config.moe.expert_ffn) + ", " +
+          std::to_string(config.moe.experts_per_token) + " per token.\n\n";
+  }
+  md += "Weights: " + model_path + " (" + Fixed(double(ModelFileBytes(model_path)) / 1e9, 2) +
+        " GB); peak resident set over the run " + Fixed(double(peak_rss) / 1e9, 2) + " GB.\n\n";
   md += "Canvas: prompt " + std::to_string(g.prompt) + " + gen length " +
         std::to_string(options.base.gen_length) + ", block " + std::to_string(g.block) +
         "; median of " + std::to_string(options.reps) + " reps; " +

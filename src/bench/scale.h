@@ -39,6 +39,9 @@ struct ScaleOptions {
   std::string like = "llada-1b";
   double layer_scale = 1.0;
   std::string model_dir;  // "" = /tmp/polestar-random-LIKE; written when it holds no checkpoint
+  // "" runs the checkpoint itself; "q4_k_m", "q8_0", ... run its GGUF conversion, written
+  // next to the folder (MODEL_DIR-TYPE.gguf) when absent, and report its resident memory.
+  std::string gguf_type;
   int reps = 2;
   int prompt_length = 32;
   int tokens_per_step = 4;

@@ -14,6 +14,38 @@
 namespace polestar {
 namespace {
 
+// The mixture of experts of a GGUF file with {arch}.expert_count: the counts and widths from
+// its keys; which layers route, and whether they carry an expert bias, from the tensors
+// (llama.cpp's layout has no key for either: a layer routes when it has a router).
+template <typename Key, typename Count>
+void ParseGgufMoe(const GgufMetadata& m, const TensorStore& store, const TensorNames& names,
+                  const Key& key, const Count& count, ModelConfig& c) {
+  if (!m.Has(key("expert_count"))) return;
+  MoeConfig& moe = c.moe;
+  moe.experts = count(key("expert_count"));
+  const std::string& origin = m.origin();
+  if (moe.experts == 0) Fail(origin, ": ", key("expert_count"), " is 0");
+  moe.experts_per_token = count(key("expert_used_count"));
+  moe.expert_ffn = count(key("expert_feed_forward_length"));
+  if (m.Has(key("expert_shared_feed_forward_length")))
+    moe.shared_ffn = count(key("expert_shared_feed_forward_length"));
+  // Every layer has tensors of its own: this bounds the search below on a hostile count.
+  if (size_t(c.layers) > store.tensors().size()) {
+    Fail(origin, ": ", key("block_count"), " = ", c.layers, " but the file has only ",
+         store.tensors().size(), " tensors");
+  }
+  int first_moe_layer = -1;
+  for (int l = 0; l < c.layers; ++l) {
+    moe.moe_layers.push_back(store.Find(LayerTensorName(names, l, names.router)) != nullptr);
+    if (moe.moe_layers.back() && first_moe_layer < 0) first_moe_layer = l;
+  }
+  if (first_moe_layer < 0)
+    Fail(origin, ": ", key("expert_count"), " is set but no layer has a router (", names.router,
+         ")");
+  moe.expert_bias =
+      store.Find(LayerTensorName(names, first_moe_layer, names.expert_bias)) != nullptr;
+}
+
 ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
                             const TensorStore& store) {
   const std::string& origin = m.origin();
@@ -32,7 +64,12 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   };
   c.width = count(key("embedding_length"));
   c.layers = count(key("block_count"));
-  c.ffn = count(key("feed_forward_length"));
+  const TensorNames& names = arch.gguf_tensors;
+  ParseGgufMoe(m, store, names, key, count, c);
+  // A model whose every layer routes needs no dense width.
+  bool all_moe = c.moe.experts > 0;
+  for (int l = 0; l < c.layers && all_moe; ++l) all_moe = c.IsMoeLayer(l);
+  c.ffn = all_moe && !m.Has(key("feed_forward_length")) ? 0 : count(key("feed_forward_length"));
   c.heads = count(key("attention.head_count"));
   c.kv_heads =
       m.Has(key("attention.head_count_kv")) ? count(key("attention.head_count_kv")) : c.heads;
@@ -45,7 +82,6 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
     Fail(origin, ": ", key("attention.causal"), " is true; diffusion models attend both ways");
   }
-  const TensorNames& names = arch.gguf_tensors;
   const TensorRef& embedding = store.Get(names.embedding);
   if (embedding.shape.size() != 2) Fail(origin, ": ", names.embedding, " is not a matrix");
   c.vocab = int(std::min<int64_t>(embedding.shape[0], std::numeric_limits<int>::max()));
@@ -63,6 +99,7 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.tied_embeddings = store.Find(names.lm_head) == nullptr;
   c.shift_logits = m.Has("diffusion.shift_logits") ? m.GetBool("diffusion.shift_logits")
                                                    : arch.logits == LogitPositions::kNext;
+  c.qk_norm = store.Find(LayerTensorName(names, 0, names.q_norm)) != nullptr;
   c.rope_interleaved = arch.gguf.rope == RopeStyle::kInterleaved;
   c.sampler = arch.sampler;
   c.Validate(origin);

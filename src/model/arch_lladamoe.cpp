@@ -153,8 +153,10 @@ Architecture MakeLladaMoe() {
   a.parse_hf_config = ParseConfig;
   a.random_config = RandomConfig;
   a.random_shapes = {
-      // LLaDA-MoE-7B-A1B: 16 layers, 64 experts of which 8 per token (mask id as llama.cpp's
-      // converter hard-codes it; the other special ids stand in for its tokenizer's).
+      // LLaDA-MoE-7B-A1B's config.json: width 2048, 16 layers of 16 heads (no GQA), every
+      // layer routed (64 experts of width 1024, 8 per token, no shared expert), rope_theta
+      // 50000, 8192 positions; mask 156895 (as llama.cpp's converter hard-codes it) and eos
+      // 156892, the ids of inclusionAI's 157184-token tokenizer.
       {"llada-moe-7b-a1b", 157184, 2048, 16, 16, 16, 8192, 8192, 50000.0f, 156895, 156892, -1, -1,
        64, 8, 1024, 0, 0},
       // A few MB, for tests: 8 experts top-2, a shared expert, the first layer dense.

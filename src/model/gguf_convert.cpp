@@ -45,8 +45,11 @@ bool EndsWith(const std::string& text, const std::string& suffix) {
 
 // One tensor to write: where it comes from and how.
 struct TensorPlan {
-  std::string gguf_name, hf_name;
-  std::vector<int64_t> shape;  // [rows, cols] or [n]
+  std::string gguf_name;
+  // The source tensor, or one per expert for a stacked [E, rows, cols] tensor (llama.cpp
+  // stacks the experts' matrices of a layer in expert order, as torch.stack(dim=0) does).
+  std::vector<std::string> hf_names;
+  std::vector<int64_t> shape;  // [rows, cols], [E, rows, cols] or [n]
   int permute_heads = 0;       // > 0: q/k rows regrouped per head for interleaved RoPE
 };
 
@@ -66,15 +69,38 @@ std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig&
   const bool permute =
       arch.block.rope == RopeStyle::kRotateHalf && arch.gguf.rope == RopeStyle::kInterleaved;
   if (!arch.gguf.converts) Fail("llama.cpp has no GGUF layout for ", arch.name, " checkpoints");
-  if (c.moe.experts > 0) Fail("GGUF conversion of mixture-of-experts checkpoints is not supported");
   const std::vector<CheckpointTensor> hf = CheckpointTensors(c, arch.hf_tensors);
   const std::vector<CheckpointTensor> gguf = CheckpointTensors(c, arch.gguf_tensors);
-  PS_CHECK(hf.size() == gguf.size());
+  // Both lists walk the same tensors in the same order; a stacked GGUF tensor stands for
+  // the next E per-expert Hugging Face ones.
   std::vector<TensorPlan> plan;
-  for (size_t i = 0; i < hf.size(); ++i) {
-    plan.push_back({gguf[i].name, hf[i].name, hf[i].shape, permute ? hf[i].rope_heads : 0});
+  size_t next = 0;
+  for (const CheckpointTensor& out : gguf) {
+    const bool stacked = out.shape.size() == 3;
+    const size_t sources = stacked ? size_t(c.moe.experts) : 1;
+    PS_CHECK(next + sources <= hf.size());
+    TensorPlan t{out.name, {}, hf[next].shape, permute ? hf[next].rope_heads : 0};
+    for (size_t i = next; i < next + sources; ++i) t.hf_names.push_back(hf[i].name);
+    if (stacked) t.shape.insert(t.shape.begin(), c.moe.experts);
+    PS_CHECK(t.shape == out.shape);
+    plan.push_back(std::move(t));
+    next += sources;
   }
+  PS_CHECK(next == hf.size());
   return plan;
+}
+
+// The {arch}.* keys of a mixture of experts. llama.cpp's LLaDA-MoE converter writes the
+// expert count, top-k and expert width; which layers route and whether there is a shared
+// expert or an expert bias follow from the tensors a layer has (the shared expert's width
+// also goes in expert_shared_feed_forward_length, as for llama.cpp's Qwen2-MoE).
+void AddMoeMetadata(GgufMetadata& meta, const std::string& arch, const MoeConfig& moe) {
+  meta.Add(arch + ".expert_count", GgufValue::U32(uint32_t(moe.experts)));
+  meta.Add(arch + ".expert_used_count", GgufValue::U32(uint32_t(moe.experts_per_token)));
+  meta.Add(arch + ".expert_feed_forward_length", GgufValue::U32(uint32_t(moe.expert_ffn)));
+  if (moe.shared_ffn > 0) {
+    meta.Add(arch + ".expert_shared_feed_forward_length", GgufValue::U32(uint32_t(moe.shared_ffn)));
+  }
 }
 
 std::string MergeText(const nlohmann::json& merge, const std::string& path) {
@@ -191,7 +217,9 @@ GgufFileType ParseGgufFileType(const std::string& name) {
 
 DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t width,
                      bool is_vector) {
-  if (is_vector) return DType::kF32;
+  // llama.cpp keeps the router in F32 (its converter forces FFN_GATE_INP to F32 and
+  // llama-quant never quantises ffn_gate_inp).
+  if (is_vector || EndsWith(name, ".ffn_gate_inp.weight")) return DType::kF32;
   auto fits = [&](DType type) { return width % BlockSize(type) == 0; };
   auto or_fallback = [&](DType type) {
     if (fits(type)) return type;
@@ -208,8 +236,10 @@ DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t wi
       return name == "output.weight" ? or_fallback(DType::kQ6_K)
                                      : (fits(DType::kQ4_0) ? DType::kQ4_0 : DType::kF16);
     case GgufFileType::kQ4_K_M: {
+      // llama-quant matches "ffn_down" as a substring, so routed (ffn_down_exps) and
+      // shared (ffn_down_shexp) experts' down projections go with the dense one.
       const bool sensitive = name == "output.weight" || EndsWith(name, ".attn_v.weight") ||
-                             EndsWith(name, ".ffn_down.weight");
+                             name.find(".ffn_down") != std::string::npos;
       return or_fallback(sensitive ? DType::kQ6_K : DType::kQ4_K);
     }
   }
@@ -256,27 +286,34 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   meta.Add("general.file_type", GgufValue::U32(FileTypeId(type)));
   if (architecture.gguf.writes_vocab_size)
     meta.Add(key("vocab_size"), GgufValue::U32(uint32_t(c.vocab)));
-  meta.Add(key("rope.dimension_count"), GgufValue::U32(uint32_t(c.head_dim)));
+  meta.Add(key("rope.dimension_count"), GgufValue::U32(uint32_t(c.rotary_dim)));
   meta.Add(key("attention.causal"), GgufValue::Bool(false));
   if (architecture.gguf.writes_shift_logits)
     meta.Add("diffusion.shift_logits", GgufValue::Bool(c.shift_logits));
+  if (c.moe.experts > 0) AddMoeMetadata(meta, arch, c.moe);
   meta.Add("general.quantization_version", GgufValue::U32(2));
   AddTokenizer(meta, hf_dir, c);
 
   const std::vector<TensorPlan> plan = PlanTensors(architecture, c);
   std::vector<DType> out_types;
   for (const TensorPlan& t : plan) {
-    const TensorRef& source = store.Get(t.hf_name);
-    if (source.shape != t.shape) {
-      std::string expected;
-      for (int64_t d : t.shape) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
-      Fail(store.origin(), ": tensor '", t.hf_name, "' does not have the shape [", expected,
-           "] that config.json implies");
-    }
-    if (source.dtype != DType::kF32 && source.dtype != DType::kF16 &&
-        source.dtype != DType::kBF16) {
-      Fail(store.origin(), ": tensor '", t.hf_name, "' has type ", DTypeName(source.dtype),
-           " (F32, F16 or BF16 expected)");
+    // A stacked tensor's sources are each one [rows, cols] slice of it.
+    const std::vector<int64_t> source_shape(t.shape.end() - std::min<size_t>(t.shape.size(), 2),
+                                            t.shape.end());
+    for (const std::string& hf_name : t.hf_names) {
+      const TensorRef& source = store.Get(hf_name);
+      if (source.shape != source_shape) {
+        std::string expected;
+        for (int64_t d : source_shape)
+          expected += (expected.empty() ? "" : ", ") + std::to_string(d);
+        Fail(store.origin(), ": tensor '", hf_name, "' does not have the shape [", expected,
+             "] that config.json implies");
+      }
+      if (source.dtype != DType::kF32 && source.dtype != DType::kF16 &&
+          source.dtype != DType::kBF16) {
+        Fail(store.origin(), ": tensor '", hf_name, "' has type ", DTypeName(source.dtype),
+             " (F32, F16 or BF16 expected)");
+      }
     }
     out_types.push_back(GgufTensorType(type, t.gguf_name, t.shape.back(), t.shape.size() == 1));
     writer.AddTensor(t.gguf_name, out_types.back(), t.shape);
@@ -284,28 +321,34 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   writer.Open(out_path);
   for (size_t i = 0; i < plan.size(); ++i) {
     const TensorPlan& t = plan[i];
-    const TensorRef& source = store.Get(t.hf_name);
     // A vector is converted as `n` rows of one value, which permutes biases like rows.
     const bool vector = t.shape.size() == 1;
-    const int64_t rows = t.shape[0];
-    const int64_t cols = vector ? 1 : t.shape[1];
+    const int64_t cols = vector ? 1 : t.shape.back();
+    const int64_t source_rows = vector ? t.shape[0] : t.shape[t.shape.size() - 2];
+    const int64_t rows = source_rows * int64_t(t.hf_names.size());  // all slices together
     const DType out_type = out_types[i];
-    const int64_t source_row_bytes = cols * BlockBytes(source.dtype);
     const int64_t out_row_bytes = RowBytes(out_type, cols);
     std::vector<uint8_t> out(size_t(rows * out_row_bytes));  // the tensor as written
+    std::vector<const TensorRef*> sources;                   // [slices]
+    for (const std::string& hf_name : t.hf_names) sources.push_back(&store.Get(hf_name));
     // Chunks of at least 64K values, so small tensors are converted without waking threads.
     ParallelFor(rows, std::max<int64_t>(1, 65536 / cols), [&](int64_t begin, int64_t end) {
       std::vector<float> row(static_cast<size_t>(cols));  // [K]
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t from = SourceRow(r, rows, t.permute_heads);
-        DequantizeValues(source.dtype, source.data + from * source_row_bytes, cols, row.data());
+        const TensorRef& source = *sources[size_t(r / source_rows)];
+        const int64_t from = SourceRow(r % source_rows, source_rows, t.permute_heads);
+        DequantizeValues(source.dtype, source.data + from * cols * BlockBytes(source.dtype), cols,
+                         row.data());
         QuantizeValues(out_type, row.data(), cols, out.data() + r * out_row_bytes);
       }
     });
     writer.WriteTensorData(out.data(), out.size());
-    if (log)
-      log(Cat(t.gguf_name, " <- ", t.hf_name, " ", DTypeName(source.dtype), " -> ",
-              DTypeName(out_type)));
+    if (log) {
+      const TensorRef& first = *sources.front();
+      log(Cat(t.gguf_name, " <- ", t.hf_names.front(),
+              t.hf_names.size() > 1 ? Cat(" (+", t.hf_names.size() - 1, " experts)") : "", " ",
+              DTypeName(first.dtype), " -> ", DTypeName(out_type)));
+    }
   }
   writer.Close();
 }

@@ -1,7 +1,9 @@
 // Hugging Face checkpoint (any registered architecture, safetensors) -> GGUF, laid out as
 // llama.cpp's converter writes it: {arch}.* keys, blk.N.* tensor names in ggml order, q/k
-// rows permuted where the architecture's GGUF layout runs interleaved RoPE (LLaDA), norms and
-// biases in F32, the tokenizer in tokenizer.ggml.*. Quantisation reproduces ggml's reference
+// rows permuted where the architecture's GGUF layout runs interleaved RoPE (LLaDA), norms,
+// biases and MoE routers in F32, each layer's routed experts stacked into one [E, rows, cols]
+// tensor per matrix (ggml ne = [cols, rows, E]) with the {arch}.expert_* keys, the tokenizer
+// in tokenizer.ggml.*. Quantisation reproduces ggml's reference
 // quantisers, so F16 / BF16 / Q8_0 / Q4_0 output matches llama.cpp's byte for byte.
 #pragma once
 
@@ -18,7 +20,8 @@ enum class GgufFileType { kF16, kBF16, kQ8_0, kQ4_0, kQ4_K_M };
 GgufFileType ParseGgufFileType(const std::string& name);
 
 // The type a tensor gets in a file of type `file_type` (llama.cpp's choices): vectors F32;
-// Q4_K_M uses Q6_K for output, attn_v and ffn_down and Q4_K elsewhere; Q4_0 keeps output
+// MoE routers (ffn_gate_inp) F32; Q4_K_M uses Q6_K for output, attn_v and every ffn_down
+// (dense, routed ffn_down_exps, shared ffn_down_shexp) and Q4_K elsewhere; Q4_0 keeps output
 // in Q6_K. Rows whose width does not fit the block size fall back to Q8_0, then F16.
 DType GgufTensorType(GgufFileType file_type, const std::string& gguf_name, int64_t rows_width,
                      bool is_vector);

@@ -100,6 +100,8 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option(
       "--random-model", so.model_dir,
       "--scale: checkpoint folder (written there when absent; default /tmp/polestar-random-LIKE)");
+  cmd->add_option("--gguf-type", so.gguf_type,
+                  "--scale: run the checkpoint's GGUF conversion of this type (q4_k_m, q8_0, ...)");
   cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

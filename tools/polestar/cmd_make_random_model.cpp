@@ -1,4 +1,5 @@
 // polestar make-random-model: a random-weight checkpoint at a real model's shape.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -82,8 +83,15 @@ void AddMakeRandomModelCommand(CLI::App& app) {
     const bench::ModelShape& w = summary.shape;
     std::printf("%s: %s, %d layers, width %d, heads %d/%d, ffn %d, vocab %d\n", args->out.c_str(),
                 w.name.c_str(), w.layers, w.width, w.heads, w.kv_heads, w.ffn, w.vocab);
-    std::printf("%.3f B parameters, %.2f GB in %zu file(s), %.1f s\n", summary.parameters / 1e9,
-                summary.bytes / 1e9, summary.files.size(), seconds);
+    if (w.experts > 0) {
+      std::printf(
+          "%d experts, %d per token, expert ffn %d, shared expert ffn %d, %d dense layers\n",
+          w.experts, w.experts_per_token, w.expert_ffn, w.shared_ffn,
+          std::min(w.dense_layers, w.layers));
+    }
+    std::printf("%.3f B parameters (%.3f B active per token), %.2f GB in %zu file(s), %.1f s\n",
+                summary.parameters / 1e9, summary.active_parameters / 1e9, summary.bytes / 1e9,
+                summary.files.size(), seconds);
   });
 }
 
