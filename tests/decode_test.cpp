@@ -94,7 +94,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
   for (const char* fixture :
        {"llada-tiny", "llada-tiny-bf16", "llada-c", "dream-tiny", "gguf-llada-q8_0",
         "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b",
-        "llada2-a", "llada2-b"}) {
+        "lladamoe-d", "llada2-a", "llada2-b"}) {
     const std::string dir = testing::FixtureDir(fixture);
     // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights, which the
     // engine follows exactly with fp32 activations (the child processes inherit the setting;
@@ -121,7 +121,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
       ++runs;
     }
   }
-  EXPECT_EQ(runs, 52);
+  EXPECT_EQ(runs, 54);
 }
 
 // LLaDA 2.x's block diffusion, step by step: the reference records the window of every

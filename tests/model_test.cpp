@@ -90,7 +90,8 @@ TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureForward,
                          ::testing::Values("llada-tiny", "llada-tiny-bf16", "dream-tiny", "llada-c",
-                                           "lladamoe-a", "lladamoe-b", "llada2-a", "llada2-b"),
+                                           "lladamoe-a", "lladamoe-b", "lladamoe-d", "llada2-a",
+                                           "llada2-b"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& ch : name)

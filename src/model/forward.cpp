@@ -144,12 +144,12 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
                        k_.data());
     }
+    backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
+                         w.bv.empty() ? nullptr : w.bv.data());
     if (c.clip_qkv > 0) {
       backend_.Clamp(k_.data(), m_fresh * kv_width, c.clip_qkv);
       backend_.Clamp(v_.data(), m_fresh * kv_width, c.clip_qkv);
     }
-    backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
-                         w.bv.empty() ? nullptr : w.bv.data());
     for (size_t i = 0; i < n; ++i) {
       SequenceRows& s = rows[i];
       KvCache& cache = steps[i].forward->cache_;
