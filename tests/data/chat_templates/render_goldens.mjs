@@ -1,6 +1,7 @@
 // Renders every chat template in this folder with @huggingface/jinja (the implementation
 // transformers.js uses) over many conversations, one JSONL line per render:
-//   {"template": file, "messages", "add_generation_prompt", "bos_token", "eos_token", "text"}
+//   {"template": file, "messages", ["tools",] "add_generation_prompt", "bos_token", "eos_token",
+//    "text"}
 // or "error" instead of "text" when the template raises. jinja_test renders the same and
 // compares byte for byte. Usage (see README.md):
 //   node render_goldens.mjs JINJA_DIR > goldens.jsonl
@@ -55,14 +56,39 @@ for (let i = 0; i < 6; ++i) {
 conversations.push([{ role: "assistant", content: "An assistant turn alone." }]);
 conversations.push([{ role: "user", content: "one" }, { role: "user", content: "two" }]);
 conversations.push([{ role: "user", content: "hi" }, { role: "tool", content: "{\"result\": 4}" }]);
+// Tool use, as the OpenAI-style chat API hands it over: calls with arguments as an object or
+// as a JSON string, with and without the "function" wrapper, answered by two tool turns.
+const weatherCall = { type: "function", function: { name: "get_weather",
+                                                      arguments: { city: "Paris", days: 2 } } };
+const clockCall = { name: "get_time", arguments: "{\"zone\": \"UTC\"}" };
+conversations.push([
+  { role: "system", content: "Use the tools." },
+  { role: "user", content: "Weather and time?" },
+  { role: "assistant", content: "", tool_calls: [weatherCall, clockCall] },
+  { role: "tool", content: "{\"temp\": 18}" },
+  { role: "tool", content: "12:00" },
+  { role: "assistant", content: "It is 18 degrees at noon." },
+]);
+conversations.push([
+  { role: "user", content: "Paris?" },
+  { role: "assistant", content: "Checking.", tool_calls: [weatherCall] },
+  { role: "tool", content: "<tool_response>sunny</tool_response>" },
+]);
+const tools = [{ type: "function", function: { name: "get_weather", description: "Forecast",
+                                               parameters: { type: "object",
+                                                             properties: { city: { type: "string" } },
+                                                             required: ["city"] } } }];
+// The last three conversations are rendered once more with tool definitions.
+const runs = [...conversations.map((messages) => ({ messages })),
+              ...conversations.slice(-3).map((messages) => ({ messages, tools }))];
 
 const files = fs.readdirSync(here).filter((f) => f.endsWith(".jinja")).sort();
 const lines = [];
 for (const file of files) {
   const template = new Template(fs.readFileSync(path.join(here, file), "utf8"));
-  for (const messages of conversations) {
+  for (const run of runs) {
     for (const add_generation_prompt of [true, false]) {
-      const variables = { messages, add_generation_prompt, bos_token: "<|startoftext|>",
+      const variables = { ...run, add_generation_prompt, bos_token: "<|startoftext|>",
                           eos_token: "<|endoftext|>" };
       const record = { template: file, ...variables };
       try {
