@@ -15,6 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <span>
 
 #include "base/error.h"
 #include "bench/random_model.h"
@@ -323,16 +324,31 @@ GgufMetadata Without(const GgufMetadata& m, const std::string& key) {
   return out;
 }
 
+// A GGUF file rewritten from a good one (metadata edited, a tensor dropped) and the error
+// loading it must name.
+struct BadModelFile {
+  std::string file;
+  std::function<void(GgufMetadata&)> edit;
+  std::string drop_tensor;
+  std::string message;
+};
+
+// Each case written into `dir` from `source`; loading it throws an Error naming the file and
+// the case's message.
+void ExpectLoadErrors(const std::string& source, const std::string& dir,
+                      std::span<const BadModelFile> cases) {
+  for (const BadModelFile& c : cases) {
+    const std::string path = dir + "/" + c.file;
+    RewriteGguf(source, path, c.edit, c.drop_tensor);
+    EXPECT_THAT([&] { Model::Load(path); }, testing::ThrowsErrorContaining({path, c.message}))
+        << c.file;
+  }
+}
+
 TEST(GgufBadFiles, ModelLoaderNamesTheProblem) {
   const std::string dir = testing::TempDir();
   const std::string source = FixtureGguf("gguf-llada-q8_0");
-  struct Case {
-    std::string file;
-    std::function<void(GgufMetadata&)> edit;
-    std::string drop_tensor;
-    std::string message;
-  };
-  const Case cases[] = {
+  const BadModelFile cases[] = {
       {"no_blocks.gguf", [](GgufMetadata& m) { m = Without(m, "llada.block_count"); }, "",
        "missing metadata key 'llada.block_count'"},
       {"no_eps.gguf",
@@ -365,11 +381,7 @@ TEST(GgufBadFiles, ModelLoaderNamesTheProblem) {
       {"tensor.gguf", [](GgufMetadata&) {}, "blk.1.ffn_up.weight",
        "missing tensor 'blk.1.ffn_up.weight'"},
   };
-  for (const Case& c : cases) {
-    const std::string path = dir + "/" + c.file;
-    RewriteGguf(source, path, c.edit, c.drop_tensor);
-    EXPECT_THAT([&] { Model::Load(path); }, testing::ThrowsErrorContaining({path, c.message}));
-  }
+  ExpectLoadErrors(source, dir, cases);
   EXPECT_THAT([&] { Model::Load(dir + "/absent.gguf"); },
               testing::ThrowsErrorContaining({"absent.gguf"}));
 }
@@ -902,13 +914,7 @@ TEST(GgufBadFiles, MoeLoaderNamesTheProblem) {
       m.Add(key, GgufValue::U32(value));
     };
   };
-  struct Case {
-    std::string file;
-    std::function<void(GgufMetadata&)> edit;
-    std::string drop_tensor;
-    std::string message;
-  };
-  const Case cases[] = {
+  const BadModelFile cases[] = {
       {"top_k.gguf", set("llada-moe.expert_used_count", 9), "", "experts per token (9)"},
       {"top_k0.gguf", set("llada-moe.expert_used_count", 0), "", "experts per token (0)"},
       {"experts0.gguf", set("llada-moe.expert_count", 0), "", "llada-moe.expert_count is 0"},
@@ -930,12 +936,7 @@ TEST(GgufBadFiles, MoeLoaderNamesTheProblem) {
       {"dense.gguf", [](GgufMetadata& m) { m = Without(m, "llada-moe.expert_count"); }, "",
        "blk.0.ffn_gate"},
   };
-  for (const Case& c : cases) {
-    const std::string path = dir + "/" + c.file;
-    RewriteGguf(source, path, c.edit, c.drop_tensor);
-    EXPECT_THAT([&] { Model::Load(path); }, testing::ThrowsErrorContaining({path, c.message}))
-        << c.file;
-  }
+  ExpectLoadErrors(source, dir, cases);
 }
 
 }  // namespace

@@ -28,6 +28,19 @@ std::vector<int> ToInts(const TensorRef& t) {
   return v;
 }
 
+// One pass over every position of `ids` with logits for all of them (attention_block B > 0:
+// block-causal).
+StepResult FullPass(const Model& model, const std::vector<int>& ids, int attention_block = 0) {
+  KvCache cache = MakeCache(model, int64_t(ids.size()), false);
+  Forward forward(model, cache);
+  StepPlan plan;
+  plan.input_rows.resize(ids.size());
+  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+  plan.logit_rows = plan.input_rows;
+  plan.attention_block = attention_block;
+  return forward.Run(ids, plan);
+}
+
 class FixtureForward : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
@@ -40,13 +53,7 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
   const int V = model->config().vocab;
   ASSERT_EQ(want.size(), ids.size() * V);
 
-  KvCache cache = MakeCache(*model, int64_t(ids.size()), false);
-  Forward forward(*model, cache);
-  StepPlan plan;
-  plan.input_rows.resize(ids.size());
-  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
-  plan.logit_rows = plan.input_rows;
-  StepResult got = forward.Run(ids, plan);
+  const StepResult got = FullPass(*model, ids);
   ASSERT_EQ(got.logits.size(), want.size());
   float max_err = 0, max_abs = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -69,14 +76,7 @@ TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {
     const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
     const std::vector<float> want = ToFloats(expected.Get("forward_block.logits"));
     const std::vector<float> bidirectional = ToFloats(expected.Get("forward.logits"));
-    KvCache cache = MakeCache(*model, int64_t(ids.size()), false);
-    Forward forward(*model, cache);
-    StepPlan plan;
-    plan.input_rows.resize(ids.size());
-    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
-    plan.logit_rows = plan.input_rows;
-    plan.attention_block = 8;
-    const StepResult got = forward.Run(ids, plan);
+    const StepResult got = FullPass(*model, ids, 8);
     ASSERT_EQ(got.logits.size(), want.size());
     float max_err = 0, mask_effect = 0;
     for (size_t i = 0; i < want.size(); ++i) {

@@ -322,6 +322,10 @@ TEST(Utf8, IllFormedInputBecomesOneReplacementPerMaximalSubpart) {
   const unicode::Utf8Step step = unicode::DecodeUtf8("\xF0\x9F", 0);
   EXPECT_EQ(step.status, unicode::Utf8Status::kIncomplete);
   EXPECT_EQ(step.length, 2u);
+  // Code points as their bytes; an ill-formed byte stands alone, a cut tail is one piece.
+  EXPECT_EQ(unicode::CodePoints("a\xC3\xA9\xF0\x9F\x98\x80\xFFz\xE2\x82"),
+            (std::vector<std::string_view>{"a", "\xC3\xA9", "\xF0\x9F\x98\x80", "\xFF", "z",
+                                           "\xE2\x82"}));
 }
 
 TEST(Utf8, ByteMapIsGpt2BytesToUnicode) {

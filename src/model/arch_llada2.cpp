@@ -53,11 +53,8 @@ ModelConfig ParseConfig(const nlohmann::json& j, const std::string& path) {
   c.qkv_bias = JsonBool(j, "use_qkv_bias", false, path);
   c.o_bias = JsonBool(j, "use_bias", true, path);
   c.qk_norm = JsonBool(j, "use_qk_norm", true, path);
-  const float partial = JsonFloat(j, "partial_rotary_factor", 0.5f, path);
-  if (!(partial > 0.0f && partial <= 1.0f))
-    Fail(path, ": partial_rotary_factor must lie in (0, 1]");
   const int head_dim = c.head_dim > 0 ? c.head_dim : DefaultHeadDim(c, path);
-  c.rotary_dim = int(float(head_dim) * partial);
+  c.rotary_dim = PartialRotaryDim(j, 0.5f, head_dim, path);
 
   const std::optional<int> experts = NullableInt(j, "num_experts", 16, path);
   if (experts) {

@@ -43,11 +43,7 @@ ModelConfig ParseConfig(const nlohmann::json& j, const std::string& path) {
   c.qkv_bias = c.o_bias = JsonBool(j, "attention_bias", false, path);  // q, k, v and o
   c.clip_qkv = JsonFloat(j, "clip_qkv", 0.0f, path);
   if (c.clip_qkv < 0) Fail(path, ": clip_qkv must not be negative");
-  // As Hugging Face's default RoPE init: int(head_dim * partial_rotary_factor) dims.
-  const float partial = JsonFloat(j, "partial_rotary_factor", 1.0f, path);
-  if (!(partial > 0.0f && partial <= 1.0f))
-    Fail(path, ": partial_rotary_factor must lie in (0, 1]");
-  if (c.heads > 0) c.rotary_dim = int(float(c.width / c.heads) * partial);
+  if (c.heads > 0) c.rotary_dim = PartialRotaryDim(j, 1.0f, DefaultHeadDim(c, path), path);
 
   MoeConfig& moe = c.moe;
   moe.experts = JsonInt(j, "num_experts", 0, path);

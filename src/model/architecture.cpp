@@ -76,6 +76,18 @@ int DefaultHeadDim(const ModelConfig& c, const std::string& where) {
   return c.width / c.heads;
 }
 
+int PartialRotaryDim(const nlohmann::json& config, float fallback, int head_dim,
+                     const std::string& path) {
+  const float factor = JsonFloat(config, "partial_rotary_factor", fallback, path);
+  if (!(factor > 0.0f && factor <= 1.0f)) Fail(path, ": partial_rotary_factor must lie in (0, 1]");
+  const int dims = int(float(head_dim) * factor);
+  if (dims == 0 && head_dim > 0) {
+    Fail(path, ": partial_rotary_factor ", factor, " leaves no rotary dimension of the ", head_dim,
+         "-dim heads");
+  }
+  return dims;
+}
+
 std::string LayerTensorName(const TensorNames& names, int layer, const std::string& leaf) {
   std::string prefix = names.layer_prefix;
   const size_t slot = prefix.find("{}");

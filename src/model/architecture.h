@@ -133,6 +133,11 @@ TensorNames LlamaCppTensorNames();
 // C / H, the head dimension of configs that do not give one; throws Error prefixed with
 // `where` when H does not divide C.
 int DefaultHeadDim(const ModelConfig& c, const std::string& where);
+// The rotary dims of a `head_dim` head per partial_rotary_factor (`fallback` when absent), as
+// Hugging Face's default RoPE init counts them: int(head_dim * factor). Throws Error prefixed
+// with `path` for a factor outside (0, 1] or one that leaves no dims (never a silent full RoPE).
+int PartialRotaryDim(const nlohmann::json& config, float fallback, int head_dim,
+                     const std::string& path);
 // `names.layer_prefix` + `leaf` for layer `layer`.
 std::string LayerTensorName(const TensorNames& names, int layer, const std::string& leaf);
 

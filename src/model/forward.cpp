@@ -315,8 +315,10 @@ void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, R
   const int64_t C = c.width;
   router_.Reserve(m * moe.experts);  // [M, E]
   backend_.MatMulBatch(normed_.data(), segments, w.router, router_.data());
-  std::vector<int> chosen(size_t(m * k));     // [M, k] host
-  std::vector<float> weights(size_t(m * k));  // [M, k] host
+  std::vector<int>& chosen = routing_.chosen;
+  std::vector<float>& weights = routing_.weights;
+  chosen.resize(size_t(m * k));
+  weights.resize(size_t(m * k));
   const RouterSpec spec{.experts = moe.experts,
                         .top_k = k,
                         .score = moe.score,
@@ -329,9 +331,17 @@ void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, R
   backend_.RouteTopK(router_.data(), m, spec, chosen.data(), weights.data());
 
   // Per expert: its rows (ascending), their weights, and its rows per sequence.
-  std::vector<std::vector<int>> expert_rows(size_t(moe.experts));
-  std::vector<std::vector<float>> expert_weights(size_t(moe.experts));
-  std::vector<std::vector<int64_t>> expert_segments(size_t(moe.experts));
+  auto& expert_rows = routing_.expert_rows;
+  auto& expert_weights = routing_.expert_weights;
+  auto& expert_segments = routing_.expert_segments;
+  expert_rows.resize(size_t(moe.experts));
+  expert_weights.resize(size_t(moe.experts));
+  expert_segments.resize(size_t(moe.experts));
+  for (int e = 0; e < moe.experts; ++e) {
+    expert_rows[size_t(e)].clear();
+    expert_weights[size_t(e)].clear();
+    expert_segments[size_t(e)].clear();
+  }
   int64_t row = 0;
   for (size_t sequence = 0; sequence < segments.size(); ++sequence) {
     for (auto& counts : expert_segments) counts.push_back(0);

@@ -102,6 +102,15 @@ class StepRunner {
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
   Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
+  // MoE routing on the host, kept so steps do not allocate afresh: per row its experts and
+  // weights ([M, k]), per expert its rows, their weights and its rows per sequence.
+  struct Routing {
+    std::vector<int> chosen;
+    std::vector<float> weights;
+    std::vector<std::vector<int>> expert_rows;
+    std::vector<std::vector<float>> expert_weights;
+    std::vector<std::vector<int64_t>> expert_segments;
+  } routing_;
 };
 
 // A sequence's view of the model over its cache: its steps alone, and the drift ops.

@@ -63,17 +63,6 @@ std::string_view TrimEnd(std::string_view text) {
 
 std::string_view Trim(std::string_view text) { return TrimEnd(TrimStart(text)); }
 
-// The code points of `text`, each as its UTF-8 bytes (JavaScript's Array.from(string)).
-std::vector<std::string_view> CodePoints(std::string_view text) {
-  std::vector<std::string_view> out;
-  for (size_t at = 0; at < text.size();) {
-    const size_t n = unicode::DecodeUtf8(text, at).length;
-    out.push_back(text.substr(at, n));
-    at += n;
-  }
-  return out;
-}
-
 // JavaScript's String length: UTF-16 code units.
 int64_t Utf16Length(std::string_view text) {
   int64_t units = 0;
@@ -1837,7 +1826,7 @@ struct Interpreter {
   // One UTF-16 unit of JavaScript's string.at(): code points here; a character beyond the
   // Basic Multilingual Plane, which JavaScript splits in two, is an error.
   Value StringIndex(const std::string& text, int64_t index, size_t at) const {
-    const std::vector<std::string_view> points = CodePoints(text);
+    const std::vector<std::string_view> points = unicode::CodePoints(text);
     if (int64_t(points.size()) != Utf16Length(text)) {
       Throw(at, "indexing a string with characters beyond U+FFFF is not supported");
     }
@@ -1883,7 +1872,7 @@ struct Interpreter {
       return MakeList(std::move(items), node.at);
     }
     if (object.kind == Kind::kString) {
-      const std::vector<std::string_view> points = CodePoints(object.str());
+      const std::vector<std::string_view> points = unicode::CodePoints(object.str());
       std::string text;
       pick(int64_t(points.size()), [&](int64_t i) { text += points[size_t(i)]; });
       return String(std::move(text), node.at);
@@ -2555,7 +2544,7 @@ struct Interpreter {
       CheckSize(out.size(), at);
     };
     if (operand.kind == Kind::kString) {
-      const std::vector<std::string_view> points = CodePoints(operand.str());
+      const std::vector<std::string_view> points = unicode::CodePoints(operand.str());
       for (size_t i = 0; i < points.size(); ++i) add(i, points[i]);
     } else if (operand.kind == Kind::kList) {
       // Array.join of the raw values: null and undefined join as empty strings.

@@ -86,6 +86,16 @@ void AppendUtf8(std::string& out, char32_t c) {
   }
 }
 
+std::vector<std::string_view> CodePoints(std::string_view text) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t length = DecodeUtf8(text, at).length;
+    out.push_back(text.substr(at, length));
+    at += length;
+  }
+  return out;
+}
+
 bool IsValidUtf8(std::string_view text) {
   for (size_t pos = 0; pos < text.size();) {
     if (static_cast<uint8_t>(text[pos]) < 0x80) {

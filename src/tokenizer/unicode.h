@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace polestar::unicode {
 
@@ -27,6 +28,9 @@ struct Utf8Step {
 Utf8Step DecodeUtf8(std::string_view text, size_t pos);
 void AppendUtf8(std::string& out, char32_t code_point);
 bool IsValidUtf8(std::string_view text);
+// The UTF-8 sequences of `text` in order (an ill-formed subpart is one of them, as DecodeUtf8
+// reads it): JavaScript's Array.from(string) on valid text.
+std::vector<std::string_view> CodePoints(std::string_view text);
 // Every ill-formed subsequence becomes U+FFFD; an incomplete tail too.
 std::string ToValidUtf8(std::string_view bytes);
 

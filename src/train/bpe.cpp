@@ -24,13 +24,8 @@ std::string ByteChar(uint8_t byte) {
 
 // The characters of a pre-token in byte-level form (each one byte of the text).
 std::vector<std::string> ByteLevelChars(std::string_view piece) {
-  std::vector<std::string> chars;
-  for (size_t at = 0; at < piece.size();) {
-    const size_t length = unicode::DecodeUtf8(piece, at).length;
-    chars.emplace_back(piece.substr(at, length));
-    at += length;
-  }
-  return chars;
+  const std::vector<std::string_view> chars = unicode::CodePoints(piece);
+  return {chars.begin(), chars.end()};
 }
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
