@@ -53,8 +53,11 @@ std::vector<Case> MixedCases(const Model& model) {
   }
   cases[1].options.temperature = 0.7;
   if (config.sampler == SamplerFamily::kLlada2) {
-    // Block diffusion decodes with its own sampler alone (options.h ValidateBlockDiffusion).
-    for (Case& c : cases) c.options.policy = "vanilla";
+    // Block diffusion decodes with its own sampler, alone or with Polestar-Commit (options.cpp
+    // ValidateBlockDiffusion).
+    for (Case& c : cases) {
+      if (c.options.policy != "polestar") c.options.policy = "vanilla";
+    }
     cases[2].options.eos_early_stop = true;
     return cases;
   }

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -167,6 +169,18 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
       if (end != answer.end()) answer.erase(end + 1, answer.end());
       EXPECT_EQ(answer, ReadIds(tensors, run + ".answer"));
 
+      // Polestar without its early commits is the same sampler, step for step.
+      DecodeOptions polestar = options;
+      polestar.policy = "polestar";
+      polestar.early_commit = false;
+      const GenerationResult commit_rule_only = Generate(*model, prompt, polestar, nullptr, true);
+      EXPECT_EQ(commit_rule_only.tokens, got.tokens);
+      EXPECT_EQ(commit_rule_only.nfe, got.nfe);
+      EXPECT_EQ(commit_rule_only.rows_computed, got.rows_computed);
+      for (size_t step = 0; step < got.trace.size(); ++step) {
+        EXPECT_EQ(commit_rule_only.trace[step]["committed"], got.trace[step]["committed"]);
+      }
+
       options.refresh_all = true;
       const GenerationResult full = Generate(*model, prompt, options, nullptr, true);
       EXPECT_EQ(full.tokens, got.tokens);
@@ -176,6 +190,70 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
     }
   }
   EXPECT_EQ(runs, 8);
+}
+
+// Polestar-Commit inside LLaDA 2.x's blocks: on top of the sampler's rule, a masked position
+// of the block commits early when its drift jump clears the gate. The jump is re-derived here
+// from the trace's token drift (d_t minus the mean of the block's last w steps), every early
+// commit passes the gate with it, and the early commits save forwards.
+TEST(BlockDiffusionDecode, PolestarCommitAddsDriftGatedCommitsInsideTheBlock) {
+  for (const char* fixture : {"llada2-a", "llada2-b"}) {
+    SCOPED_TRACE(fixture);
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    TensorStore tensors;
+    ReadSafetensorsFile(testing::FixtureDir(fixture) + "/expected.safetensors", tensors);
+    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    DecodeOptions options;
+    options.policy = "polestar";
+    options.gen_length = 64;
+    options.block_length = 16;
+    options.steps = 16;
+    options.tau_s = 0.99;  // random weights are confident: a high bar leaves room for the gate
+    const GenerationResult got = Generate(*model, prompt, options, nullptr, true);
+    DecodeOptions rule_only = options;
+    rule_only.early_commit = false;
+    const GenerationResult without = Generate(*model, prompt, rule_only, nullptr, true);
+
+    std::deque<std::vector<double>> history;  // the block's last w token drifts
+    int block = -1, early = 0, measured = 0;
+    for (const nlohmann::json& step : got.trace) {
+      if (step["block"].get<int>() != block) history.clear();
+      block = step["block"];
+      const nlohmann::json& stats = step["policy"];
+      if (!stats.contains("token_drift")) continue;
+      ++measured;
+      const std::vector<double> drift = stats["token_drift"];
+      const std::vector<double> reported = stats["drift_delta"];
+      ASSERT_EQ(drift.size(), size_t(options.block_length));
+      std::vector<double> delta = drift;
+      for (size_t i = 0; i < delta.size() && !history.empty(); ++i) {
+        double mean = 0;
+        for (const auto& past : history) mean += past[i];
+        delta[i] -= mean / double(history.size());
+      }
+      for (size_t i = 0; i < delta.size(); ++i) EXPECT_NEAR(reported[i], delta[i], 1e-12);
+      history.push_back(drift);
+      if (int(history.size()) > options.drift_history) history.pop_front();
+
+      const std::vector<int> committed = step["committed"];
+      for (const nlohmann::json& commit : stats["early_commits"]) {
+        const int position = commit[0];
+        const double confidence = commit[1];
+        const int offset = position - block * options.block_length;
+        ASSERT_GE(offset, 0);
+        ASSERT_LT(offset, options.block_length);
+        EXPECT_NE(std::find(committed.begin(), committed.end(), position), committed.end());
+        EXPECT_GT(confidence, options.early_floor);
+        EXPECT_LT(confidence, options.tau_s);
+        EXPECT_GE(delta[size_t(offset)], options.alpha * std::pow(options.tau_s - confidence, 2));
+        EXPECT_LT(delta[size_t(offset)], options.drift_cap);
+        ++early;
+      }
+    }
+    EXPECT_GT(measured, 0);
+    EXPECT_GT(early, 0);
+    EXPECT_LT(got.nfe, without.nfe);
+  }
 }
 
 TEST(BlockDiffusionDecode, PoliciesAndOptionsItsSamplerDoesNotReadAreRefused) {
@@ -195,10 +273,22 @@ TEST(BlockDiffusionDecode, PoliciesAndOptionsItsSamplerDoesNotReadAreRefused) {
     return std::string();
   };
   for (const PolicyEntry& entry : RegisteredPolicies()) {
-    if (std::string(entry.name) == "vanilla") continue;
-    EXPECT_THAT(error_of([&](DecodeOptions& o) { o.policy = std::string(entry.name); }),
+    const std::string name = entry.name;
+    if (name == "vanilla" || name == "polestar") continue;
+    EXPECT_THAT(error_of([&](DecodeOptions& o) { o.policy = name; }),
                 ::testing::HasSubstr("nothing stale to refresh"));
   }
+  EXPECT_THAT(error_of([](DecodeOptions& o) {
+                o.policy = "polestar";
+                o.nvfp4_hidden = true;
+              }),
+              ::testing::HasSubstr("no window to refresh"));
+  EXPECT_THAT(error_of([](DecodeOptions& o) {
+                o.policy = "polestar";
+                o.overlap = true;
+              }),
+              ::testing::HasSubstr("no window to refresh"));
+  EXPECT_EQ(error_of([](DecodeOptions& o) { o.policy = "polestar"; }), "");
   EXPECT_THAT(error_of([](DecodeOptions& o) { o.block_length = 0; }),
               ::testing::HasSubstr("decodes block by block"));
   EXPECT_THAT(error_of([](DecodeOptions& o) { o.factor = 1.0; }),
@@ -263,8 +353,13 @@ std::vector<nlohmann::json> CommittingSteps(const GenerationResult& result) {
 class StandingTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StandingTest, RefreshingEverythingReproducesVanilla) {
-  for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c", "lladamoe-b"}) {
+  for (const char* fixture : {"llada-tiny", "dream-tiny", "llada-c", "lladamoe-b", "llada2-a"}) {
     auto model = Model::Load(testing::FixtureDir(fixture));
+    // Block diffusion refuses the cache-refresh policies (BlockDiffusionDecode checks that).
+    if (model->config().sampler == SamplerFamily::kLlada2 && GetParam() != "vanilla" &&
+        GetParam() != "polestar") {
+      continue;
+    }
     const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
     for (std::optional<double> threshold : {std::optional<double>(), {0.9}, {0.5}}) {
       SCOPED_TRACE(std::string(fixture) + " threshold " +

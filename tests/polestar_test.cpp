@@ -261,6 +261,48 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
   }
 }
 
+// Block-causal capture (Polestar-Commit on LLaDA 2.x): rows of the first block see only that
+// block, so their captured attention is the bidirectional attention of a canvas cut after it,
+// with zeros on the keys beyond; rows of the second block see both blocks.
+TEST(DriftOps, BlockCausalCaptureIsTheAttentionOfTheVisibleKeys) {
+  auto model = Model::Load(testing::FixtureDir("llada2-a"));
+  const ModelConfig& c = model->config();
+  const int block = 8, length = 2 * block;
+  const std::vector<int> canvas = PromptAndMasks(c, length);
+  KvCache cache = MakeCache(*model, length, false);
+  Forward forward(*model, cache);
+  CaptureAttention capture;
+  capture.row_size_ = int64_t(c.heads) * length;
+  forward.Run(canvas, {Range(0, length), {}, Range(0, c.layers), &capture, block});
+
+  const std::vector<int> first(canvas.begin(), canvas.begin() + block);
+  KvCache cut_cache = MakeCache(*model, block, false);
+  Forward cut_forward(*model, cut_cache);
+  CaptureAttention cut;
+  cut.row_size_ = int64_t(c.heads) * block;
+  cut_forward.Run(first, {Range(0, block), {}, Range(0, c.layers), &cut});
+  for (int layer = 0; layer < c.layers; ++layer) {
+    const std::vector<float>& got = capture.probs_[layer];  // [L, H, L]
+    const std::vector<float>& want = cut.probs_[layer];     // [B, H, B]
+    ASSERT_EQ(got.size(), size_t(length) * capture.row_size_);
+    for (int r = 0; r < length; ++r) {
+      for (int h = 0; h < c.heads; ++h) {
+        const float* row = &got[(size_t(r) * c.heads + h) * length];
+        if (r < block) {
+          for (int j = 0; j < block; ++j) {
+            ASSERT_NEAR(row[j], want[(size_t(r) * c.heads + h) * block + size_t(j)], 1e-6f)
+                << "layer " << layer << " row " << r << " head " << h << " key " << j;
+          }
+        }
+        double sum = 0, beyond = 0;
+        for (int j = 0; j < length; ++j) (j < (r / block + 1) * block ? sum : beyond) += row[j];
+        EXPECT_NEAR(sum, 1.0, 1e-5) << "layer " << layer << " row " << r;
+        EXPECT_EQ(beyond, 0.0) << "layer " << layer << " row " << r;
+      }
+    }
+  }
+}
+
 // The overlap worker clusters each layer on its own thread while the forward goes on; the
 // result must not change (scripts/test.sh also runs this under ThreadSanitizer).
 TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {

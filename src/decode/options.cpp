@@ -68,12 +68,23 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
 void DecodeOptions::ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const {
   // Previous blocks are final and later blocks invisible, so a cache-refresh policy has
   // nothing stale to refresh: the reference sampler with finished blocks' K/V cached exactly
-  // (vanilla) is the policy.
-  if (policy != "vanilla") {
+  // (vanilla) is the policy, and Polestar applies as Polestar-Commit alone.
+  if (policy != "vanilla" && policy != "polestar") {
     FailOption(OptionOf(&DecodeOptions::policy), " ", policy, " does not apply to ",
                ArchName(config.arch),
                ": block diffusion keeps earlier blocks' K/V final, so there is nothing stale to "
-               "refresh; use vanilla (LLaDA 2.x's own sampler, earlier blocks cached exactly)");
+               "refresh; use vanilla (LLaDA 2.x's own sampler, earlier blocks cached exactly) or "
+               "polestar (that sampler with Polestar-Commit's drift-gated early commits)");
+  }
+  if (policy == "polestar") {
+    auto no_window = [&](bool given, const OptionSpec& option) {
+      if (given) {
+        FailOption(option, " does not apply to ", ArchName(config.arch),
+                   ": Polestar-Cache has no window to refresh under block diffusion");
+      }
+    };
+    no_window(nvfp4_hidden, OptionOf(&DecodeOptions::nvfp4_hidden));
+    no_window(overlap, OptionOf(&DecodeOptions::overlap));
   }
   if (block_length == 0) {
     FailOption(OptionOf(&DecodeOptions::block_length), " must be set: ", ArchName(config.arch),

@@ -29,6 +29,12 @@
 //   - With overlap on, block-start clustering, quantisation and baseline proxies run on a
 //     worker thread while the forward moves to the next layers; decode-step proxies are on
 //     the critical path (a layer's selection needs them) and stay synchronous.
+//
+// On block diffusion (LLaDA 2.x) Polestar is Polestar-Commit alone: earlier blocks are final
+// and later ones invisible, so nothing is stale and there is no window to refresh or to
+// commit from. Each step runs what LLaDA 2.x's sampler runs (the block, plus the previous
+// block's final rows at a block's first step), its commit rule picks the commits, and the
+// drift gate adds early ones from the block-causal attention of the last layer.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -123,7 +129,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   }
   ~PolestarPolicy() override { WaitForWorker(); }
 
-  bool NeedsHiddenStates() const override { return true; }
+  bool NeedsHiddenStates() const override { return !block_diffusion_; }
 
   StepPlan Plan(const DecodeContext& context) override {
     WaitForWorker();
@@ -134,6 +140,15 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int length = int(context.canvas.size());
     StepPlan plan;
     plan.hook = this;
+    if (block_diffusion_) {
+      if (context.step_in_block == 0) StartBlock(context);
+      mode_ = context.step_in_block == 0 ? Mode::kBlockStart : Mode::kDecode;
+      plan.input_rows = Range(options_.refresh_all ? 0 : final_before_, context.block.end);
+      final_before_ = context.block.start;
+      plan.capture_layers = {config.layers - 1};
+      stats_["pass"] = "block";
+      return plan;
+    }
     if (options_.early_commit || options_.refresh_all) plan.capture_layers = {config.layers - 1};
 
     if (context.step_in_block == 0) {
@@ -183,7 +198,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       drift_history_.push_back(token_drift_);
       if (int(drift_history_.size()) > options_.drift_history) drift_history_.pop_front();
     }
-    int early = 0;
+    nlohmann::json early_commits = nlohmann::json::array();  // [position, confidence] each
     if (options_.early_commit && !delta.empty()) {
       std::vector<bool> taken(static_cast<size_t>(context.block.end - context.block.start), false);
       for (const Commit& c : commits) taken[size_t(c.position - context.block.start)] = true;
@@ -193,7 +208,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
         if (PassesDriftGate(candidate.confidence, delta[offset], options_.early_floor,
                             options_.tau_s, options_.alpha, options_.drift_cap)) {
           commits.push_back({candidate.position, candidate.token});
-          ++early;
+          early_commits.push_back({candidate.position, candidate.confidence});
         }
       }
     }
@@ -202,9 +217,12 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     int suffix = 0;
     if (mode_ == Mode::kRefresh && options_.suffix_commit)
       suffix = SuffixCommits(context, result, commits);
-    stats_["early_commits"] = early;
+    stats_["early_commits"] = early_commits;
     stats_["suffix_commits"] = suffix;
-    if (!delta.empty()) stats_["drift_delta"] = delta;
+    if (!delta.empty()) {
+      stats_["token_drift"] = token_drift_;
+      stats_["drift_delta"] = delta;
+    }
   }
 
   nlohmann::json StepStats() const override { return stats_; }
@@ -242,6 +260,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   }
 
   void BeforeQueries(LayerRows& rows) override {
+    if (block_diffusion_) return;
     if (mode_ == Mode::kBlockStart) {
       if (options_.overlap) {
         // One job in flight: layer l's clustering runs while the forward computes layer l's
@@ -344,7 +363,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     block_rows_ = Range(model_.config().PredictingRow(block_start_), block_end_);
     window_begin_ = std::max(0, block_start_ - options_.window_prefix_blocks * block_length);
     window_end_ = std::min(length, block_end_ + options_.window_suffix_blocks * block_length);
-    const int prefix = block_start_ - window_begin_, suffix = window_end_ - block_end_;
+    // Block diffusion: no window (nothing before the block is stale, nothing after it seen).
+    const int prefix = block_diffusion_ ? 0 : block_start_ - window_begin_;
+    const int suffix = block_diffusion_ ? 0 : window_end_ - block_end_;
     const int total = prefix + suffix;
     prefix_clusters_ = 0;
     if (prefix > 0 && total > 0) {
@@ -446,6 +467,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   const DecodeOptions options_;
   const Model& model_;
+  const bool block_diffusion_ = model_.config().sampler == SamplerFamily::kLlada2;
+  int final_before_ = 0;  // block diffusion: rows before it hold their final K/V
   Rng rng_;
   Forward* forward_ = nullptr;
   std::span<const int> canvas_;

@@ -36,6 +36,7 @@ StepRunner::StepRunner(const Backend& backend)
       probs_(backend, 0),
       loaded_(backend, 0),
       final_(backend, 0),
+      run_probs_(backend, 0),
       router_(backend, 0),
       expert_in_(backend, 0),
       expert_out_(backend, 0) {}
@@ -226,18 +227,32 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
         continue;
       }
       // Block-causal: a row sees the keys up to the end of its block, the first rows of the
-      // cache; each run of consecutive query rows with the same end attends at once.
-      PS_CHECK(!capture);
+      // cache; each run of consecutive query rows with the same end attends at once. Captured
+      // probabilities are laid out as the bidirectional ones, zero on the keys a row cannot see.
       const int64_t block = plan.attention_block;
       auto visible = [&](int64_t r) {
         return std::min(length, (s.query[size_t(r)] / block + 1) * block);
       };
+      if (capture) {
+        probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
+        backend_.Zero(probs_.data(), rows_here * c.heads * length);
+      }
       for (int64_t begin = 0, end = 0; begin < rows_here; begin = end) {
         const int64_t keys = visible(begin);
         for (end = begin + 1; end < rows_here && visible(end) == keys;) ++end;
+        if (capture) run_probs_.Reserve((end - begin) * c.heads * keys);  // [run, H, keys]
         backend_.Attention(q + begin * q_width, end - begin, cache.keys(layer), cache.values(layer),
-                           keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width);
+                           keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width,
+                           capture ? run_probs_.data() : nullptr);
+        if (!capture) continue;
+        for (int64_t r = begin; r < end; ++r) {
+          for (int h = 0; h < c.heads; ++h) {
+            backend_.Copy(run_probs_.data() + ((r - begin) * c.heads + h) * keys, keys,
+                          probs_.data() + (r * c.heads + h) * length);
+          }
+        }
       }
+      if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
     }
     proj_.Reserve(m * C);  // [sum |Q|, C]
     backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data(),

@@ -64,7 +64,7 @@ struct StepPlan {
   std::vector<int> logit_rows;      // rows whose final hidden state goes through the LM head
   std::vector<int> capture_layers;  // layers whose attention probabilities go to the hook
   LayerHook* hook = nullptr;
-  int attention_block = 0;  // B > 0: block-causal attention (no capture then)
+  int attention_block = 0;  // B > 0: block-causal attention
 };
 
 struct StepResult {
@@ -101,6 +101,7 @@ class StepRunner {
   const Backend& backend_;
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
+  Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]
   Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
   // MoE routing on the host, kept so steps do not allocate afresh: per row its experts and
   // weights ([M, k]), per expert its rows, their weights and its rows per sequence.
