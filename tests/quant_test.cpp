@@ -496,7 +496,8 @@ TEST(QuantKernels, SimdMatchesScalarTwin) {
       for (int64_t n : {1, 2, 3, 5, 9, 17}) {
         const std::vector<uint8_t> bytes = RandomBlocks(type, n * blocks, rng);
         const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
-        for (int64_t m : {1, 2, 3, 5, 8, 13}) {
+        // AVX-512's 32-value blocks run 16 rows per register: whole, partial and several groups.
+        for (int64_t m : {1, 2, 3, 5, 8, 13, 16, 40}) {
           const std::vector<float> x = Gaussian(m * k + 3, uint32_t(m * 131 + n * 7 + k));
           QuantizedActivations xq;
           QuantizeActivations(x.data() + 3, m, k, ActivationBlock(type), &xq);
@@ -642,10 +643,17 @@ TEST(QuantKernels, EveryOutputHasTheBitsOfItsRowAlone) {
     kernels.push_back({simd.name, simd.columns, avx2::QuantMatMulColumns});
   }
   std::mt19937 rng(7);
-  const int64_t rows = 19, n = 11;
-  for (DType type : kBlockTypes) {
-    const int64_t k = 3 * BlockSize(type);
-    const std::vector<uint8_t> bytes = RandomBlocks(type, n * 3, rng);
+  const int64_t rows = 40, n = 11;
+  // 19 blocks: AVX-512's 32-value kernels take 16 blocks or 16 rows per register, and a tail.
+  for (const auto& [type, blocks] : [] {
+         std::vector<std::pair<DType, int64_t>> shapes;
+         for (DType type : kBlockTypes) {
+           for (int64_t blocks : {3, 19}) shapes.emplace_back(type, blocks);
+         }
+         return shapes;
+       }()) {
+    const int64_t k = blocks * BlockSize(type);
+    const std::vector<uint8_t> bytes = RandomBlocks(type, n * blocks, rng);
     const WeightView w{type, bytes.data(), n, k, RowBytes(type, k)};
     const std::vector<float> x = Gaussian(rows * k, uint32_t(k));  // [rows, K]
     for (const Kernel& kernel : kernels) {
@@ -664,7 +672,7 @@ TEST(QuantKernels, EveryOutputHasTheBitsOfItsRowAlone) {
         };
         std::vector<float> alone(static_cast<size_t>(rows * n));  // [rows, N]
         for (int64_t i = 0; i < rows; ++i) product(i, 1, n, alone.data() + i * n);
-        for (int64_t m = 2; m <= 13; ++m) {
+        for (int64_t m : {2, 3, 4, 5, 7, 8, 13, 16, 17, 33}) {
           for (int64_t first : {int64_t(0), int64_t(1), int64_t(6)}) {
             std::vector<float> got(static_cast<size_t>(m * n));
             product(first, m, 1 + (m + first) % (n - 1), got.data());
