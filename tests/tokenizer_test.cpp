@@ -1056,6 +1056,12 @@ TEST(Gguf, PreTokenizerNamesSelectTheirPatterns) {
   EXPECT_EQ(bailing.special_ids().mask, 256);
   EXPECT_TRUE(bailing.IsSpecial(256));
   EXPECT_EQ(bailing.Encode("a<|mdm_mask|>"), Ids({'a', 256}));
+  for (const char* same : {"bailingmoe2", "llada-moe"}) {  // LLaDA 2.x's and LLaDA-MoE's names
+    gguf.pre = same;
+    EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("I'm 123 ++x"),
+              (Strings{"I", "'m", "\xC4\xA0", "1", "2", "3", "\xC4\xA0++", "x"}))
+        << same;
+  }
   gguf.pre = "llama-bpe";
   EXPECT_EQ(Tokenizer(SpecFromGguf(gguf, where)).PreTokenize("12345"), (Strings{"123", "45"}));
   gguf.pre = "gpt2";

@@ -116,6 +116,10 @@ const StepTiming* FindStep(const std::vector<StepTiming>& steps, const std::stri
 
 std::string RefreshKind(int k) { return Cat("refresh step, k=", k); }
 
+// LLaDA 2.x's block diffusion (TimeSteps times these only for its sampler).
+constexpr const char* kBlockStartKind = "block-causal block start";
+constexpr const char* kBlockStepKind = "block-causal step";
+
 // The bytes of a model file, or of every file of a checkpoint folder.
 int64_t ModelFileBytes(const std::string& path) {
   if (!fs::is_directory(path)) return int64_t(fs::file_size(path));
@@ -184,6 +188,17 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   if (g.blocks % 2 == 1) prefix_plans.pop_back();  // odd: the middle block is the mean
   time_plan("prefix-cache step", prefix_plans);
   time_plan("dual-cache step", {{block_rows(middle), block_rows(middle), {}, nullptr}});
+  if (config.sampler == SamplerFamily::kLlada2) {
+    // LLaDA 2.x's own steps (vanilla, its only policy): block-causal attention, the earlier
+    // blocks' K/V cached and final. A step computes its block; a block's first step also
+    // recomputes the previous block, now with its final tokens.
+    std::vector<int> start_rows = block_rows(std::max(0, middle - 1));
+    if (middle > 0) {
+      for (int p : block_rows(middle)) start_rows.push_back(p);
+    }
+    time_plan(kBlockStartKind, {{start_rows, block_rows(middle), {}, nullptr, g.block}});
+    time_plan(kBlockStepKind, {{block_rows(middle), block_rows(middle), {}, nullptr, g.block}});
+  }
 
   const DecodeOptions& o = options.base;
   const std::vector<int> window = g.Window(middle, o.window_prefix_blocks, o.window_suffix_blocks);
@@ -273,6 +288,14 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
     o.steps = o.gen_length;
     o.temperature = 0;
     run.nfe_expected = blocks * ForcedStepsPerBlock(g.block, options.tokens_per_step);
+    if (config.sampler == SamplerFamily::kLlada2) {
+      // LLaDA 2.x's sampler has no factor rule; with a threshold of 1 (never met) its fixed
+      // schedule alone commits B / steps tokens a step.
+      o.factor.reset();
+      o.threshold = 1.0;
+      o.steps = std::max(1, g.block / options.tokens_per_step);
+      run.nfe_expected = blocks * o.steps;
+    }
     if (options.max_steps > 0) run.nfe_expected = std::min(run.nfe_expected, options.max_steps);
     std::vector<double> stamps;  // seconds since start after each step
     std::vector<int> block_of;   // block of each step
@@ -327,6 +350,8 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
     return s ? s->Median() : -1.0;
   };
   const double full = t("full pass");
+  if (policy == "vanilla" && t(kBlockStepKind) >= 0)  // LLaDA 2.x: block by block, cached
+    return n * (t(kBlockStartKind) + (per_block - 1) * t(kBlockStepKind));
   if (policy == "vanilla" && full >= 0) return n * per_block * full;
   if (policy == "fast-dllm-prefix" && full >= 0)
     return n * (full + (per_block - 1) * t("prefix-cache step"));

@@ -8,6 +8,8 @@
 //    at k clusters (the block plus k clusters' rows of the window at every layer, 1 cluster at
 //    the last, with packet propagation to the next layer), and the Polestar overheads: k-means
 //    of every layer's window at block start, and one step's proxy attention at every layer.
+//    On LLaDA 2.x (block diffusion) also its own steps, block-causal with the earlier blocks
+//    cached: a block step (the block) and a block start (the previous block and this one).
 // 2. Forced commit schedule: every policy decodes the first `blocks` blocks (at most
 //    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's
 //    distributions are flat (confidence about 1/V), so Fast-dLLM's factor rule with f = k + 1
@@ -16,7 +18,7 @@
 //    measures system cost alone.
 // 3. Projection: seconds for a whole generation at a policy's TPF tau (from a suite run):
 //    n blocks, s = B / tau steps a block,
-//      vanilla           n s t_full
+//      vanilla           n s t_full (LLaDA 2.x: n (t_block_start + (s - 1) t_block_step))
 //      fast-dllm-prefix  n (t_full + (s - 1) t_prefix)
 //      fast-dllm-dual    n (t_full + (s - 1) t_dual)
 //      polestar          sum over blocks of its start pass (full, or windowed every 4th) +

@@ -46,6 +46,38 @@ void ParseGgufMoe(const GgufMetadata& m, const TensorStore& store, const TensorN
       store.Find(LayerTensorName(names, first_moe_layer, names.expert_bias)) != nullptr;
 }
 
+// llama.cpp's BailingMoeV2 router keys (LLaDA 2.x): the scoring function, renormalisation,
+// scaling and expert groups, checked against what the tensors say (which layers route,
+// whether there is a shared expert).
+template <typename Key, typename Count>
+void ParseGgufRouterKeys(const GgufMetadata& m, const Key& key, const Count& count,
+                         ModelConfig& c) {
+  MoeConfig& moe = c.moe;
+  const std::string& origin = m.origin();
+  const int gating = count(key("expert_gating_func"));
+  if (gating != 1 && gating != 2) {
+    Fail(origin, ": ", key("expert_gating_func"), " = ", gating,
+         " is not a router scoring this model runs (1 softmax, 2 sigmoid)");
+  }
+  moe.score = gating == 2 ? RouterScore::kSigmoid : RouterScore::kSoftmax;
+  moe.normalize_top_k = m.GetBool(key("expert_weights_norm"));
+  moe.routed_scaling = float(m.GetFloat(key("expert_weights_scale")));
+  moe.groups = count(key("expert_group_count"));
+  moe.top_groups = count(key("expert_group_used_count"));
+  const int dense_layers = count(key("leading_dense_block_count"));
+  for (int l = 0; l < c.layers; ++l) {
+    if (c.IsMoeLayer(l) != (l >= dense_layers)) {
+      Fail(origin, ": ", key("leading_dense_block_count"), " = ", dense_layers, " but layer ", l,
+           c.IsMoeLayer(l) ? " has a" : " has no", " router (", c.arch->gguf_tensors.router, ")");
+    }
+  }
+  const int shared = count(key("expert_shared_count"));
+  if ((shared > 0) != (moe.shared_ffn > 0)) {
+    Fail(origin, ": ", key("expert_shared_count"), " = ", shared, " but ",
+         key("expert_shared_feed_forward_length"), " = ", moe.shared_ffn);
+  }
+}
+
 ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
                             const TensorStore& store) {
   const std::string& origin = m.origin();
@@ -76,7 +108,16 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.rms_eps = float(m.GetFloat(key("attention.layer_norm_rms_epsilon")));
   c.rope_theta = m.Has(key("rope.freq_base")) ? float(m.GetFloat(key("rope.freq_base"))) : 10000.0f;
   c.max_positions = std::min(count(key("context_length")), 32768);
-  c.head_dim = DefaultHeadDim(c, origin);
+  if (m.Has(key("attention.key_length"))) {
+    c.head_dim = count(key("attention.key_length"));
+    if (m.Has(key("attention.value_length")) &&
+        count(key("attention.value_length")) != c.head_dim) {
+      Fail(origin, ": ", key("attention.value_length"), " = ", count(key("attention.value_length")),
+           " differs from ", key("attention.key_length"), " = ", c.head_dim);
+    }
+  } else {
+    c.head_dim = DefaultHeadDim(c, origin);
+  }
   c.rotary_dim =
       m.Has(key("rope.dimension_count")) ? count(key("rope.dimension_count")) : c.head_dim;
   if (m.Has(key("attention.causal")) && m.GetBool(key("attention.causal"))) {
@@ -95,7 +136,17 @@ ModelConfig ParseGgufConfig(const Architecture& arch, const GgufMetadata& m,
   c.bos_id = id_or("tokenizer.ggml.bos_token_id", -1);
   c.eot_id = id_or("tokenizer.ggml.eot_token_id", -1);
   c.qkv_bias = arch.block.qkv_bias == QkvBias::kAlways ||
-               store.Find(LayerTensorName(names, 0, names.q_bias)) != nullptr;
+               store.Find(LayerTensorName(
+                   names, 0, names.qkv.empty() ? names.q_bias : names.qkv_bias)) != nullptr;
+  c.o_bias = store.Find(LayerTensorName(names, 0, names.o_bias)) != nullptr;
+  if (m.Has(key("attention.clamp_kqv"))) {
+    c.clip_qkv = float(m.GetFloat(key("attention.clamp_kqv")));
+    if (!(c.clip_qkv > 0)) Fail(origin, ": ", key("attention.clamp_kqv"), " must be positive");
+  }
+  if (c.moe.experts > 0) {
+    c.moe.bias_in_weights = arch.gguf.expert_bias_in_weights;
+    if (arch.gguf.writes_router_keys) ParseGgufRouterKeys(m, key, count, c);
+  }
   c.tied_embeddings = store.Find(names.lm_head) == nullptr;
   c.shift_logits = m.Has("diffusion.shift_logits") ? m.GetBool("diffusion.shift_logits")
                                                    : arch.logits == LogitPositions::kNext;

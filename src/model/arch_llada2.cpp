@@ -148,9 +148,21 @@ Architecture MakeLlada2() {
                   .shared_gate = "mlp.shared_experts.gate_proj.weight",
                   .shared_up = "mlp.shared_experts.up_proj.weight",
                   .shared_down = "mlp.shared_experts.down_proj.weight"};
+  // llama.cpp's layout for LLaDA 2.x (architecture llada2, pending PR #17454, and the
+  // community LLaDA2.0 GGUFs) follows its BailingMoeV2 converter: the fused q/k/v kept fused
+  // and unpermuted (NEOX RoPE), the router F32, the expert bias as exp_probs_b, the experts
+  // stacked, the head dimension and the router's switches in {arch}.* keys.
   a.gguf_tensors = LlamaCppTensorNames();
-  a.gguf.default_mask_id = 156895;
-  a.gguf.converts = false;  // llama.cpp has no LLaDA 2.x converter yet
+  a.gguf_tensors.qkv = "attn_qkv.weight";
+  a.gguf_tensors.qkv_bias = "attn_qkv.bias";
+  a.gguf = {.rope = RopeStyle::kRotateHalf,
+            .default_mask_id = 156895,
+            .tokenizer_pre = "bailingmoe2",
+            .context_length_key = "max_position_embeddings",
+            .writes_vocab_size = true,
+            .writes_head_dim = true,
+            .writes_router_keys = true,
+            .expert_bias_in_weights = false};
   a.parse_hf_config = ParseConfig;
   a.random_config = RandomConfig;
   a.random_shapes = {

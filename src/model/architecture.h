@@ -70,7 +70,17 @@ struct GgufLayout {
   bool writes_vocab_size = false;    // {name}.vocab_size
   bool writes_shift_logits = false;  // diffusion.shift_logits
   bool adds_bos_token = false;       // tokenizer.ggml.add_bos_token = true
-  bool converts = true;              // false: llama.cpp has no converter, so no GGUF form
+  // {name}.attention.key_length / value_length (the head dimension, which may differ from
+  // C / H); read whenever present.
+  bool writes_head_dim = false;
+  // llama.cpp's BailingMoeV2 router keys: {name}.expert_gating_func (1 softmax, 2 sigmoid),
+  // expert_weights_norm, expert_weights_scale, expert_group_count, expert_group_used_count,
+  // expert_shared_count and leading_dense_block_count. Written by the converter and required
+  // by the reader; without them the router is MoeConfig's default (softmax, no grouping).
+  bool writes_router_keys = false;
+  // Whether the expert bias (exp_probs_b) stays in the routing weights or only selects: fixed
+  // by the architecture's modeling code, no GGUF key records it.
+  bool expert_bias_in_weights = true;
 };
 
 // The sizes of a checkpoint: what make-random-model needs to write one.

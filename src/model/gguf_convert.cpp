@@ -68,7 +68,6 @@ std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig&
   // rotate-half checkpoint.
   const bool permute =
       arch.block.rope == RopeStyle::kRotateHalf && arch.gguf.rope == RopeStyle::kInterleaved;
-  if (!arch.gguf.converts) Fail("llama.cpp has no GGUF layout for ", arch.name, " checkpoints");
   const std::vector<CheckpointTensor> hf = CheckpointTensors(c, arch.hf_tensors);
   const std::vector<CheckpointTensor> gguf = CheckpointTensors(c, arch.gguf_tensors);
   // Both lists walk the same tensors in the same order; a stacked GGUF tensor stands for
@@ -94,13 +93,40 @@ std::vector<TensorPlan> PlanTensors(const Architecture& arch, const ModelConfig&
 // expert count, top-k and expert width; which layers route and whether there is a shared
 // expert or an expert bias follow from the tensors a layer has (the shared expert's width
 // also goes in expert_shared_feed_forward_length, as for llama.cpp's Qwen2-MoE).
-void AddMoeMetadata(GgufMetadata& meta, const std::string& arch, const MoeConfig& moe) {
+// Where the layout has llama.cpp's BailingMoeV2 router keys (LLaDA 2.x), they say how the
+// router scores, renormalises, scales and groups, and how many leading layers are dense.
+// expert_weights_norm records what the model computes (LLaDA 2.x's modeling code
+// renormalises whenever k > 1, whatever norm_topk_prob says; the released configs have
+// norm_topk_prob true and k = 8, where the two agree).
+void AddMoeMetadata(GgufMetadata& meta, const Architecture& architecture, const ModelConfig& c,
+                    const std::string& config_path) {
+  const std::string& arch = architecture.name;
+  const MoeConfig& moe = c.moe;
   meta.Add(arch + ".expert_count", GgufValue::U32(uint32_t(moe.experts)));
   meta.Add(arch + ".expert_used_count", GgufValue::U32(uint32_t(moe.experts_per_token)));
   meta.Add(arch + ".expert_feed_forward_length", GgufValue::U32(uint32_t(moe.expert_ffn)));
   if (moe.shared_ffn > 0) {
     meta.Add(arch + ".expert_shared_feed_forward_length", GgufValue::U32(uint32_t(moe.shared_ffn)));
   }
+  if (!architecture.gguf.writes_router_keys) return;
+  int dense_layers = 0;
+  while (dense_layers < c.layers && !c.IsMoeLayer(dense_layers)) ++dense_layers;
+  for (int l = dense_layers; l < c.layers; ++l) {
+    if (!c.IsMoeLayer(l)) {
+      Fail(config_path, ": layer ", l,
+           " is dense after a routed layer; llama.cpp's layout has dense layers only first");
+    }
+  }
+  meta.Add(arch + ".leading_dense_block_count", GgufValue::U32(uint32_t(dense_layers)));
+  meta.Add(arch + ".expert_shared_count",
+           GgufValue::U32(uint32_t(moe.expert_ffn > 0 ? moe.shared_ffn / moe.expert_ffn : 0)));
+  meta.Add(arch + ".expert_weights_scale", GgufValue::F32(moe.routed_scaling));
+  meta.Add(arch + ".expert_weights_norm", GgufValue::Bool(moe.normalize_top_k));
+  // llama.cpp's llama_expert_gating_func_type: 1 softmax, 2 sigmoid.
+  meta.Add(arch + ".expert_gating_func",
+           GgufValue::U32(moe.score == RouterScore::kSigmoid ? 2u : 1u));
+  meta.Add(arch + ".expert_group_count", GgufValue::U32(uint32_t(moe.groups)));
+  meta.Add(arch + ".expert_group_used_count", GgufValue::U32(uint32_t(moe.top_groups)));
 }
 
 std::string MergeText(const nlohmann::json& merge, const std::string& path) {
@@ -240,6 +266,8 @@ DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t wi
       // shared (ffn_down_shexp) experts' down projections go with the dense one.
       const bool sensitive = name == "output.weight" || EndsWith(name, ".attn_v.weight") ||
                              name.find(".ffn_down") != std::string::npos;
+      // A fused q/k/v (LLaDA 2.x's attn_qkv) holds attn_v's rows: llama-quant gives it Q5_K.
+      if (EndsWith(name, ".attn_qkv.weight")) return or_fallback(DType::kQ5_K);
       return or_fallback(sensitive ? DType::kQ6_K : DType::kQ4_K);
     }
   }
@@ -287,10 +315,16 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
   if (architecture.gguf.writes_vocab_size)
     meta.Add(key("vocab_size"), GgufValue::U32(uint32_t(c.vocab)));
   meta.Add(key("rope.dimension_count"), GgufValue::U32(uint32_t(c.rotary_dim)));
+  if (architecture.gguf.writes_head_dim) {
+    meta.Add(key("attention.key_length"), GgufValue::U32(uint32_t(c.head_dim)));
+    meta.Add(key("attention.value_length"), GgufValue::U32(uint32_t(c.head_dim)));
+  }
   meta.Add(key("attention.causal"), GgufValue::Bool(false));
+  // llama.cpp's clamp key (OLMo, DBRX); only a checkpoint with clip_qkv (LLaDA-MoE) has one.
+  if (c.clip_qkv > 0) meta.Add(key("attention.clamp_kqv"), GgufValue::F32(c.clip_qkv));
   if (architecture.gguf.writes_shift_logits)
     meta.Add("diffusion.shift_logits", GgufValue::Bool(c.shift_logits));
-  if (c.moe.experts > 0) AddMoeMetadata(meta, arch, c.moe);
+  if (c.moe.experts > 0) AddMoeMetadata(meta, architecture, c, config_path);
   meta.Add("general.quantization_version", GgufValue::U32(2));
   AddTokenizer(meta, hf_dir, c);
 

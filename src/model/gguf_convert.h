@@ -1,5 +1,6 @@
 // Hugging Face checkpoint (any registered architecture, safetensors) -> GGUF, laid out as
-// llama.cpp's converter writes it: {arch}.* keys, blk.N.* tensor names in ggml order, q/k
+// llama.cpp's converter writes it: {arch}.* keys (LLaDA 2.x: its BailingMoeV2 router and
+// head-dimension keys too), blk.N.* tensor names in ggml order, q/k
 // rows permuted where the architecture's GGUF layout runs interleaved RoPE (LLaDA), norms,
 // biases and MoE routers in F32, each layer's routed experts stacked into one [E, rows, cols]
 // tensor per matrix (ggml ne = [cols, rows, E]) with the {arch}.expert_* keys, the tokenizer
@@ -21,7 +22,8 @@ GgufFileType ParseGgufFileType(const std::string& name);
 
 // The type a tensor gets in a file of type `file_type` (llama.cpp's choices): vectors F32;
 // MoE routers (ffn_gate_inp) F32; Q4_K_M uses Q6_K for output, attn_v and every ffn_down
-// (dense, routed ffn_down_exps, shared ffn_down_shexp) and Q4_K elsewhere; Q4_0 keeps output
+// (dense, routed ffn_down_exps, shared ffn_down_shexp), Q5_K for a fused attn_qkv (LLaDA
+// 2.x) and Q4_K elsewhere; Q4_0 keeps output
 // in Q6_K. Rows whose width does not fit the block size fall back to Q8_0, then F16.
 DType GgufTensorType(GgufFileType file_type, const std::string& gguf_name, int64_t rows_width,
                      bool is_vector);

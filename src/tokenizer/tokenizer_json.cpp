@@ -350,7 +350,8 @@ void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSp
     split.pattern = kLlama3Pattern;
     spec.ignore_merges = true;
     spec.clean_up_tokenization_spaces = true;
-  } else if (pre == "bailingmoe") {
+  } else if (pre == "bailingmoe" || pre == "bailingmoe2" || pre == "llada-moe") {
+    // llama.cpp reads LLaDA-MoE's and LLaDA 2.x's names as Ling's BailingMoE pre-tokenizer.
     split.pattern = kBailingPattern;
   } else if (pre == "gpt2" || pre == "default") {
     spec.clean_up_tokenization_spaces = true;
@@ -359,7 +360,8 @@ void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSp
     return;
   } else {
     Fail(where, ": GGUF pre-tokenizer \"", pre,
-         "\" is not supported (supported: qwen2, llama-bpe, bailingmoe, gpt2)");
+         "\" is not supported (supported: qwen2, llama-bpe, bailingmoe, bailingmoe2, llada-moe, "
+         "gpt2)");
   }
   spec.pre_tokenizers = {split, byte_level};
 }
