@@ -339,12 +339,13 @@ void BlockLaneColumns(const QuantizedActivations& x, const WeightView& w, int64_
         const int count = int(std::min<int64_t>(kLanes, blocks - b0));
         __m512i d[8];
         for (int t = 0; t < 8; ++t) {
-          // Blocks b0 + 2t and b0 + 2t + 1, those past the row read as zeros.
+          // Blocks b0 + 2t and b0 + 2t + 1; those past the row are zeros.
           const int present = std::clamp(count - 2 * t, 0, 2);
-          const __mmask64 mask = present == 2 ? ~0ull : present == 1 ? 0xFFFFFFFFull : 0;
+          d[t] = _mm512_setzero_si512();
+          if (present == 0) continue;
+          const __mmask64 mask = present == 2 ? ~0ull : 0xFFFFFFFFull;
           const int64_t at = 32 * (b0 + 2 * t);
-          d[t] = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
-                                     _mm512_maskz_loadu_epi8(mask, &row.levels[size_t(at)]),
+          d[t] = _mm512_dpbusd_epi32(d[t], _mm512_maskz_loadu_epi8(mask, row.levels.data() + at),
                                      _mm512_maskz_loadu_epi8(mask, xq + at));
         }
         const __mmask16 lanes = __mmask16((1u << count) - 1);
