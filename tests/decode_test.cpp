@@ -153,14 +153,9 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
       const int nfe = p["nfe"];
       ASSERT_EQ(got.nfe, nfe);
       ASSERT_EQ(got.trace.size(), size_t(nfe));
-      const size_t width = windows.size() / size_t(nfe);
-      for (int step = 0; step + 1 < nfe; ++step) {
-        std::vector<int> committed;
-        for (size_t i = 0; i < width; ++i) {
-          if (windows[size_t(step) * width + i] != windows[size_t(step + 1) * width + i])
-            committed.push_back(int(i));
-        }
-        EXPECT_EQ(got.trace[size_t(step)]["committed"].get<std::vector<int>>(), committed)
+      const std::vector<std::vector<int>> commits = testing::ReferenceCommits(windows, nfe);
+      for (size_t step = 0; step < commits.size(); ++step) {
+        EXPECT_EQ(got.trace[step]["committed"].get<std::vector<int>>(), commits[step])
             << "step " << step;
       }
       EXPECT_EQ(got.tokens, ReadIds(tensors, run + ".tokens"));

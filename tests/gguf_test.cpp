@@ -1192,14 +1192,9 @@ TEST(GgufConvertLlada2, F16FilesDecodeAsTheirRoundedCheckpointAndFollowTheRefere
       }
       // Token for token, and every step commits what the reference's did.
       const std::vector<int> windows = ToInts(tensors.Get(run + ".inputs"));  // [nfe, T]
-      const size_t width = windows.size() / size_t(nfe);
-      for (int step = 0; step + 1 < nfe; ++step) {
-        std::vector<int> committed;
-        for (size_t i = 0; i < width; ++i) {
-          if (windows[size_t(step) * width + i] != windows[size_t(step + 1) * width + i])
-            committed.push_back(int(i));
-        }
-        EXPECT_EQ(got.trace[size_t(step)]["committed"].get<std::vector<int>>(), committed)
+      const std::vector<std::vector<int>> commits = testing::ReferenceCommits(windows, nfe);
+      for (size_t step = 0; step < commits.size(); ++step) {
+        EXPECT_EQ(got.trace[step]["committed"].get<std::vector<int>>(), commits[step])
             << "step " << step;
       }
       ++exact_runs;

@@ -532,11 +532,14 @@ TEST(QuantKernels, SimdMatchesScalarTwin) {
 // full-scale activations: the sums maddubs forms stay clear of its int16 saturation, so
 // every kernel gives the exact integer result.
 TEST(QuantKernels, ExtremeWeightBytesDoNotSaturate) {
-  const int64_t k = 512, m = 2;
+  // 18 rows, so AVX-512's 32-value blocks run both their few-row and their 16-row kernel.
+  const int64_t k = 512, m = 18;
   std::vector<float> x(static_cast<size_t>(m * k));
-  for (int64_t j = 0; j < k; ++j) {
-    x[size_t(j)] = 127.0f;                             // row 0: every level 127, scale 1
-    x[size_t(k + j)] = j % 2 == 0 ? 127.0f : -127.0f;  // row 1: alternating signs
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      // Even rows: every level 127, scale 1; odd rows: alternating signs.
+      x[size_t(i * k + j)] = i % 2 == 0 || j % 2 == 0 ? 127.0f : -127.0f;
+    }
   }
   for (DType type : kBlockTypes) {
     const int64_t blocks = k / BlockSize(type);
@@ -570,15 +573,19 @@ TEST(QuantKernels, ExtremeWeightBytesDoNotSaturate) {
                                  : type == DType::kQ4_K ? 63.0 * 15 * 127
                                  : type == DType::kQ5_K ? 63.0 * 31 * 127
                                                         : -128.0 * 31 * 127;
-    QuantizedActivations xq;
-    QuantizeActivations(x.data(), m, k, ActivationBlock(type), &xq);
     std::vector<Columns> all = {QuantDotColumns};
     for (const SimdColumns& kernel : SimdKernels()) all.push_back(kernel.columns);
-    for (Columns columns : all) {
-      float y[2] = {0, 0};
-      columns(xq, w, 0, 1, y, 1);
-      EXPECT_EQ(y[0], float(level_product * double(k))) << DTypeName(type);
-      EXPECT_EQ(y[1], 0.0f) << DTypeName(type);
+    for (int64_t rows : {int64_t(2), m}) {
+      QuantizedActivations xq;
+      QuantizeActivations(x.data(), rows, k, ActivationBlock(type), &xq);
+      for (Columns columns : all) {
+        std::vector<float> y(static_cast<size_t>(rows), -1.0f);
+        columns(xq, w, 0, 1, y.data(), 1);
+        for (int64_t i = 0; i < rows; ++i) {
+          EXPECT_EQ(y[size_t(i)], i % 2 == 0 ? float(level_product * double(k)) : 0.0f)
+              << DTypeName(type) << " " << rows << " rows, row " << i;
+        }
+      }
     }
   }
 }

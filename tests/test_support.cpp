@@ -79,4 +79,16 @@ std::string WriteCheckpoint(const Checkpoint& checkpoint, const std::string& dir
   return dir;
 }
 
+std::vector<std::vector<int>> ReferenceCommits(std::span<const int> windows, int nfe) {
+  const size_t width = windows.size() / size_t(nfe);
+  std::vector<std::vector<int>> commits(size_t(nfe - 1));
+  for (size_t step = 0; step + 1 < size_t(nfe); ++step) {
+    for (size_t i = 0; i < width; ++i) {
+      if (windows[step * width + i] != windows[(step + 1) * width + i])
+        commits[step].push_back(int(i));
+    }
+  }
+  return commits;
+}
+
 }  // namespace polestar::testing

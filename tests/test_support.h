@@ -33,6 +33,11 @@ inline auto ThrowsErrorContaining(const std::vector<std::string>& parts) {
   return ::testing::ThrowsMessage<Error>(::testing::AllOfArray(each));
 }
 
+// What a block-diffusion reference run committed at each step: its record holds the token
+// window fed to every forward (windows[nfe, T]), so step i committed the positions where
+// window i + 1 differs from window i. Returns nfe - 1 ascending position lists.
+std::vector<std::vector<int>> ReferenceCommits(std::span<const int> windows, int nfe);
+
 // A checkpoint folder held in memory, to build broken or unusual models from a good one.
 struct Checkpoint {
   nlohmann::json config;
