@@ -649,7 +649,12 @@ int Server::Start() {
 
 void Server::Stop() {
   Impl& s = *impl_;
-  if (s.stopping.exchange(true)) return;
+  {
+    // Set under the handlers' mutex: a handler that has just found no work and is about to
+    // wait would otherwise miss both the flag and the notification, and never return.
+    std::lock_guard lock(s.mutex);
+    if (s.stopping.exchange(true)) return;
+  }
   if (s.wake_fd >= 0) s.Wake();
   s.work_ready.notify_all();
   if (s.reader.joinable()) s.reader.join();
