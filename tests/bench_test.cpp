@@ -459,6 +459,30 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
+TEST(Suite, LongSuiteIsTheLongTasksInBlocksOf32) {
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  auto model = Model::Load(dir);
+  SuiteOptions options;
+  options.name = "long";
+  options.model_dir = dir;
+  options.seed = 3;
+  const BenchSuite suite = LoadBenchSuite(options, model->config());
+  ASSERT_EQ(suite.items.size(), 84 * TaskNames(TaskFamily::kLong).size());  // 504 by default
+  EXPECT_EQ(suite.name, "long");
+  EXPECT_EQ(suite.gen_length, 128);
+  EXPECT_EQ(suite.block_length, 32);
+  EXPECT_EQ(suite.selection["per_task"], 84);
+  EXPECT_EQ(suite.items[0].id, "mul/0");
+  EXPECT_EQ(suite.items[84].id, "chain/0");
+  const TaskItem first = MakeTaskItem("mul", Split::kTest, 0, 3);
+  EXPECT_EQ(suite.items[0].reference, first.answer);
+  std::vector<int> generated(first.answer.begin(), first.answer.end());
+  generated.push_back(257);
+  EXPECT_TRUE(suite.grade(0, generated).grade.correct);
+  generated[generated.size() - 2] = generated[generated.size() - 2] == '9' ? '8' : '9';
+  EXPECT_FALSE(suite.grade(0, generated).grade.correct);
+}
+
 TEST(Suite, TinySuiteTakesTheTasksAskedForInTheirOrder) {
   const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
   auto model = Model::Load(dir);

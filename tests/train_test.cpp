@@ -334,6 +334,31 @@ TEST(TrainerTest, ResumeEqualsUninterrupted) {
   EXPECT_THROW(Trainer{other}, Error);
 }
 
+// A later stage can start from an exported (or bundled) model folder: its parameters come
+// back exactly through Export's split of the stacked matrices, with its tokenizer.
+TEST(TrainerTest, WarmStartsFromAModelFolder) {
+  const std::string dir = testing::TempDir();
+  Trainer source(TinyRun(dir + "/source", 5));
+  for (int i = 0; i < 3; ++i) source.Step();
+  source.ExportModel();
+  TrainOptions warm = TinyRun(dir + "/warm", 5);
+  warm.init_from = source.ModelDir();
+  warm.tasks = {"copy"};  // its own merges would differ; the source's tokenizer is kept
+  const Trainer started(warm);
+  EXPECT_EQ(started.step(), 0);
+  EXPECT_EQ(started.model().params(), source.model().params());
+  EXPECT_EQ(started.tokenizer().TokenizerJson(), source.tokenizer().TokenizerJson());
+  TrainOptions wider = warm;
+  wider.width = 32;
+  try {
+    Trainer{wider};
+    ADD_FAILURE() << "a model of another shape was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.transformer.wte.weight"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TrainerTest, LossFallsOnATinyRun) {
   TrainOptions o = TinyRun(testing::TempDir(), 30);
   o.lr = 1e-2f;

@@ -3,7 +3,8 @@
 // Pareto plot.
 //
 // Defaults a run gets unless its flags or grid set them (so each policy runs as published):
-//   --gen-length, --block-length  the suite's suggestion (probe 32/8, tiny 32/8, others 256/32)
+//   --gen-length, --block-length  the suite's suggestion (probe 32/8, tiny 32/8, long 128/32,
+//   others 256/32)
 //   --steps                       = gen length (the fixed-count rule commits one token a step)
 //   --threshold                   0.9 for fast-dllm-prefix, fast-dllm-dual and elastic-cache
 //                                 (Fast-dLLM's parallel decoding); polestar uses --tau-s

@@ -82,17 +82,24 @@ BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config
   return suite;
 }
 
-BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config) {
+// Test items per task when --per-task is not given: 500 items in each suite.
+int DefaultPerTask(TaskFamily family) { return family == TaskFamily::kTiny ? 50 : 84; }
+
+// The task suites: "tiny" (polestar-tiny's tasks, gen 32 in blocks of 8) and "long"
+// (polestar-long's, gen 128 in blocks of 32), --per-task test items of each task.
+BenchSuite LoadTaskSuite(const SuiteOptions& options, const ModelConfig& config,
+                         TaskFamily family) {
+  const std::string name = family == TaskFamily::kTiny ? "tiny" : "long";
   std::shared_ptr<TextCodec> codec = LoadTextCodec(options.model_dir, PromptFormat::kRaw);
   const auto* tokenizer = dynamic_cast<const TokenizerCodec*>(codec.get());
   if (tokenizer == nullptr) {
-    Fail("suite tiny: ", options.model_dir,
-         " has no tokenizer.json (the tiny suite is text in LLaDA's chat template)");
+    Fail("suite ", name, ": ", options.model_dir, " has no tokenizer.json (the ", name,
+         " suite is text in LLaDA's chat template)");
   }
-  const int per_task = options.per_task > 0 ? options.per_task : 50;
+  const int per_task = options.per_task > 0 ? options.per_task : DefaultPerTask(family);
   std::vector<TaskItem> tasks;
   std::vector<BenchItem> items;
-  for (const std::string& task : options.tasks.empty() ? TaskNames() : options.tasks) {
+  for (const std::string& task : options.tasks.empty() ? TaskNames(family) : options.tasks) {
     CheckTaskName(task);
     for (int i = 0; i < per_task; ++i) {
       TaskItem t = MakeTaskItem(task, Split::kTest, uint64_t(i), options.seed);
@@ -104,14 +111,14 @@ BenchSuite LoadTinySuite(const SuiteOptions& options, const ModelConfig& config)
     }
   }
   BenchSuite suite;
-  suite.name = "tiny";
+  suite.name = name;
   suite.full_size = items.size();
   suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
   auto selected = std::make_shared<std::vector<TaskItem>>(
       eval::LimitAndShard(std::move(tasks), SliceOf(options)));
   suite.metric_names = {"correct"};
-  suite.gen_length = 32;
-  suite.block_length = 8;
+  suite.gen_length = family == TaskFamily::kTiny ? 32 : 128;
+  suite.block_length = family == TaskFamily::kTiny ? 8 : 32;
   suite.grade = [codec, config, selected](size_t index, std::span<const int> generated) {
     std::string completion = codec->Decode(UntilEnd(config, generated));
     const bool correct = GradeAnswer((*selected)[index], completion);
@@ -233,7 +240,7 @@ std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_dir, PromptFor
 }
 
 std::vector<std::string> BenchSuiteNames() {
-  std::vector<std::string> names = {"tiny", "probe"};
+  std::vector<std::string> names = {"tiny", "long", "probe"};
   for (const std::string& name : eval::SuiteNames()) names.push_back(name);
   return names;
 }
@@ -243,7 +250,9 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
   if (options.name == "probe") {
     suite = LoadProbeSuite(options, config);
   } else if (options.name == "tiny") {
-    suite = LoadTinySuite(options, config);
+    suite = LoadTaskSuite(options, config, TaskFamily::kTiny);
+  } else if (options.name == "long") {
+    suite = LoadTaskSuite(options, config, TaskFamily::kLong);
   } else {
     const std::vector<std::string> text = eval::SuiteNames();
     if (std::find(text.begin(), text.end(), options.name) == text.end()) {
@@ -253,11 +262,14 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
     }
     suite = LoadTextSuite(options, config);
   }
+  const bool task_suite = suite.name == "tiny" || suite.name == "long";
+  const TaskFamily family = suite.name == "tiny" ? TaskFamily::kTiny : TaskFamily::kLong;
   suite.selection = {
       {"suite", suite.name},
       {"limit", options.limit},
-      {"per_task", suite.name == "tiny" ? (options.per_task > 0 ? options.per_task : 50) : 0},
-      {"seed", suite.name == "tiny" ? options.seed : 0},
+      {"per_task",
+       task_suite ? (options.per_task > 0 ? options.per_task : DefaultPerTask(family)) : 0},
+      {"seed", task_suite ? options.seed : 0},
       {"shard", Cat(options.shard_index, "/", options.shard_count)},
       {"prompt_format", PromptFormatName(options.prompt_format)}};
   if (!options.tasks.empty()) suite.selection["tasks"] = options.tasks;

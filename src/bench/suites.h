@@ -6,9 +6,11 @@
 //   probe      the 120 test prompts of a model folder's reference.json (the llada-probe
 //              fixture: 3-digit addition, reversal, sorting), graded by exact match of the
 //              text before the first EOS. Its prompt ids come with the file.
-//   tiny       the project's task suite (src/tasks) on its test split, --per-task items per task,
-//              prompts in LLaDA's chat template; needs src/tasks and src/tokenizer. The trainer
-//              evaluates with it too (train/eval.h).
+//   tiny       polestar-tiny's task family (src/tasks) on its test split, --per-task items per
+//              task (50), prompts in LLaDA's chat template, gen 32 in blocks of 8; needs
+//              src/tasks and src/tokenizer. The trainer evaluates with it too (train/eval.h).
+//   long       polestar-long's family the same way: 84 items per task (504 in all), gen 128 in
+//              blocks of 32.
 //   gsm8k, math500, humaneval, mbpp
 //              src/eval's suites from data/; the prompt goes through the model's chat
 //              template (or raw, --prompt-format raw); the completion (cut at EOS/EOT and the
@@ -95,7 +97,7 @@ struct ItemGrade {
 
 struct BenchSuite {
   std::string name;
-  std::vector<BenchItem> items;           // after --limit / --shard (and --per-task for tiny)
+  std::vector<BenchItem> items;           // after --limit / --shard (and --per-task for tiny, long)
   std::size_t full_size = 0;              // items in the whole test split
   std::vector<std::string> metric_names;  // primary first
   // Suggested canvas: used unless --gen-length / --block-length are given.
@@ -113,9 +115,9 @@ struct SuiteOptions {
   std::string data_dir;  // "" = eval::DefaultDataDir()
   std::size_t limit = 0;
   int shard_index = 0, shard_count = 1;
-  int per_task = 0;                // tiny: items per task (0: 50)
-  uint64_t seed = 0;               // tiny: generator seed of the test items
-  std::vector<std::string> tasks;  // tiny: these tasks, in this order (empty: all)
+  int per_task = 0;                // tiny, long: items per task (0: 50 / 84)
+  uint64_t seed = 0;               // tiny, long: generator seed of the test items
+  std::vector<std::string> tasks;  // tiny, long: these tasks, in this order (empty: the family)
   PromptFormat prompt_format = PromptFormat::kAuto;
   eval::SandboxOptions sandbox;
 };

@@ -29,10 +29,10 @@ std::string JoinNames(const std::vector<Name>& names) {
   return text;
 }
 
-// 3-5 people with distinct last names (so sorting by last name has one answer), plus one
-// more person who is not in the line (for insert / replace).
-std::vector<Name> DrawLine(Rng& rng, int extra) {
-  const int count = rng.Range(3, 5) + extra;
+// `lo`-`hi` people with distinct last names (so sorting by last name has one answer), plus
+// `extra` more people who are not in the line (for insert / replace).
+std::vector<Name> DrawLine(Rng& rng, int lo, int hi, int extra) {
+  const int count = rng.Range(lo, hi) + extra;
   std::vector<int> lasts(kLastNames.size());
   std::iota(lasts.begin(), lasts.end(), 0);
   std::vector<Name> names;
@@ -62,7 +62,7 @@ TaskItem Arithmetic(Rng& rng, bool subtract) {
 
 TaskItem ListTask(Rng& rng, std::string_view task) {
   const bool needs_newcomer = task == "insert" || task == "replace";
-  std::vector<Name> line = DrawLine(rng, needs_newcomer ? 1 : 0);
+  std::vector<Name> line = DrawLine(rng, 3, 5, needs_newcomer ? 1 : 0);
   Name newcomer;
   if (needs_newcomer) {
     newcomer = line.back();
@@ -177,11 +177,196 @@ TaskItem WordProblem(Rng& rng) {
   }
 }
 
+// --- The long-answer family (polestar-long): answers of 20-70 tokens whose tokens depend on
+// each other, decoded in a 128-token canvas of 32-token blocks.
+
+// A 2-digit by 2-digit product with its partial products written out at fixed widths (the
+// units product 3 digits, the tens product 4, the sum 4, each zero-padded), so that every
+// digit sits at the same distance from the digits it is computed from in every item, and each
+// line's digits depend on the line before.
+TaskItem Multiplication(Rng& rng) {
+  const int a = rng.Range(10, 99), b = rng.Range(10, 99);
+  const int units = a * (b % 10), tens = a * (b / 10 * 10);
+  auto padded = [](int value, size_t width) {
+    std::string text = std::to_string(value);
+    return std::string(width - text.size(), '0') + text;
+  };
+  return {"", Cat("Compute ", a, " * ", b, "."),
+          Cat(a, "*", b % 10, "=", padded(units, 3), ",", a, "*", b / 10 * 10, "=", padded(tens, 4),
+              ",", padded(units, 4), "+", padded(tens, 4), "=", padded(units + tens, 4), " answer ",
+              padded(units + tens, 4))};
+}
+
+// A story of 4-6 events from a single-digit start, each written out as one step on the
+// running total (a purchase of bags as its product first, then the sum), which stays in
+// 1..99: every step starts from the result of the one before.
+TaskItem ChainedWordProblem(Rng& rng) {
+  const std::string who = kFirstNames[size_t(rng.Range(0, int(kFirstNames.size()) - 1))];
+  const std::string item = kItems[size_t(rng.Range(0, int(kItems.size()) - 1))];
+  int total = rng.Range(2, 9);
+  std::string story = Cat(who, " has ", total, " ", item), steps;
+  const int events = rng.Range(4, 6);
+  for (int e = 0; e < events; ++e) {
+    const std::string sep = e + 1 == events ? " and " : ", ";
+    const std::string step_sep = steps.empty() ? "" : ",";
+    int kind = rng.Range(0, 4);
+    if (kind == 2 && total < 2) kind = 0;  // nothing to give away
+    if (kind == 3 && total > 49) kind = 2;
+    if (kind == 4 && total > 90) kind = 2;
+    switch (kind) {
+      case 0:
+      case 1: {  // buys / finds n
+        const int n = rng.Range(2, 9);
+        if (total + n > 99) {
+          --e;
+          continue;
+        }
+        story += Cat(sep, kind == 0 ? "buys " : "finds ", n);
+        steps += Cat(step_sep, total, "+", n, "=", total + n);
+        total += n;
+        break;
+      }
+      case 2: {  // gives away n
+        const int n = rng.Range(1, std::min(9, total - 1));
+        story += Cat(sep, "gives away ", n);
+        steps += Cat(step_sep, total, "-", n, "=", total - n);
+        total -= n;
+        break;
+      }
+      case 3:  // doubles
+        story += Cat(sep, "doubles them");
+        steps += Cat(step_sep, total, "*2=", total * 2);
+        total *= 2;
+        break;
+      default: {  // buys n bags of m
+        int n = rng.Range(2, 9), m = rng.Range(2, 9);
+        while (total + n * m > 99) n > 2 ? --n : --m;
+        story += Cat(sep, "buys ", n, " bags of ", m);
+        steps += Cat(step_sep, n, "*", m, "=", n * m, ",", total, "+", n * m, "=", total + n * m);
+        total += n * m;
+        break;
+      }
+    }
+  }
+  return {"", Cat(story, ". How many ", item, " now?"), Cat(steps, " answer ", total)};
+}
+
+// Sorting a line of 6-10 people by last name: each answer name is the k-th smallest of the
+// prompt's, so the names committed together must agree on the order.
+TaskItem LongSort(Rng& rng) {
+  std::vector<Name> line = DrawLine(rng, 6, 10, 0);
+  const std::string listed = JoinNames(line);
+  std::sort(line.begin(), line.end(), [](const Name& x, const Name& y) {
+    return std::string_view(kLastNames[x.last]) < std::string_view(kLastNames[y.last]);
+  });
+  return {"", "Sort by last name: " + listed, JoinNames(line)};
+}
+
+// One edit (insert, remove, replace or swap) of a line of 6-10 people: the names after the
+// edited position shift, so each answer position depends on where the edit lands.
+TaskItem LongEdit(Rng& rng) {
+  std::vector<Name> line = DrawLine(rng, 6, 10, 1);
+  const Name newcomer = line.back();
+  line.pop_back();
+  const std::string listed = JoinNames(line);
+  std::vector<Name> result = line;
+  const int last = int(line.size()) - 1;
+  std::string prompt;
+  switch (rng.Range(0, 3)) {
+    case 0: {
+      const int index = rng.Range(0, last + 1);
+      result.insert(result.begin() + index, newcomer);
+      prompt = Cat("Insert ", newcomer.Text(), " at position ", index, ": ", listed);
+      break;
+    }
+    case 1: {
+      const int index = rng.Range(0, last);
+      result.erase(result.begin() + index);
+      prompt = Cat("Remove position ", index, ": ", listed);
+      break;
+    }
+    case 2: {
+      const int index = rng.Range(0, last);
+      result[size_t(index)] = newcomer;
+      prompt = Cat("Replace position ", index, " with ", newcomer.Text(), ": ", listed);
+      break;
+    }
+    default: {
+      const int i = rng.Range(0, last - 1), j = rng.Range(i + 1, last);
+      std::swap(result[size_t(i)], result[size_t(j)]);
+      prompt = Cat("Swap positions ", i, " and ", j, ": ", listed);
+      break;
+    }
+  }
+  return {"", prompt, JoinNames(result)};
+}
+
+// Whether symbol v may go at (r, c) of a 4x4 sudoku: not yet in its row, column or 2x2 box.
+bool SudokuAllows(const Grid& grid, int r, int c, int v) {
+  for (int i = 0; i < 4; ++i) {
+    if (grid[r][i] == v || grid[i][c] == v) return false;
+    if (grid[r / 2 * 2 + i / 2][c / 2 * 2 + i % 2] == v) return false;
+  }
+  return true;
+}
+
+// Fills the blanks from `cell` on, trying symbols in a random order; false when stuck.
+bool FillSudoku(Grid& grid, int cell, Rng& rng) {
+  if (cell == 16) return true;
+  const int r = cell / 4, c = cell % 4;
+  if (grid[r][c] != 0) return FillSudoku(grid, cell + 1, rng);
+  std::array<int, 4> order{1, 2, 3, 4};
+  for (int i = 3; i > 0; --i) std::swap(order[size_t(i)], order[size_t(rng.Range(0, i))]);
+  for (int v : order) {
+    if (!SudokuAllows(grid, r, c, v)) continue;
+    grid[r][c] = v;
+    if (FillSudoku(grid, cell + 1, rng)) return true;
+    grid[r][c] = 0;
+  }
+  return false;
+}
+
+// A 4x4 sudoku (rows, columns and 2x2 boxes each hold 1-4) with 4-7 givens: most such grids
+// have several solutions, and cells committed together must come from the same one.
+TaskItem Sudoku(Rng& rng) {
+  Grid solution{};
+  PS_CHECK(FillSudoku(solution, 0, rng));
+  Grid puzzle = solution;
+  std::array<int, 16> cells;
+  std::iota(cells.begin(), cells.end(), 0);
+  const int blanks = 16 - rng.Range(4, 7);
+  for (int i = 0; i < blanks; ++i) {
+    std::swap(cells[size_t(i)], cells[size_t(rng.Range(i, 15))]);
+    puzzle[cells[size_t(i)] / 4][cells[size_t(i)] % 4] = 0;
+  }
+  return {"", "Solve the sudoku:\n" + GridText(puzzle), GridText(solution)};
+}
+
+// Running totals of 12-20 single digits: every total is the previous one plus the next digit.
+TaskItem RunningTotals(Rng& rng) {
+  const int count = rng.Range(12, 20);
+  std::string prompt = "Running totals of:", answer;
+  int total = 0;
+  for (int i = 0; i < count; ++i) {
+    const int digit = rng.Range(1, 9);
+    total += digit;
+    prompt += Cat(" ", digit);
+    answer += Cat(i ? "," : "", total);
+  }
+  return {"", prompt, answer};
+}
+
 TaskItem Draw(std::string_view task, Rng& rng) {
   if (task == "add") return Arithmetic(rng, false);
   if (task == "sub") return Arithmetic(rng, true);
   if (task == "latin") return LatinSquare(rng);
   if (task == "word") return WordProblem(rng);
+  if (task == "mul") return Multiplication(rng);
+  if (task == "chain") return ChainedWordProblem(rng);
+  if (task == "longsort") return LongSort(rng);
+  if (task == "longedit") return LongEdit(rng);
+  if (task == "sudoku") return Sudoku(rng);
+  if (task == "totals") return RunningTotals(rng);
   return ListTask(rng, task);
 }
 
@@ -212,21 +397,24 @@ bool ParseGrid(std::string_view text, Grid& grid) {
   return true;
 }
 
-bool GradeLatin(const TaskItem& item, std::string_view output) {
+// Whether `output` is a 4x4 grid of 1-4 that keeps the givens of the grid after `header` in
+// the prompt and holds each symbol once per row and column (and, for a sudoku, per 2x2 box).
+bool GradeGrid(const TaskItem& item, std::string_view output, std::string_view header, bool boxes) {
   Grid given, filled;
-  const std::string_view header = "Complete the Latin square:\n";
   PS_CHECK(item.prompt.starts_with(header));
   if (!ParseGrid(std::string_view(item.prompt).substr(header.size()), given)) return false;
   if (!ParseGrid(output, filled)) return false;
   for (int i = 0; i < 4; ++i) {
-    int row_seen = 0, col_seen = 0;
+    int row_seen = 0, col_seen = 0, box_seen = 0;
     for (int j = 0; j < 4; ++j) {
       if (filled[i][j] == 0 || filled[j][i] == 0) return false;
       if (given[i][j] != 0 && given[i][j] != filled[i][j]) return false;
       row_seen |= 1 << filled[i][j];
       col_seen |= 1 << filled[j][i];
+      box_seen |= 1 << filled[i / 2 * 2 + j / 2][i % 2 * 2 + j % 2];
     }
     if (row_seen != 0b11110 || col_seen != 0b11110) return false;
+    if (boxes && box_seen != 0b11110) return false;
   }
   return true;
 }
@@ -240,14 +428,25 @@ std::string_view FinalAnswer(std::string_view text) {
 
 }  // namespace
 
-const std::vector<std::string>& TaskNames() {
-  static const std::vector<std::string> names = {"add",    "sub",    "copy",    "reverse", "sort",
-                                                 "insert", "remove", "replace", "latin",   "word"};
+const std::vector<std::string>& TaskNames(TaskFamily family) {
+  static const std::vector<std::string> tiny = {"add",    "sub",    "copy",    "reverse", "sort",
+                                                "insert", "remove", "replace", "latin",   "word"};
+  static const std::vector<std::string> long_answers = {"mul",      "chain",  "longsort",
+                                                        "longedit", "sudoku", "totals"};
+  return family == TaskFamily::kTiny ? tiny : long_answers;
+}
+
+const std::vector<std::string>& AllTaskNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = TaskNames(TaskFamily::kTiny);
+    for (const std::string& name : TaskNames(TaskFamily::kLong)) all.push_back(name);
+    return all;
+  }();
   return names;
 }
 
 void CheckTaskName(std::string_view task) {
-  const auto& names = TaskNames();
+  const auto& names = AllTaskNames();
   if (std::find(names.begin(), names.end(), task) != names.end()) return;
   std::string known;
   for (const auto& name : names) known += (known.empty() ? "" : ", ") + name;
@@ -263,6 +462,15 @@ std::string DescribeTask(std::string_view task) {
   if (task == "latin") return "complete a 4x4 Latin square with 5-9 blanks; any valid completion";
   if (task == "word")
     return "2-3 step word problem from single-digit quantities, steps written out; final number";
+  if (task == "mul")
+    return "2-digit by 2-digit product, partial products written out; final number";
+  if (task == "chain")
+    return "4-6 event story from a single-digit start, each step written out; final number";
+  if (task == "longsort") return "sort a list of 6-10 names by last name; exact match";
+  if (task == "longedit")
+    return "insert, remove, replace or swap in a list of 6-10 names; exact match";
+  if (task == "sudoku") return "solve a 4x4 sudoku with 4-7 givens; any valid solution";
+  if (task == "totals") return "running totals of 12-20 digits; exact match";
   return Cat("list of 3-5 names: ", task, "; exact match");
 }
 
@@ -313,8 +521,11 @@ TaskItem MakeTaskItem(std::string_view task, Split split, uint64_t index, uint64
 
 bool GradeAnswer(const TaskItem& item, std::string_view output) {
   output = Trim(output);
-  if (item.task == "latin") return GradeLatin(item, output);
-  if (item.task == "word") {
+  if (item.task == "latin") {
+    return GradeGrid(item, output, "Complete the Latin square:\n", /*boxes=*/false);
+  }
+  if (item.task == "sudoku") return GradeGrid(item, output, "Solve the sudoku:\n", true);
+  if (item.task == "word" || item.task == "mul" || item.task == "chain") {
     const std::string_view got = FinalAnswer(output);
     return !got.empty() && got == FinalAnswer(item.answer);
   }

@@ -23,9 +23,16 @@ struct TaskItem {
 // Prompts whose hash % kTestModulus == 0 are test items, all others train items.
 inline constexpr uint64_t kTestModulus = 8;
 
-// Task names in a fixed order: add, sub, copy, reverse, sort, insert, remove, replace,
-// latin, word.
-const std::vector<std::string>& TaskNames();
+// Two families of tasks. kTiny: short answers (at most 30 tokens) for polestar-tiny, decoded
+// with gen 32 in blocks of 8: add, sub, copy, reverse, sort, insert, remove, replace, latin,
+// word. kLong: answers of 20-70 tokens whose tokens depend on each other, for polestar-long,
+// decoded with gen 128 in blocks of 32: mul, chain, longsort, longedit, sudoku, totals.
+enum class TaskFamily { kTiny, kLong };
+
+// A family's task names in a fixed order.
+const std::vector<std::string>& TaskNames(TaskFamily family = TaskFamily::kTiny);
+// Both families, kTiny's first.
+const std::vector<std::string>& AllTaskNames();
 // Throws Error for an unknown name, listing the known ones.
 void CheckTaskName(std::string_view task);
 // One line per task for help texts: what it asks and how it is graded.
@@ -34,8 +41,8 @@ std::string DescribeTask(std::string_view task);
 TaskItem MakeTaskItem(std::string_view task, Split split, uint64_t index, uint64_t seed);
 
 // Whether `output` (the decoded answer, trimmed) is a correct answer to `item`: exact match
-// for deterministic tasks, validity for the Latin square (any completion of the given grid
-// into a Latin square counts) and the final number for word problems.
+// for deterministic tasks, validity for the Latin square and the sudoku (any completion of
+// the given grid counts) and the final number for word problems and products.
 bool GradeAnswer(const TaskItem& item, std::string_view output);
 
 // FNV-1a 64 of the prompt; decides the split.

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "base/error.h"
@@ -124,34 +125,52 @@ void TinyModel::Init(uint64_t seed) {
   }
 }
 
+void TinyModel::ForEachCheckpointTensor(
+    const std::function<void(const std::string&, std::vector<int64_t>, int64_t)>& visit) const {
+  const int64_t C = config_.width, F = config_.ffn;
+  for (const ParamTensor& t : tensors_) {
+    if (t.name.ends_with("qkv")) {
+      const std::string p = t.name.substr(0, t.name.size() - 3);
+      visit(p + "q_proj.weight", {C, C}, t.offset);
+      visit(p + "k_proj.weight", {C, C}, t.offset + C * C);
+      visit(p + "v_proj.weight", {C, C}, t.offset + 2 * C * C);
+    } else if (t.name.ends_with("gate_up")) {
+      const std::string p = t.name.substr(0, t.name.size() - 7);
+      visit(p + "ff_proj.weight", {F, C}, t.offset);
+      visit(p + "up_proj.weight", {F, C}, t.offset + F * C);
+    } else {
+      visit(t.name, t.shape, t.offset);
+    }
+  }
+}
+
 void TinyModel::Export(const std::string& dir) const {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
-  const int64_t C = config_.width, F = config_.ffn;
   std::vector<TensorToWrite> out;
-  auto slice = [&](const std::string& name, std::vector<int64_t> shape, int64_t offset) {
+  ForEachCheckpointTensor([&](const std::string& name, std::vector<int64_t> shape, int64_t offset) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<float> values(params_.begin() + offset, params_.begin() + offset + n);
     out.push_back(F32Tensor(name, std::move(shape), values));
-  };
-  for (const ParamTensor& t : tensors_) {
-    if (t.name.ends_with("qkv")) {
-      const std::string p = t.name.substr(0, t.name.size() - 3);
-      slice(p + "q_proj.weight", {C, C}, t.offset);
-      slice(p + "k_proj.weight", {C, C}, t.offset + C * C);
-      slice(p + "v_proj.weight", {C, C}, t.offset + 2 * C * C);
-    } else if (t.name.ends_with("gate_up")) {
-      const std::string p = t.name.substr(0, t.name.size() - 7);
-      slice(p + "ff_proj.weight", {F, C}, t.offset);
-      slice(p + "up_proj.weight", {F, C}, t.offset + F * C);
-    } else {
-      slice(t.name, t.shape, t.offset);
-    }
-  }
+  });
   WriteSafetensors((fs::path(dir) / "model.safetensors").string(), out, {{"format", "pt"}});
   const std::string config_path = (fs::path(dir) / "config.json").string();
   WriteFileAtomically(config_path, config_.LladaJson().dump(2) + "\n");
+}
+
+void TinyModel::Import(const std::string& dir) {
+  const std::string path = (std::filesystem::path(dir) / "model.safetensors").string();
+  TensorStore store;
+  store.set_origin(path);
+  ReadSafetensorsFile(path, store);
+  ForEachCheckpointTensor([&](const std::string& name, std::vector<int64_t> shape, int64_t offset) {
+    const TensorRef& t = store.Get(name);
+    if (t.dtype != DType::kF32 || t.shape != shape) {
+      Fail(path, ": tensor ", name, " is not an F32 tensor of this model's shape");
+    }
+    std::memcpy(params_.data() + offset, t.data, t.bytes);
+  });
 }
 
 double TinyModel::Run(const Batch& batch, float* grads, std::vector<float>* logits_out) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -63,6 +64,10 @@ class TinyModel {
 
   // Writes config.json and model.safetensors (F32) into `dir`.
   void Export(const std::string& dir) const;
+  // Reads the parameters back from the model.safetensors that Export wrote (or any LLaDA
+  // checkpoint of this shape in F32); throws Error naming the tensor that is missing or of
+  // another shape.
+  void Import(const std::string& dir);
 
   // Forward (and, with grads non-null, backward accumulated into grads[params]).
   // Returns the weighted loss over the batch's target rows; logits of the target rows
@@ -71,6 +76,10 @@ class TinyModel {
 
  private:
   int64_t Add(std::string name, std::vector<int64_t> shape, bool decay);
+  // The checkpoint's tensors (the stacked q|k|v and gate|up matrices split into LLaDA's
+  // q/k/v and ff_proj/up_proj) as (name, shape, offset in params_).
+  void ForEachCheckpointTensor(
+      const std::function<void(const std::string&, std::vector<int64_t>, int64_t)>& visit) const;
 
   TinyConfig config_;
   std::vector<float> params_;

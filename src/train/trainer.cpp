@@ -143,14 +143,24 @@ float LearningRate(const TrainOptions& o, int64_t step) {
   return float(o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine));
 }
 
+namespace {
+
+// The folder whose tokenizer a warm start takes: a run folder's exported model when it has a
+// checkpoint, else the folder itself (an exported or bundled model).
+std::string WarmStartModelDir(const TrainOptions& options) {
+  const fs::path from(options.init_from);
+  return fs::exists(from / "checkpoint.safetensors") ? (from / "model").string() : from.string();
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainOptions options)
     : options_(std::move(options)),
       tasks_(SelectedTasks(options_)),
       // A warm start keeps the source's tokenizer, so token ids mean the same tokens even
       // when the task texts (and so the merges a fresh run would learn) have changed.
-      tokenizer_(options_.init_from.empty()
-                     ? BuildTokenizer(tasks_, options_.bpe_merges)
-                     : BpeTokenizer::Load((fs::path(options_.init_from) / "model").string())),
+      tokenizer_(options_.init_from.empty() ? BuildTokenizer(tasks_, options_.bpe_merges)
+                                            : BpeTokenizer::Load(WarmStartModelDir(options_))),
       model_(MakeTinyConfig(options_, tokenizer_)) {
   if (options_.out_dir.empty()) Fail("train: --out is required");
   if (options_.steps <= 0 || options_.batch <= 0) Fail("train: steps and batch must be positive");
@@ -159,7 +169,12 @@ Trainer::Trainer(TrainOptions options)
   fs::create_directories(options_.out_dir);
   model_.Init(options_.seed);
   if (!options_.init_from.empty()) {
-    LoadParams((fs::path(options_.init_from) / "checkpoint.safetensors").string());
+    const fs::path checkpoint = fs::path(options_.init_from) / "checkpoint.safetensors";
+    if (fs::exists(checkpoint)) {
+      LoadParams(checkpoint.string());
+    } else {
+      model_.Import(options_.init_from);
+    }
   }
   grads_.assign(model_.params().size(), 0.0f);
   adam_m_.assign(model_.params().size(), 0.0f);

@@ -44,8 +44,9 @@ struct TrainOptions {
   int threads = 0;
   bool resume = false;
   bool quiet = false;
-  // Warm start: parameters from this run folder's checkpoint (same model shape), with a
-  // fresh optimiser and schedule. Empty: random init.
+  // Warm start: parameters and tokenizer from this run folder's checkpoint, or from a model
+  // folder (model.safetensors and tokenizer.json, e.g. a bundled model), of the same model
+  // shape, with a fresh optimiser and schedule. Empty: random init.
   std::string init_from;
 
   // The options that define the run; a resume must match them.

@@ -41,9 +41,9 @@ may be repeated; the grids are concatenated and duplicate points run once. Examp
   --policies vanilla,polestar --grid "threshold=0.7,0.9;block-length=8,16"
   --grid "policy=polestar;early-commit=true,false" --grid "policy=fast-dllm-dual;threshold=0.5,0.7,0.9"
 The other decoding flags set every point's base. Unless given: --gen-length/--block-length follow
-the suite (tiny and probe 32/8, others 256/32), --steps equals --gen-length, and
-fast-dllm-prefix/dual and elastic-cache use --threshold 0.9. --seed also picks the tiny suite's
-test items.
+the suite (tiny and probe 32/8, long 128/32, others 256/32), --steps equals --gen-length,
+and fast-dllm-prefix/dual and elastic-cache use --threshold 0.9. --seed also picks the tiny
+and long suites' test items.
 
 Output folder (-o, default bench/out/SUITE): results.jsonl (one line per finished run) and
 items.jsonl (one line per decoded item) are appended as work finishes, so an interrupted or

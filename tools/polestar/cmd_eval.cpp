@@ -43,8 +43,10 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   args->options = defaults;
   AddDecodeFlags(cmd, args->options);
   cmd->footer(
-      "--seed also picks the tiny suite's test items. Unless given: --gen-length/--block-length "
-      "follow the suite (tiny and probe 32/8, others 256/32), --steps equals --gen-length, and "
+      "--seed also picks the tiny and long suites' test items. Unless given: "
+      "--gen-length/--block-length "
+      "follow the suite (tiny and probe 32/8, long 128/32, others 256/32), --steps equals "
+      "--gen-length, and "
       "fast-dllm-prefix/dual and elastic-cache use --threshold 0.9.");
   cmd->callback([args, cmd] {
     SetThreadCount(args->threads);

@@ -36,7 +36,7 @@ void AddTasksCommand(CLI::App& app) {
       "(the ids the trainer trains on and generate / eval feed the model)");
   cmd->callback([args] {
     if (args->task.empty()) {
-      for (const std::string& task : TaskNames()) {
+      for (const std::string& task : AllTaskNames()) {
         std::printf("%-8s %s\n", task.c_str(), DescribeTask(task).c_str());
       }
       return;

@@ -74,7 +74,8 @@ void AddTrainCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   cmd->add_option("--init-from", o->init_from,
-                  "warm start: parameters and tokenizer of another run folder, fresh optimiser");
+                  "warm start: parameters and tokenizer of another run folder or of a model "
+                  "folder of the same shape (e.g. models/polestar-tiny), fresh optimiser");
   cmd->callback([o] {
     train::Trainer trainer(*o);
     trainer.Run();

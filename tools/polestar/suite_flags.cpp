@@ -10,7 +10,7 @@ void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
   for (const std::string& s : bench::BenchSuiteNames()) suites += (suites.empty() ? "" : ", ") + s;
   cmd->add_option("--suite", flags.suite, "suite: " + suites)->capture_default_str();
   // Item counts have long names only: -n is the generation length everywhere.
-  cmd->add_option("--per-task", flags.per_task, "tiny: test items per task (default 50)")
+  cmd->add_option("--per-task", flags.per_task, "tiny, long: test items per task (default 50 / 84)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--limit", flags.limit, "only the first N items (after --per-task)")
       ->check(CLI::PositiveNumber);
