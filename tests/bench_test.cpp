@@ -991,11 +991,94 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
     EXPECT_GT(r.seconds, 0);
   }
   // Polestar's block 3 starts with a windowed pass; its decode steps all refresh.
-  EXPECT_EQ(runs[4].step_kinds["window"]["count"], 1);
-  EXPECT_EQ(runs[4].step_kinds["full"]["count"], 3);
-  EXPECT_EQ(runs[4].step_kinds["refresh"]["count"], 12);
+  EXPECT_EQ(runs[4].step_kinds["windowed pass"]["count"], 1);
+  EXPECT_EQ(runs[4].step_kinds["full pass"]["count"], 3);
+  EXPECT_EQ(runs[4].step_kinds["refresh step, k=4"]["count"], 12);
+  // Fast-dLLM dual: a full pass at each block start, then the block alone.
+  EXPECT_EQ(runs[2].step_kinds["full pass"]["count"], 4);
+  EXPECT_EQ(runs[2].step_kinds["dual-cache step"]["count"], 12);
   EXPECT_GT(ProjectSeconds("polestar", 4, options, steps, nullptr), 0);
   EXPECT_LT(ProjectSeconds("unknown", 4, options, steps, nullptr), 0);
+}
+
+StepTiming Timed(const std::string& kind, double seconds, int64_t rows = 0) {
+  return {kind, rows, {seconds}};
+}
+
+TEST(Scale, ExtrapolatesEachStepLayerByLayer) {
+  // 2 s fixed + 3 s a layer (full pass); 1 s + 0.5 s a layer (dual-cache step).
+  const std::vector<StepTiming> at_one = {Timed("full pass", 5, 100),
+                                          Timed("dual-cache step", 1.5, 8)};
+  const std::vector<StepTiming> at_three = {Timed("dual-cache step", 2.5, 24),
+                                            Timed("full pass", 11, 300)};
+  const std::vector<StepTiming> at_32 = ExtrapolateLayers(at_one, 1, at_three, 3, 32);
+  ASSERT_EQ(at_32.size(), 2u);
+  EXPECT_EQ(at_32[0].kind, "full pass");
+  EXPECT_DOUBLE_EQ(at_32[0].Median(), 2 + 3 * 32);
+  EXPECT_EQ(at_32[0].rows_computed, 100 * 32);
+  EXPECT_DOUBLE_EQ(at_32[1].Median(), 1 + 0.5 * 32);
+}
+
+TEST(Scale, PricesAStepMixKindByKind) {
+  const std::vector<StepTiming> steps = {Timed("full pass", 10),
+                                         Timed("windowed pass", 4),
+                                         Timed("dual-cache step", 1),
+                                         Timed("refresh step, k=4", 2),
+                                         Timed("k-means (all layers)", 0.5),
+                                         Timed("proxy attention (all layers)", 0.25)};
+  EXPECT_DOUBLE_EQ(StepPrice("elastic-cache step", steps), 1);
+  EXPECT_DOUBLE_EQ(StepPrice("refresh from layer 1 of 4", steps), 0.25 * 1 + 0.75 * 10);
+  EXPECT_LT(StepPrice("prefix-cache step", steps), 0);  // not timed
+  // A results.jsonl row of 2 items of gen 64 in blocks of 32: 4 blocks.
+  const nlohmann::json row = {{"options", {{"gen_length", 64}, {"block_length", 32}}},
+                              {"summary",
+                               {{"items", 2},
+                                {"step_kinds",
+                                 {{"full pass", 3},
+                                  {"windowed pass", 1},
+                                  {"refresh step, k=4", 8},
+                                  {"dual-cache step", 4}}}}}};
+  const std::map<std::string, double> mix = StepsPerBlock(row);
+  EXPECT_DOUBLE_EQ(mix.at("full pass"), 0.75);
+  EXPECT_DOUBLE_EQ(mix.at("refresh step, k=4"), 2);
+  ScaleOptions options;
+  options.base.gen_length = 256;
+  options.base.block_length = 32;
+  // 8 blocks x (0.75 x 10 + 0.25 x 4 + 2 x (2 + 0.25) + 1 x 1 + 0.5 k-means).
+  EXPECT_DOUBLE_EQ(ProjectStepMixSeconds("polestar", mix, options, steps),
+                   8 * (7.5 + 1 + 4.5 + 1 + 0.5));
+  // Another policy pays no Polestar overheads.
+  EXPECT_DOUBLE_EQ(
+      ProjectStepMixSeconds("other", {{"full pass", 1}, {"dual-cache step", 3}}, options, steps),
+      8 * (10 + 3));
+  EXPECT_LT(ProjectStepMixSeconds("other", {{"prefix-cache step", 1}}, options, steps), 0);
+  EXPECT_TRUE(StepsPerBlock({{"options", row["options"]}, {"summary", {{"items", 2}}}}).empty());
+}
+
+TEST(Scale, PaperRowsAreTable1AndPromptLengthsComeFromTheSuite) {
+  const std::span<const PaperRow> rows = PaperGsm8kRows();
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_STREQ(rows[3].policy, "polestar");
+  EXPECT_DOUBLE_EQ(rows[3].tpf, 3.67);
+  EXPECT_NEAR(rows[3].tps / rows[1].tps, 1.83, 0.005);  // the ratios the issue quotes
+  EXPECT_NEAR(rows[2].tps / rows[1].tps, 1.15, 0.005);
+  // A byte-level tokenizer without merges: one token per byte of each 5-shot prompt.
+  const std::string dir = WriteByteLevelModel(testing::TempDir() + "/m");
+  const PromptLengths lengths = SuitePromptLengths("gsm8k", dir, "");
+  const eval::Suite suite = eval::LoadSuite("gsm8k", eval::DefaultDataDir());
+  ASSERT_EQ(lengths.items, int(suite.items.size()));
+  double sum = 0;
+  size_t low = SIZE_MAX, high = 0;
+  for (const eval::EvalItem& item : suite.items) {
+    sum += double(item.prompt.size());
+    low = std::min(low, item.prompt.size());
+    high = std::max(high, item.prompt.size());
+  }
+  EXPECT_DOUBLE_EQ(lengths.mean, sum / double(suite.items.size()));
+  EXPECT_EQ(size_t(lengths.min), low);
+  EXPECT_EQ(size_t(lengths.max), high);
+  EXPECT_THAT([&] { SuitePromptLengths("gsm8k", testing::TempDir() + "/none", ""); },
+              testing::ThrowsErrorContaining({"none"}));
 }
 
 }  // namespace

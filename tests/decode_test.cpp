@@ -11,6 +11,7 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -380,7 +381,57 @@ TEST_P(StandingTest, RefreshingEverythingReproducesVanilla) {
       if (!MakePolicy(cached, *model)->RunsStepAfterFilledBlockStart()) {
         EXPECT_EQ(idle_steps, 0);
       }
+      // Every forward is counted under its kind; refreshing everything, each is a full pass
+      // (block diffusion's block-causal steps aside).
+      int counted = 0;
+      for (const auto& [kind, count] : got.step_kinds) counted += count;
+      EXPECT_EQ(counted, got.nfe);
+      if (model->config().sampler != SamplerFamily::kLlada2) {
+        EXPECT_EQ(got.step_kinds, (std::map<std::string, int>{{"full pass", got.nfe}}));
+      }
     }
+  }
+}
+
+// Each cached policy names the kind of every step it runs, as the scale benchmark prices it.
+TEST(StepKinds, CachedPoliciesNameTheStepsTheyRun) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+  for (const char* policy : {"fast-dllm-prefix", "fast-dllm-dual", "elastic-cache", "polestar"}) {
+    SCOPED_TRACE(policy);
+    DecodeOptions options;
+    options.policy = policy;
+    options.gen_length = 40;  // five blocks: Polestar's fourth starts with a windowed pass
+    options.block_length = 8;
+    options.steps = 40;
+    const GenerationResult got = Generate(*model, prompt, options, nullptr, true);
+    std::map<std::string, int> counted;
+    int previous_block = -1;
+    for (const nlohmann::json& step : got.trace) {
+      const std::string kind = step["kind"].get<std::string>();
+      const int block = step["block"].get<int>();
+      const bool starts_block = block != previous_block;
+      previous_block = block;
+      ++counted[kind];
+      if (std::string(policy) == "elastic-cache") {  // one full pass, then its window slides
+        EXPECT_EQ(kind == "full pass", &step == &got.trace.front()) << kind;
+        if (kind != "full pass") {
+          EXPECT_TRUE(kind == "elastic-cache step" || kind.starts_with("refresh from layer "))
+              << kind;
+        }
+        continue;
+      }
+      if (starts_block) {
+        EXPECT_EQ(kind,
+                  std::string(policy) == "polestar" && block == 3 ? "windowed pass" : "full pass");
+      } else if (std::string(policy) == "polestar") {
+        EXPECT_TRUE(kind == "refresh step, k=4" || kind == "dual-cache step") << kind;
+      } else {
+        EXPECT_EQ(kind, std::string(policy) == "fast-dllm-dual" ? "dual-cache step"
+                                                                : "prefix-cache step");
+      }
+    }
+    EXPECT_EQ(counted, got.step_kinds);
   }
 }
 

@@ -66,6 +66,7 @@ nlohmann::json ItemRecord::ToJson() const {
           {"non_eos_tokens", non_eos_tokens},
           {"cache_bytes", cache_bytes},
           {"peak_rss_bytes", peak_rss_bytes},
+          {"step_kinds", step_kinds},
           {"metrics", m},
           {"metric_order",
            [&] {
@@ -89,6 +90,8 @@ ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
   r.non_eos_tokens = Field<int>(j, "non_eos_tokens");
   r.cache_bytes = Field<int64_t>(j, "cache_bytes");
   r.peak_rss_bytes = Field<int64_t>(j, "peak_rss_bytes");
+  // Records written before step kinds were counted have none.
+  if (j.contains("step_kinds")) r.step_kinds = Field<std::map<std::string, int>>(j, "step_kinds");
   const nlohmann::json& metrics = Field<nlohmann::json>(j, "metrics");
   for (const std::string& name : Field<std::vector<std::string>>(j, "metric_order")) {
     if (!metrics.contains(name)) Fail("item record lacks metric '", name, "'");
@@ -115,6 +118,7 @@ ItemRecord GradedRecord(const BenchSuite& suite, std::size_t index, const Genera
   r.tokens_until_eos = g.tokens_until_eos;
   r.non_eos_tokens = g.non_eos_tokens;
   r.cache_bytes = g.cache_bytes;
+  r.step_kinds = g.step_kinds;
   const ItemGrade graded = suite.grade(index, g.generated);
   for (const eval::MetricScore& m : graded.grade.metrics)
     r.metrics.emplace_back(m.metric, m.correct);
@@ -193,6 +197,7 @@ void Totals::Add(const ItemRecord& r) {
   tokens_until_eos += r.tokens_until_eos;
   non_eos_tokens += r.non_eos_tokens;
   for (const auto& [metric, ok] : r.metrics) correct[metric] += ok ? 1 : 0;
+  for (const auto& [kind, count] : r.step_kinds) step_kinds[kind] += count;
 }
 
 double Totals::Accuracy(const std::string& metric) const {
@@ -214,6 +219,7 @@ nlohmann::ordered_json TotalsJson(const Totals& t, const std::vector<std::string
        {{"until_eos", t.TpfUntilEos()}, {"non_eos", t.TpfNonEos()}, {"all_positions", t.TpfAll()}}},
       {"tps", {{"until_eos", t.TpsUntilEos()}, {"non_eos", t.TpsNonEos()}}},
       {"rows_per_token", t.RowsPerToken()},
+      {"step_kinds", t.step_kinds},
       {"seconds", t.seconds},
       {"items_per_second", t.ItemsPerSecond()}};
   return j;

@@ -38,6 +38,7 @@ struct ItemRecord {
   int non_eos_tokens = 0;
   int64_t cache_bytes = 0;
   int64_t peak_rss_bytes = 0;
+  std::map<std::string, int> step_kinds;              // forwards by cost class
   std::vector<std::pair<std::string, bool>> metrics;  // suite metrics in order
   std::string extracted;
   std::string completion;
@@ -66,7 +67,8 @@ struct Totals {
   int64_t positions = 0;
   int64_t tokens_until_eos = 0;
   int64_t non_eos_tokens = 0;
-  std::map<std::string, int64_t> correct;  // per metric
+  std::map<std::string, int64_t> correct;     // per metric
+  std::map<std::string, int64_t> step_kinds;  // forwards by cost class
 
   void Add(const ItemRecord& r);
   double Accuracy(const std::string& metric) const;

@@ -114,12 +114,6 @@ const StepTiming* FindStep(const std::vector<StepTiming>& steps, const std::stri
   return nullptr;
 }
 
-std::string RefreshKind(int k) { return Cat("refresh step, k=", k); }
-
-// LLaDA 2.x's block diffusion (TimeSteps times these only for its sampler).
-constexpr const char* kBlockStartKind = "block-causal block start";
-constexpr const char* kBlockStepKind = "block-causal step";
-
 // The bytes of a model file, or of every file of a checkpoint folder.
 int64_t ModelFileBytes(const std::string& path) {
   if (!fs::is_directory(path)) return int64_t(fs::file_size(path));
@@ -175,19 +169,19 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   // The cache must hold every row before partial steps read it (and this warms the weights).
   const StepPlan full{Range(0, g.length), block_rows(0), {}, nullptr};
   forward.Run(canvas, full);
-  time_plan("full pass", {full});
+  time_plan(step_kind::kFullPass, {full});
   const int window_block = std::min(3, g.blocks - 1);
   const int window_begin = std::max(0, g.BlockStart(window_block) - 2 * g.block);
   const int window_end = std::min(g.length, g.BlockStart(window_block) + 2 * g.block);
-  time_plan("windowed pass",
+  time_plan(step_kind::kWindowedPass,
             {{Range(window_begin, window_end), block_rows(window_block), {}, nullptr}});
   std::vector<StepPlan> prefix_plans;
   for (int b : {std::max(0, middle - (g.blocks % 2 == 0 ? 1 : 0)), middle}) {
     prefix_plans.push_back({Range(g.BlockStart(b), g.length), block_rows(b), {}, nullptr});
   }
   if (g.blocks % 2 == 1) prefix_plans.pop_back();  // odd: the middle block is the mean
-  time_plan("prefix-cache step", prefix_plans);
-  time_plan("dual-cache step", {{block_rows(middle), block_rows(middle), {}, nullptr}});
+  time_plan(step_kind::kPrefixStep, prefix_plans);
+  time_plan(step_kind::kDualStep, {{block_rows(middle), block_rows(middle), {}, nullptr}});
   if (config.sampler == SamplerFamily::kLlada2) {
     // LLaDA 2.x's own steps (vanilla, its only policy): block-causal attention, the earlier
     // blocks' K/V cached and final. A step computes its block; a block's first step also
@@ -196,8 +190,9 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
     if (middle > 0) {
       for (int p : block_rows(middle)) start_rows.push_back(p);
     }
-    time_plan(kBlockStartKind, {{start_rows, block_rows(middle), {}, nullptr, g.block}});
-    time_plan(kBlockStepKind, {{block_rows(middle), block_rows(middle), {}, nullptr, g.block}});
+    time_plan(step_kind::kBlockStart, {{start_rows, block_rows(middle), {}, nullptr, g.block}});
+    time_plan(step_kind::kBlockStep,
+              {{block_rows(middle), block_rows(middle), {}, nullptr, g.block}});
   }
 
   const DecodeOptions& o = options.base;
@@ -211,7 +206,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   for (int k : ks) {
     RefreshHook hook(block_rows(middle), window, o.clusters, std::min(k, o.clusters),
                      config.layers);
-    time_plan(RefreshKind(k), {{block_rows(middle), block_rows(middle), {}, &hook}});
+    time_plan(step_kind::Refresh(k), {{block_rows(middle), block_rows(middle), {}, &hook}});
   }
 
   // Polestar's overheads, on this cache's rows (prefix and suffix clustered separately).
@@ -319,12 +314,7 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
         const double dt = stamps[i] - (i ? stamps[i - 1] : 0.0);
         const bool starts_block = i == 0 || block_of[i] != block_of[i - 1];
         (starts_block ? start_times : step_times).push_back(dt);
-        std::string kind = starts_block ? "block start" : "in-block step";
-        if (i < r.trace.size() && r.trace[i].contains("policy") &&
-            r.trace[i]["policy"].contains("pass")) {
-          kind = r.trace[i]["policy"]["pass"].get<std::string>();
-        }
-        kinds[kind].push_back(dt);
+        kinds[i < r.trace.size() ? r.trace[i]["kind"].get<std::string>() : "?"].push_back(dt);
       }
       run.start_seconds = Median(start_times);
       run.step_seconds = Median(step_times);
@@ -349,22 +339,24 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
     const StepTiming* s = FindStep(steps, kind);
     return s ? s->Median() : -1.0;
   };
-  const double full = t("full pass");
-  if (policy == "vanilla" && t(kBlockStepKind) >= 0)  // LLaDA 2.x: block by block, cached
-    return n * (t(kBlockStartKind) + (per_block - 1) * t(kBlockStepKind));
+  const double full = t(step_kind::kFullPass);
+  if (policy == "vanilla" && t(step_kind::kBlockStep) >= 0)  // LLaDA 2.x: block by block, cached
+    return n * (t(step_kind::kBlockStart) + (per_block - 1) * t(step_kind::kBlockStep));
   if (policy == "vanilla" && full >= 0) return n * per_block * full;
   if (policy == "fast-dllm-prefix" && full >= 0)
-    return n * (full + (per_block - 1) * t("prefix-cache step"));
+    return n * (full + (per_block - 1) * t(step_kind::kPrefixStep));
   if (policy == "fast-dllm-dual" && full >= 0)
-    return n * (full + (per_block - 1) * t("dual-cache step"));
-  if (policy == "polestar" && full >= 0 && t(RefreshKind(options.base.topk_clusters)) >= 0) {
+    return n * (full + (per_block - 1) * t(step_kind::kDualStep));
+  if (policy == "elastic-cache" && full >= 0)  // its plain steps, no refresh priced
+    return n * (full + (per_block - 1) * StepPrice(step_kind::kElasticStep, steps));
+  if (policy == "polestar" && full >= 0 && t(step_kind::Refresh(options.base.topk_clusters)) >= 0) {
     const int period = options.base.full_refresh_period;
     double starts = 0;
     for (int b = 0; b < g.blocks; ++b) {
-      starts += b > 0 && b % period == period - 1 ? t("windowed pass") : full;
+      starts += b > 0 && b % period == period - 1 ? t(step_kind::kWindowedPass) : full;
     }
     const double step =
-        t(RefreshKind(options.base.topk_clusters)) + t("proxy attention (all layers)");
+        t(step_kind::Refresh(options.base.topk_clusters)) + t("proxy attention (all layers)");
     return starts + n * (t("k-means (all layers)") + (per_block - 1) * step);
   }
   if (forced != nullptr && forced->error.empty() && forced->nfe > 0) {
@@ -373,47 +365,208 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
   return -1;
 }
 
-nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInfo& machine) {
-  ScaleOptions options = requested;
-  ModelShape shape = ScaledShape(ShapeByName(options.like), options.layer_scale);
-  if (options.model_dir.empty())
-    options.model_dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
-  if (!fs::exists(fs::path(options.model_dir) / "config.json")) {
+namespace {
+
+// The random checkpoint of options.like at `layer_scale` (written to `dir`, or to its default
+// folder when `dir` is empty, unless already there), or its GGUF conversion of
+// options.gguf_type, loaded; *model_path is what was loaded.
+std::unique_ptr<Model> LoadRandomModel(const ScaleOptions& options, double layer_scale,
+                                       std::string& dir, std::string* model_path) {
+  const ModelShape shape = ScaledShape(ShapeByName(options.like), layer_scale);
+  if (dir.empty()) dir = (fs::path("/tmp") / ("polestar-random-" + shape.name)).string();
+  if (!fs::exists(fs::path(dir) / "config.json")) {
     if (options.progress)
       std::fprintf(stderr, "writing a random %s checkpoint to %s ...\n", shape.name.c_str(),
-                   options.model_dir.c_str());
+                   dir.c_str());
     RandomModelOptions random;
     random.shape = ShapeByName(options.like);
-    random.scale = options.layer_scale;
-    WriteRandomModel(options.model_dir, random);
+    random.scale = layer_scale;
+    WriteRandomModel(dir, random);
   }
-  std::string model_path = options.model_dir;
+  *model_path = dir;
   if (!options.gguf_type.empty()) {
-    model_path = options.model_dir + "-" + options.gguf_type + ".gguf";
+    *model_path = dir + "-" + options.gguf_type + ".gguf";
     const GgufFileType type = ParseGgufFileType(options.gguf_type);
-    if (!fs::exists(model_path)) {
-      if (options.progress) std::fprintf(stderr, "converting it to %s ...\n", model_path.c_str());
-      ConvertToGguf(options.model_dir, model_path, type);
+    if (!fs::exists(*model_path)) {
+      if (options.progress) std::fprintf(stderr, "converting it to %s ...\n", model_path->c_str());
+      ConvertToGguf(dir, *model_path, type);
     }
+  }
+  return Model::Load(*model_path);
+}
+
+// The step-mix projection: each policy's forwards per block by kind in its suite row, priced
+// by the step timings, with tokens/s over all positions and the ratio to Fast-dLLM dual's.
+std::string StepMixSection(const ScaleOptions& options, const std::vector<StepTiming>& steps,
+                           const std::map<std::string, nlohmann::json>& suite_rows,
+                           nlohmann::ordered_json& out) {
+  std::map<std::string, std::map<std::string, double>> mixes;
+  std::string skipped;
+  for (const auto& [policy, row] : suite_rows) {
+    // Forwards per block carry over to another canvas only at the same block length.
+    if (row.at("options").at("block_length").get<int>() != options.base.EffectiveBlockLength()) {
+      skipped += (skipped.empty() ? "" : ", ") + policy;
+      continue;
+    }
+    std::map<std::string, double> mix = StepsPerBlock(row);
+    if (!mix.empty()) mixes[policy] = std::move(mix);
+  }
+  if (!skipped.empty() && mixes.empty()) {
+    return "\nNo step-mix projection: the rows of " + options.tpf_from + " (" + skipped +
+           ") decoded with another block length.\n";
+  }
+  if (mixes.empty()) return "";
+  const int gen = options.base.gen_length, blocks = options.base.BlockCount();
+  double dual_seconds = -1;
+  if (mixes.count("fast-dllm-dual"))
+    dual_seconds = ProjectStepMixSeconds("fast-dllm-dual", mixes["fast-dllm-dual"], options, steps);
+  std::string md = "\nProjected with each policy's own step mix in " + options.tpf_from +
+                   " (forwards per block by kind, over " + std::to_string(blocks) +
+                   " blocks):\n\n| policy | forwards per block | NFE | TPF all | seconds | TPS all "
+                   "| TPS / fast-dllm-dual |\n|---|---|--:|--:|--:|--:|--:|\n";
+  out["step_mix_projection"] = nlohmann::json::array();
+  for (const std::string& policy : options.policies) {
+    if (!mixes.count(policy)) continue;
+    const std::map<std::string, double>& mix = mixes[policy];
+    const double seconds = ProjectStepMixSeconds(policy, mix, options, steps);
+    if (seconds <= 0) continue;
+    double per_block = 0;
+    std::string kinds;
+    for (const auto& [kind, count] : mix) {
+      per_block += count;
+      kinds += (kinds.empty() ? "" : ", ") + Fixed(count, 2) + " " + kind;
+    }
+    const double nfe = per_block * blocks;
+    const double ratio = dual_seconds > 0 ? dual_seconds / seconds : 0;
+    md += "| " + policy + " | " + kinds + " | " + Fixed(nfe, 1) + " | " + Fixed(gen / nfe, 2) +
+          " | " + Fixed(seconds, 1) + " | " + Fixed(gen / seconds, 2) + " | " +
+          (ratio > 0 ? Fixed(ratio, 2) : "-") + " |\n";
+    out["step_mix_projection"].push_back({{"policy", policy},
+                                          {"steps_per_block", mix},
+                                          {"nfe", nfe},
+                                          {"seconds", seconds},
+                                          {"tps_all_positions", gen / seconds},
+                                          {"tps_ratio_to_fast_dllm_dual", ratio}});
+  }
+  md +=
+      "\nPrices: each kind's step time above; an Elastic-Cache step as a dual-cache step, its "
+      "refresh from layer l of L as l/L of a dual-cache step plus the rest of a full pass; "
+      "Polestar's proxy attention on each refresh step and its k-means once a block.\n";
+  return md;
+}
+
+// The projection at the paper's TPF values, with the TPS ratios to Fast-dLLM dual next to the
+// paper's own.
+std::string PaperSection(const ScaleOptions& options, const std::vector<StepTiming>& steps,
+                         nlohmann::ordered_json& out) {
+  const std::span<const PaperRow> rows = PaperGsm8kRows();
+  auto paper = [&](const std::string& policy) -> const PaperRow& {
+    for (const PaperRow& r : rows) {
+      if (policy == r.policy) return r;
+    }
+    Fail("no paper row for ", policy);
+  };
+  const int gen = options.base.gen_length;
+  const double dual_seconds =
+      ProjectSeconds("fast-dllm-dual", paper("fast-dllm-dual").tpf, options, steps, nullptr);
+  std::string md =
+      "\nProjected at the paper's TPF (LLaDA-8B-Instruct, GSM8K 5-shot, gen 256: Polestar's "
+      "Table 1; TPF taken over all " +
+      std::to_string(gen) +
+      " positions):\n\n| policy | paper TPF | seconds | TPS | TPS / fast-dllm-dual | paper TPS "
+      "| paper TPS / fast-dllm |\n|---|--:|--:|--:|--:|--:|--:|\n";
+  out["paper_projection"] = nlohmann::json::array();
+  for (const PaperRow& r : rows) {
+    const double seconds = ProjectSeconds(r.policy, r.tpf, options, steps, nullptr);
+    if (seconds <= 0) continue;
+    const double ratio = dual_seconds / seconds;
+    const double paper_ratio = r.tps / paper("fast-dllm-dual").tps;
+    md += std::string("| ") + r.policy + " | " + Fixed(r.tpf, 2) + " | " + Fixed(seconds, 1) +
+          " | " + Fixed(gen / seconds, 2) + " | " + Fixed(ratio, 2) + " | " + Fixed(r.tps, 2) +
+          " | " + Fixed(paper_ratio, 2) + " |\n";
+    out["paper_projection"].push_back({{"policy", r.policy},
+                                       {"paper_tpf", r.tpf},
+                                       {"seconds", seconds},
+                                       {"tps_all_positions", gen / seconds},
+                                       {"tps_ratio_to_fast_dllm_dual", ratio},
+                                       {"paper_tps", r.tps},
+                                       {"paper_tps_ratio", paper_ratio}});
+  }
+  md += "\nCost model as above: Polestar refreshes on every in-block step (k = " +
+        std::to_string(options.base.topk_clusters) +
+        ") with a windowed pass at every 4th block start; Elastic-Cache's steps are priced "
+        "as dual-cache steps (no refreshes).\n";
+  return md;
+}
+
+}  // namespace
+
+nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInfo& machine) {
+  ScaleOptions options = requested;
+  if (options.reps < 1) Fail("--reps must be at least 1");
+  if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
+  const ModelShape shape = ScaledShape(ShapeByName(options.like), options.layer_scale);
+  PromptLengths prompt_lengths;
+  if (!options.prompt_suite.empty()) {
+    if (options.prompt_tokenizer.empty())
+      Fail("--prompt-suite needs --prompt-tokenizer (a folder with tokenizer.json)");
+    prompt_lengths =
+        SuitePromptLengths(options.prompt_suite, options.prompt_tokenizer, options.data_dir);
+    options.prompt_length = int(std::lround(prompt_lengths.mean));
+  }
+  if (!options.fit_layers.empty()) {
+    const std::vector<int>& fit = options.fit_layers;
+    if (fit.size() != 2 || fit[0] < 1 || fit[0] >= fit[1] || fit[1] > shape.layers)
+      Fail("--fit-layers takes two layer counts a < b up to the shape's ", shape.layers);
+    if (!options.model_dir.empty())
+      Fail("--fit-layers writes its own checkpoints; drop --random-model");
   }
   // The peak from here on is the model's weights as the steps touch them (a GGUF file is
   // mapped, so only what the steps read becomes resident) plus the decoding buffers.
   ResetPeakRss();
-  auto model = Model::Load(model_path);
+  std::string model_path;
+  std::unique_ptr<Model> model;
+  std::vector<StepTiming> steps;
+  std::vector<ForcedRun> forced;
+  double parameters = 0;
+  if (options.fit_layers.empty()) {
+    model = LoadRandomModel(options, options.layer_scale, options.model_dir, &model_path);
+    if (options.progress)
+      std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n",
+                   options.model_dir.c_str(), model->config().layers, model->config().width);
+    steps = TimeSteps(*model, options);
+    if (options.progress)
+      std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n",
+                   options.tokens_per_step, options.blocks);
+    forced = RunForcedSchedule(*model, options);
+    parameters = double(model->ParameterCount());
+  } else {
+    // Every layer of a dense shape costs the same, so two layer counts give each step's
+    // per-layer and fixed parts.
+    std::vector<std::vector<StepTiming>> timed;
+    std::vector<int64_t> counts;  // parameters at each layer count
+    for (int layers : options.fit_layers) {
+      model.reset();
+      options.model_dir.clear();
+      model = LoadRandomModel(options, double(layers) / ShapeByName(options.like).layers,
+                              options.model_dir, &model_path);
+      if (options.progress)
+        std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n",
+                     options.model_dir.c_str(), model->config().layers, model->config().width);
+      timed.push_back(TimeSteps(*model, options));
+      counts.push_back(model->ParameterCount());
+    }
+    const int a = options.fit_layers[0], b = options.fit_layers[1];
+    parameters = double(counts[1]) +
+                 double(shape.layers - b) * double(counts[1] - counts[0]) / double(b - a);
+    steps = ExtrapolateLayers(timed[0], a, timed[1], b, shape.layers);
+  }
   const ModelConfig& config = model->config();
-  if (options.reps < 1) Fail("--reps must be at least 1");
-  if (options.tokens_per_step < 1) Fail("--tokens-per-step must be at least 1");
-  if (options.progress)
-    std::fprintf(stderr, "timing steps on %s (%d layers, width %d) ...\n",
-                 options.model_dir.c_str(), config.layers, config.width);
-  const std::vector<StepTiming> steps = TimeSteps(*model, options);
-  if (options.progress)
-    std::fprintf(stderr, "forced schedule (%d tokens/step, %d blocks) ...\n",
-                 options.tokens_per_step, options.blocks);
-  const std::vector<ForcedRun> forced = RunForcedSchedule(*model, options);
+  const int layers = options.fit_layers.empty() ? config.layers : shape.layers;
 
   // TPF per policy from a suite run: its row with default settings, else its first row.
   std::map<std::string, ResultRow> from_suite;
+  std::map<std::string, nlohmann::json> suite_rows;  // the same rows as written
   if (!options.tpf_from.empty()) {
     std::ifstream in(options.tpf_from);
     if (!in) Fail(options.tpf_from, ": cannot read");
@@ -421,12 +574,15 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("policy")) continue;
       const ResultRow row = ResultRow::FromJson(j);
-      if (!from_suite.count(row.policy) || row.settings == "defaults") from_suite[row.policy] = row;
+      if (!from_suite.count(row.policy) || row.settings == "defaults") {
+        from_suite[row.policy] = row;
+        suite_rows[row.policy] = j;
+      }
     }
   }
 
   const Geometry g = GeometryOf(options);
-  const StepTiming* full = FindStep(steps, "full pass");
+  const StepTiming* full = FindStep(steps, step_kind::kFullPass);
   nlohmann::ordered_json out;
   out["machine"] = machine.ToJson();
   const int64_t peak_rss = PeakRssBytes();
@@ -439,21 +595,28 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                   {"expert_ffn", config.moe.expert_ffn},
                   {"like", options.like},
                   {"layer_scale", options.layer_scale},
-                  {"layers", config.layers},
+                  {"layers", layers},
+                  {"layers_timed", options.fit_layers.empty() ? std::vector<int>{config.layers}
+                                                              : options.fit_layers},
                   {"width", config.width},
                   {"ffn", config.ffn},
                   {"heads", config.heads},
                   {"kv_heads", config.kv_heads},
                   {"vocab", config.vocab},
-                  {"parameters", model->ParameterCount()}};
+                  {"parameters", parameters}};
   out["canvas"] = {
       {"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
+  if (!options.prompt_suite.empty()) {
+    out["canvas"]["prompt_from"] = {
+        {"suite", options.prompt_suite}, {"tokenizer", options.prompt_tokenizer},
+        {"items", prompt_lengths.items}, {"min", prompt_lengths.min},
+        {"mean", prompt_lengths.mean},   {"max", prompt_lengths.max}};
+  }
   out["reps"] = options.reps;
   out["clock"] = ClockName(options.clock);
   std::string md = "### Scale benchmark: " + shape.name + " (random weights, " +
-                   std::to_string(config.layers) + " layers, width " +
-                   std::to_string(config.width) + ", " +
-                   Fixed(double(model->ParameterCount()) / 1e9, 2) + " B parameters)\n\n";
+                   std::to_string(layers) + " layers, width " + std::to_string(config.width) +
+                   ", " + Fixed(parameters / 1e9, 2) + " B parameters)\n\n";
   md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
   if (config.moe.experts > 0) {
     md += "Mixture of experts: " + std::to_string(config.moe.experts) + " experts of width " +
@@ -466,6 +629,19 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
         std::to_string(options.base.gen_length) + ", block " + std::to_string(g.block) +
         "; median of " + std::to_string(options.reps) + " reps; " +
         (options.clock == Clock::kCpu ? "process CPU time" : "wall-clock time") + ".\n\n";
+  if (!options.prompt_suite.empty()) {
+    md += "Prompt: the mean token length of the " + std::to_string(prompt_lengths.items) + " " +
+          options.prompt_suite + " prompts (as lm-eval builds them, no chat template) under " +
+          options.prompt_tokenizer + "'s tokenizer: " + Fixed(prompt_lengths.mean, 1) + " (" +
+          std::to_string(prompt_lengths.min) + " to " + std::to_string(prompt_lengths.max) +
+          ").\n\n";
+  }
+  if (!options.fit_layers.empty()) {
+    md += "Layers: every step timed at " + std::to_string(options.fit_layers[0]) + " and " +
+          std::to_string(options.fit_layers[1]) +
+          " layers of the shape and extrapolated linearly to " + std::to_string(layers) +
+          " (t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)); no forced runs.\n\n";
+  }
   md +=
       "| step | rows computed | ms | µs per row | time / full | rows / full "
       "|\n|---|--:|--:|--:|--:|--:|\n";
@@ -485,44 +661,46 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                             {"seconds", s.seconds}});
   }
 
-  md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) +
-        " tokens per step, block 0";
-  if (options.blocks > 1)
-    md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
-  if (options.max_steps > 0) md += ", at most " + std::to_string(options.max_steps) + " steps";
-  md +=
-      ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | "
-      "steps by kind |\n";
-  md += "|---|--:|--:|--:|--:|--:|--:|---|\n";
   out["forced"] = nlohmann::json::array();
-  for (const ForcedRun& r : forced) {
-    if (!r.error.empty()) {
-      md += "| " + r.policy + " | not run: " + r.error + " |||||||\n";
-      out["forced"].push_back({{"policy", r.policy}, {"error", r.error}});
-      continue;
+  if (!forced.empty()) {
+    md += "\nForced commit schedule: " + std::to_string(options.tokens_per_step) +
+          " tokens per step, block 0";
+    if (options.blocks > 1)
+      md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
+    if (options.max_steps > 0) md += ", at most " + std::to_string(options.max_steps) + " steps";
+    md +=
+        ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | "
+        "steps by kind |\n";
+    md += "|---|--:|--:|--:|--:|--:|--:|---|\n";
+    for (const ForcedRun& r : forced) {
+      if (!r.error.empty()) {
+        md += "| " + r.policy + " | not run: " + r.error + " |||||||\n";
+        out["forced"].push_back({{"policy", r.policy}, {"error", r.error}});
+        continue;
+      }
+      std::string kinds;
+      for (const auto& [kind, entry] : r.step_kinds.items()) {
+        kinds += (kinds.empty() ? "" : ", ") + kind + " " +
+                 std::to_string(entry["count"].get<int>()) + " x " +
+                 Fixed(1e3 * entry["median_seconds"].get<double>(), 0) + " ms";
+      }
+      md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" +
+            std::to_string(r.nfe_expected) + ") | " + std::to_string(r.tokens) + " | " +
+            Fixed(r.seconds, 2) + " | " + Fixed(r.tokens / r.seconds, 2) + " | " +
+            Fixed(1e3 * r.start_seconds, 0) + " | " + Fixed(1e3 * r.step_seconds, 0) + " | " +
+            kinds + " |\n";
+      out["forced"].push_back({{"policy", r.policy},
+                               {"nfe", r.nfe},
+                               {"nfe_expected", r.nfe_expected},
+                               {"tokens", r.tokens},
+                               {"seconds", r.seconds},
+                               {"rows_computed", r.rows_computed},
+                               {"tokens_per_second", r.tokens / r.seconds},
+                               {"block_start_seconds", r.start_seconds},
+                               {"step_seconds", r.step_seconds},
+                               {"step_kinds", r.step_kinds}});
     }
-    std::string kinds;
-    for (const auto& [kind, entry] : r.step_kinds.items()) {
-      kinds += (kinds.empty() ? "" : ", ") + kind + " " +
-               std::to_string(entry["count"].get<int>()) + " x " +
-               Fixed(1e3 * entry["median_seconds"].get<double>(), 0) + " ms";
-    }
-    md += "| " + r.policy + " | " + std::to_string(r.nfe) + " (" + std::to_string(r.nfe_expected) +
-          ") | " + std::to_string(r.tokens) + " | " + Fixed(r.seconds, 2) + " | " +
-          Fixed(r.tokens / r.seconds, 2) + " | " + Fixed(1e3 * r.start_seconds, 0) + " | " +
-          Fixed(1e3 * r.step_seconds, 0) + " | " + kinds + " |\n";
-    out["forced"].push_back({{"policy", r.policy},
-                             {"nfe", r.nfe},
-                             {"nfe_expected", r.nfe_expected},
-                             {"tokens", r.tokens},
-                             {"seconds", r.seconds},
-                             {"rows_computed", r.rows_computed},
-                             {"tokens_per_second", r.tokens / r.seconds},
-                             {"block_start_seconds", r.start_seconds},
-                             {"step_seconds", r.step_seconds},
-                             {"step_kinds", r.step_kinds}});
   }
-
   md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) +
         " tokens, block " + std::to_string(g.block) + ")";
   md += options.tpf_from.empty() ? " at the forced TPF"
@@ -565,6 +743,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
       "step, as its trigger does when more than one token commits a step); policies without a "
       "model use "
       "their forced run's block-start and step times.\n";
+  md += StepMixSection(options, steps, suite_rows, out);
+  if (options.paper) md += PaperSection(options, steps, out);
   std::printf("%s", md.c_str());
   if (!options.out_dir.empty()) {
     fs::create_directories(options.out_dir);

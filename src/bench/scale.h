@@ -25,9 +25,17 @@
 //                        n (t_kmeans + (s - 1) (t_refresh(topk) + t_proxy))
 //      others            n (start + (s - 1) step), both measured in the forced run
 //    and tokens/s = tau * NFE / seconds, for both counting protocols.
+// 4. Step-mix projection (with a suite run that counted its steps by kind): each policy's
+//    forwards per block by kind, priced by the step timings (scale_projection.cpp), for the
+//    whole canvas.
+// 5. With --paper: LLaDA-8B's shape, the GSM8K 5-shot prompt (its mean token length under a
+//    real tokenizer), gen 256, block 32, and the projection of 3 at the paper's TPF values,
+//    with each policy's TPS ratio to Fast-dLLM dual next to the paper's.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,7 +60,15 @@ struct ScaleOptions {
   std::vector<std::string> policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "polestar"};
   DecodeOptions base;    // gen_length, block_length and the policies' knobs
   std::string tpf_from;  // results.jsonl of a suite run; "" projects at the forced TPF only
-  std::string out_dir;   // scale.json and scale.md
+  // The prompt length from a suite instead of prompt_length: the mean token count of its
+  // prompts (gsm8k: 5-shot, as lm-eval builds them) under the tokenizer of prompt_tokenizer
+  // (a model folder, or a folder with tokenizer.json), with data from data_dir.
+  std::string prompt_suite, prompt_tokenizer, data_dir;
+  // Two layer counts a < b below the shape's: the steps are timed at both and extrapolated
+  // layer by layer to the shape's count (no forced runs then). Empty: the shape as it is.
+  std::vector<int> fit_layers;
+  bool paper = false;   // also project at the paper's TPF values (PaperGsm8kRows)
+  std::string out_dir;  // scale.json and scale.md
   Clock clock = Clock::kWall;
   bool progress = true;
 };
@@ -88,6 +104,37 @@ int ForcedStepsPerBlock(int block_length, int tokens_per_step);
 // Returns a negative value when neither is available.
 double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions& options,
                       const std::vector<StepTiming>& steps, const ForcedRun* forced);
+
+// The paper's LLaDA-8B-Instruct GSM8K 5-shot results at gen 256 (accuracy %, TPF, TPS).
+struct PaperRow {
+  const char* policy;
+  double accuracy, tpf, tps;
+};
+std::span<const PaperRow> PaperGsm8kRows();
+
+struct PromptLengths {
+  int items = 0, min = 0, max = 0;
+  double mean = 0;
+};
+// Token counts of a suite's prompts under a tokenizer. Throws Error naming what is missing.
+PromptLengths SuitePromptLengths(const std::string& suite_name, const std::string& tokenizer_dir,
+                                 const std::string& data_dir);
+
+// Step timings at layers_a and layers_b layers, extrapolated linearly to `layers` (rows
+// scaled with the layers).
+std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, int layers_a,
+                                          const std::vector<StepTiming>& at_b, int layers_b,
+                                          int layers);
+
+// A results.jsonl row's forwards per block by step kind (empty for rows without them).
+std::map<std::string, double> StepsPerBlock(const nlohmann::json& row);
+// Seconds of one step of `kind` from the timings; negative when it has no price.
+double StepPrice(const std::string& kind, const std::vector<StepTiming>& steps);
+// Seconds for a whole generation (options.base's canvas) at a step mix; negative when a
+// kind has no price.
+double ProjectStepMixSeconds(const std::string& policy,
+                             const std::map<std::string, double>& steps_per_block,
+                             const ScaleOptions& options, const std::vector<StepTiming>& steps);
 
 // Writes the checkpoint when needed, runs everything, prints tables and writes
 // out_dir/scale.json and out_dir/scale.md. Returns the JSON.

@@ -296,9 +296,11 @@ class Decoder {
     }
     std::sort(committed.begin(), committed.end());
     committed_last_step_ = int(committed.size());
+    const std::string kind = policy_->StepKind();
+    ++result_.step_kinds[kind];
     if (keep_trace_) {
       nlohmann::json entry = {
-          {"nfe", result_.nfe}, {"block", block_index}, {"committed", committed}};
+          {"nfe", result_.nfe}, {"block", block_index}, {"kind", kind}, {"committed", committed}};
       nlohmann::json stats = policy_->StepStats();
       if (!stats.empty()) entry["policy"] = stats;
       result_.trace.push_back(std::move(entry));

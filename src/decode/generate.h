@@ -13,6 +13,7 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -47,7 +48,9 @@ struct GenerationResult {
   int tokens_until_eos = 0;  // generated tokens before the first EOS / end-of-turn
   int non_eos_tokens = 0;    // generated tokens that are not EOS (Polestar's protocol)
   int64_t cache_bytes = 0;
-  nlohmann::json trace = nlohmann::json::array();  // per step: positions committed, policy stats
+  std::map<std::string, int> step_kinds;  // forwards by cost class (Policy::StepKind)
+  // Per step: nfe, block, step kind, positions committed, policy stats.
+  nlohmann::json trace = nlohmann::json::array();
 
   double TpfAllPositions() const { return nfe ? double(generated.size()) / nfe : 0; }
   double TpfUntilEos() const { return nfe ? double(tokens_until_eos) / nfe : 0; }

@@ -2,7 +2,15 @@
 
 #include <algorithm>
 
+#include "base/error.h"
+
 namespace polestar {
+
+std::string step_kind::Refresh(int clusters) { return Cat("refresh step, k=", clusters); }
+
+std::string step_kind::RefreshFromLayer(int layer, int layers) {
+  return Cat("refresh from layer ", layer, " of ", layers);
+}
 
 std::vector<int> Range(int begin, int end) {
   std::vector<int> rows;

@@ -37,6 +37,24 @@ struct Commit {
   int token = 0;
 };
 
+// The cost classes of decoding steps, as Policy::StepKind names them and the scale benchmark
+// (bench/scale.h) times them: what a step recomputes decides what it costs.
+namespace step_kind {
+inline constexpr const char* kFullPass = "full pass";            // every row, every layer
+inline constexpr const char* kWindowedPass = "windowed pass";    // Polestar's block-start window
+inline constexpr const char* kPrefixStep = "prefix-cache step";  // the block and its suffix
+inline constexpr const char* kDualStep = "dual-cache step";      // the block only
+// Elastic-Cache's step without a refresh: its sliding window, the tracked tokens and the rows
+// whose token changed.
+inline constexpr const char* kElasticStep = "elastic-cache step";
+inline constexpr const char* kBlockStart = "block-causal block start";  // LLaDA 2.x
+inline constexpr const char* kBlockStep = "block-causal step";          // LLaDA 2.x
+// Polestar's refresh: the block plus k clusters of its window at every layer.
+std::string Refresh(int clusters);  // "refresh step, k=4"
+// Elastic-Cache's refresh: its step's rows below `layer`, every row from it on.
+std::string RefreshFromLayer(int layer, int layers);  // "refresh from layer 2 of 4"
+}  // namespace step_kind
+
 // A masked position of the current block with the token and confidence the commit rule saw.
 struct Candidate {
   int position = 0;
@@ -68,6 +86,8 @@ class Policy {
                          std::span<const Candidate> candidates, std::vector<Commit>& commits) {}
   // Per-step statistics for --trace (refreshes, rows per layer, early commits, drift ...).
   virtual nlohmann::json StepStats() const { return nlohmann::json::object(); }
+  // The cost class (step_kind) of the step just run; called after AfterStep.
+  virtual std::string StepKind() const = 0;
 };
 
 // Rows [begin, end) as a list.

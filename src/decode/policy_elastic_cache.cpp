@@ -104,6 +104,12 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     return masked;
   }
 
+  std::string StepKind() const override {
+    if (full_) return step_kind::kFullPass;
+    if (fired_layer_ >= 0) return step_kind::RefreshFromLayer(fired_layer_, int(tracks_.size()));
+    return step_kind::kElasticStep;
+  }
+
   nlohmann::json StepStats() const override {
     nlohmann::json similarity = nlohmann::json::array();
     for (double s : similarity_)

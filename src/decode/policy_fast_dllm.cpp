@@ -15,17 +15,22 @@ class FastDllmPolicy : public Policy {
     StepPlan plan;
     const int length = int(context.canvas.size());
     if (context.step_in_block == 0 || context.options.refresh_all) {
+      kind_ = step_kind::kFullPass;
       plan.input_rows = Range(0, length);
       return plan;
     }
+    kind_ = dual_ ? step_kind::kDualStep : step_kind::kPrefixStep;
     // Dream predicts position p from output p-1, so the row before the block is computed too.
     const int begin = context.model.config().PredictingRow(context.block.start);
     plan.input_rows = Range(begin, dual_ ? context.block.end : length);
     return plan;
   }
 
+  std::string StepKind() const override { return kind_; }
+
  private:
   bool dual_;
+  const char* kind_ = step_kind::kFullPass;
 };
 
 const PolicyRegistration kPrefix({

@@ -147,6 +147,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       final_before_ = context.block.start;
       plan.capture_layers = {config.layers - 1};
       stats_["pass"] = "block";
+      kind_ = context.step_in_block == 0 ? step_kind::kBlockStart : step_kind::kBlockStep;
       return plan;
     }
     if (options_.early_commit || options_.refresh_all) plan.capture_layers = {config.layers - 1};
@@ -160,6 +161,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       plan.input_rows = windowed ? Range(window_begin_, window_end_) : Range(0, length);
       plan.capture_layers = {config.layers - 1};  // the token-drift baseline of the block
       stats_["pass"] = windowed ? "window" : "full";
+      kind_ = windowed ? step_kind::kWindowedPass : step_kind::kFullPass;
       return plan;
     }
 
@@ -168,12 +170,15 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       mode_ = Mode::kDecode;
       plan.input_rows = Range(0, length);
       stats_["pass"] = "full";
+      kind_ = step_kind::kFullPass;
       return plan;
     }
     mode_ =
         trigger && options_.polestar_cache && total_clusters_ > 0 ? Mode::kRefresh : Mode::kDecode;
     plan.input_rows = block_rows_;
     stats_["pass"] = mode_ == Mode::kRefresh ? "refresh" : "block";
+    kind_ = mode_ == Mode::kRefresh ? step_kind::Refresh(options_.topk_clusters)
+                                    : std::string(step_kind::kDualStep);
     if (mode_ == Mode::kRefresh) stats_["refreshed_rows"] = nlohmann::json::array();
     return plan;
   }
@@ -226,6 +231,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   }
 
   nlohmann::json StepStats() const override { return stats_; }
+  std::string StepKind() const override { return kind_; }
 
   // LayerHook -----------------------------------------------------------------------------
 
@@ -486,6 +492,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   int block_commits_last_step_ = 0;
   Worker worker_;
   nlohmann::json stats_;
+  std::string kind_;  // step_kind of the step planned last
 };
 
 const PolicyRegistration kPolestar({

@@ -12,15 +12,20 @@ class VanillaPolicy : public Policy {
   StepPlan Plan(const DecodeContext& context) override {
     StepPlan plan;
     if (context.model.config().sampler != SamplerFamily::kLlada2) {
+      kind_ = step_kind::kFullPass;
       plan.input_rows = Range(0, int(context.canvas.size()));
       return plan;
     }
+    kind_ = context.step_in_block == 0 ? step_kind::kBlockStart : step_kind::kBlockStep;
     plan.input_rows = Range(context.options.refresh_all ? 0 : final_before_, context.block.end);
     final_before_ = context.block.start;
     return plan;
   }
 
+  std::string StepKind() const override { return kind_; }
+
  private:
+  const char* kind_ = step_kind::kFullPass;
   int final_before_ = 0;  // LLaDA 2.x: rows before it hold their final K/V
 };
 

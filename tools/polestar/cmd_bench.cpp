@@ -122,10 +122,24 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--scale-policies", args->scale_policies,
                   "--scale: policies run with the forced schedule")
       ->capture_default_str();
-  cmd->add_option("--tpf-from", args->tpf_from, "--scale: results.jsonl whose TPF to project from");
+  cmd->add_option("--tpf-from", args->tpf_from,
+                  "--scale: results.jsonl whose TPF (and step mix) to project from");
+  auto* like = cmd->get_option("--like");
+  cmd->add_option("--prompt-suite", so.prompt_suite,
+                  "--scale: prompt length = the mean token length of this suite's prompts "
+                  "(gsm8k: 5-shot) under --prompt-tokenizer");
+  cmd->add_option("--prompt-tokenizer", so.prompt_tokenizer,
+                  "--scale: folder with the tokenizer.json that measures --prompt-suite");
+  cmd->add_option("--fit-layers", so.fit_layers,
+                  "--scale: time the steps at these two layer counts of the shape and "
+                  "extrapolate per layer to its full count")
+      ->expected(2);
+  cmd->add_flag("--paper", so.paper,
+                "--scale: the paper's protocol: --like llada-8b unless given, --prompt-suite "
+                "gsm8k, gen 256 / block 32, and a projection at the paper's TPF values");
   AddDecodeFlags(cmd, args->options);
   cmd->footer(kGridHelp);
-  cmd->callback([args, cmd] {
+  cmd->callback([args, cmd, like] {
     SetThreadCount(args->threads);
     const bench::MachineInfo machine =
         bench::DescribeMachine(bench::ProcessCommandLine(), bench::SourceDir(), ThreadCount());
@@ -151,6 +165,11 @@ void AddBenchCommand(CLI::App& app) {
       if (!GivenDecodeFlags(cmd).count("gen-length")) options.base.gen_length = 256;
       if (!GivenDecodeFlags(cmd).count("block-length")) options.base.block_length = 32;
       options.tpf_from = args->tpf_from;
+      if (options.paper) {
+        if (like->count() == 0) options.like = "llada-8b";
+        if (options.prompt_suite.empty()) options.prompt_suite = "gsm8k";
+      }
+      options.data_dir = args->suite.data_dir;
       options.out_dir = args->out.empty() ? "bench/out/scale" : args->out;
       options.progress = !args->quiet;
       options.clock = bench::ClockFromName(args->clock);
