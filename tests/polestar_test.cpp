@@ -3,9 +3,13 @@
 // (the standing equivalence with vanilla is decode_test's StandingTest).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
+#include <random>
+#include <tuple>
 
 #include "decode/generate.h"
 #include "decode/policy.h"
@@ -49,6 +53,68 @@ TEST(KMeans, FewPointsBecomeTheirOwnClustersAndEmptyClustersKeepTheirCentroid) {
   const Clustering c = SphericalKMeans(same, 3, 2, 2, 5);
   EXPECT_EQ(c.labels, (std::vector<int>{0, 0, 0}));
   EXPECT_FLOAT_EQ(c.centroids[2], 2.0f);  // cluster 1 seeded with point floor(1 * 3 / 2) = 1
+}
+
+// The textbook loop (each similarity a double sum over the dimensions in order), the oracle
+// of the side-by-side accumulation SphericalKMeans runs: Polestar's clusters, and so its
+// decisions, must not move by a bit.
+Clustering PlainSphericalKMeans(const std::vector<float>& points, int64_t n, int64_t d, int k,
+                                int iterations) {
+  auto normalise = [d](const float* row, float* out) {
+    double norm = 0;
+    for (int64_t j = 0; j < d; ++j) norm += double(row[j]) * row[j];
+    const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
+    for (int64_t j = 0; j < d; ++j) out[j] = row[j] * inv;
+  };
+  std::vector<float> unit_points(points.size()), unit(size_t(k * d));
+  for (int64_t i = 0; i < n; ++i) normalise(&points[size_t(i * d)], &unit_points[size_t(i * d)]);
+  Clustering c;
+  c.labels.assign(size_t(n), 0);
+  for (int j = 0; j < k; ++j) {
+    c.centroids.insert(c.centroids.end(), points.begin() + j * n / k * d,
+                       points.begin() + (j * n / k + 1) * d);
+  }
+  for (int it = 0; it < iterations; ++it) {
+    for (int j = 0; j < k; ++j) normalise(&c.centroids[size_t(j * d)], &unit[size_t(j * d)]);
+    for (int64_t i = 0; i < n; ++i) {
+      double best = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < k; ++j) {
+        double s = 0;
+        for (int64_t x = 0; x < d; ++x)
+          s += double(unit_points[size_t(i * d + x)]) * unit[size_t(j * d + x)];
+        if (s > best) {
+          best = s;
+          c.labels[size_t(i)] = j;
+        }
+      }
+    }
+    for (int j = 0; j < k; ++j) {
+      std::vector<double> sum(size_t(d), 0.0);
+      int64_t count = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        if (c.labels[size_t(i)] != j) continue;
+        ++count;
+        for (int64_t x = 0; x < d; ++x) sum[size_t(x)] += points[size_t(i * d + x)];
+      }
+      if (count == 0) continue;
+      for (int64_t x = 0; x < d; ++x)
+        c.centroids[size_t(j * d + x)] = float(sum[size_t(x)] / (double(count) + 1e-6));
+    }
+  }
+  return c;
+}
+
+TEST(KMeans, EqualsThePlainLoopBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (auto [n, d, k] : {std::tuple{96, 128, 8}, {37, 33, 5}, {200, 64, 3}}) {
+    std::vector<float> points(size_t(n * d));
+    for (float& p : points) p = normal(rng);
+    const Clustering got = SphericalKMeans(points, n, d, k, 5);
+    const Clustering want = PlainSphericalKMeans(points, n, d, k, 5);
+    EXPECT_EQ(got.labels, want.labels) << n << " x " << d;
+    EXPECT_EQ(got.centroids, want.centroids) << n << " x " << d;
+  }
 }
 
 TEST(Nvfp4, CodesFollowTheFormatDefinitions) {
