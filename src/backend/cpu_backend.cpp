@@ -167,8 +167,8 @@ void CpuBackend::AttentionProbabilities(const float* q, int64_t m, const float* 
   ParallelFor(m * heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t kv_offset = int64_t(int(pair % heads) / group) * head_dim;
-      reference::HeadProbabilities(q + pair * head_dim, k + kv_offset, l, kv_stride, head_dim,
-                                   probs + pair * l);
+      reference::HeadProbabilitiesSideBySide(q + pair * head_dim, k + kv_offset, l, kv_stride,
+                                             head_dim, probs + pair * l);
     }
   });
 }

@@ -529,6 +529,7 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   std::vector<StepTiming> steps;
   std::vector<ForcedRun> forced;
   double parameters = 0;
+  std::vector<std::vector<StepTiming>> timed;  // --fit-layers: the steps at each layer count
   if (options.fit_layers.empty()) {
     model = LoadRandomModel(options, options.layer_scale, options.model_dir, &model_path);
     if (options.progress)
@@ -543,7 +544,6 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   } else {
     // Every layer of a dense shape costs the same, so two layer counts give each step's
     // per-layer and fixed parts.
-    std::vector<std::vector<StepTiming>> timed;
     std::vector<int64_t> counts;  // parameters at each layer count
     for (int layers : options.fit_layers) {
       model.reset();
@@ -642,23 +642,35 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
           " layers of the shape and extrapolated linearly to " + std::to_string(layers) +
           " (t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)); no forced runs.\n\n";
   }
-  md +=
-      "| step | rows computed | ms | µs per row | time / full | rows / full "
-      "|\n|---|--:|--:|--:|--:|--:|\n";
+  md += "| step | rows computed | ms | µs per row | time / full | rows / full |" +
+        (timed.empty() ? std::string()
+                       : " ms at " + std::to_string(options.fit_layers[0]) + " / " +
+                             std::to_string(options.fit_layers[1]) + " layers |") +
+        "\n|---|--:|--:|--:|--:|--:|" + (timed.empty() ? "" : "--:|") + "\n";
   out["steps"] = nlohmann::json::array();
   for (const StepTiming& s : steps) {
     const double ms = 1e3 * s.Median();
     const bool has_rows = s.rows_computed > 0;
+    std::string measured;  // the timings the extrapolation started from
+    nlohmann::json measured_json = nlohmann::json::array();
+    for (const std::vector<StepTiming>& at : timed) {
+      const StepTiming* t = FindStep(at, s.kind);
+      const double seconds = t != nullptr ? t->Median() : 0;
+      measured += (measured.empty() ? " " : " / ") + Fixed(1e3 * seconds, 1);
+      measured_json.push_back(seconds);
+    }
+    if (!timed.empty()) measured += " |";
     md += "| " + s.kind + " | " + (has_rows ? std::to_string(s.rows_computed) : "-") + " | " +
           Fixed(ms, 1) + " | " +
           (has_rows ? Fixed(1e6 * s.Median() / double(s.rows_computed), 1) : "-") + " | " +
           Fixed(s.Median() / full->Median(), 3) + " | " +
           (has_rows ? Fixed(double(s.rows_computed) / double(full->rows_computed), 3) : "-") +
-          " |\n";
+          " |" + measured + "\n";
     out["steps"].push_back({{"kind", s.kind},
                             {"rows_computed", s.rows_computed},
                             {"median_seconds", s.Median()},
                             {"seconds", s.seconds}});
+    if (!timed.empty()) out["steps"].back()["seconds_at_fit_layers"] = measured_json;
   }
 
   out["forced"] = nlohmann::json::array();

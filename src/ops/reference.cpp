@@ -96,6 +96,23 @@ void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_str
   SoftmaxRow(probs, l);
 }
 
+void HeadProbabilitiesSideBySide(const float* q, const float* k, int64_t l, int64_t kv_stride,
+                                 int head_dim, float* probs) {
+  constexpr int64_t kKeys = 8;
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  int64_t j = 0;
+  for (; j + kKeys <= l; j += kKeys) {
+    float sums[kKeys] = {};  // [8] keys j..j+7
+    const float* rows = k + j * kv_stride;
+    for (int d = 0; d < head_dim; ++d) {
+      for (int64_t r = 0; r < kKeys; ++r) sums[r] += q[d] * rows[r * kv_stride + d];
+    }
+    for (int64_t r = 0; r < kKeys; ++r) probs[j + r] = sums[r] * scale;
+  }
+  for (; j < l; ++j) probs[j] = Dot(q, k + j * kv_stride, head_dim) * scale;
+  SoftmaxRow(probs, l);
+}
+
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out) {
   HeadProbabilities(q, k, l, kv_stride, head_dim, probs);

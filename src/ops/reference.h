@@ -28,6 +28,13 @@ void SoftmaxRow(float* x, int64_t n);
 void HeadProbabilities(const float* q, const float* k, int64_t l, int64_t kv_stride, int head_dim,
                        float* probs);
 
+// HeadProbabilities, bit for bit, with eight keys' dot products accumulated side by side:
+// each still sums its products over the dimensions in order, multiply then add, but eight
+// independent sums keep the adder busy where one sum waits on itself. The backend's
+// AttentionProbabilities (Polestar's proxy attention and drift capture) runs this.
+void HeadProbabilitiesSideBySide(const float* q, const float* k, int64_t l, int64_t kv_stride,
+                                 int head_dim, float* probs);
+
 // One query head against all L cached rows: probs[L] = softmax(q·k_j / sqrt(D)) and
 // out[D] = sum_j probs[j] v_j. q[D]; k and v point at this head's slice of row 0 and rows
 // are kv_stride floats apart.
