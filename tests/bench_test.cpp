@@ -1055,6 +1055,31 @@ TEST(Scale, PricesAStepMixKindByKind) {
   EXPECT_TRUE(StepsPerBlock({{"options", row["options"]}, {"summary", {{"items", 2}}}}).empty());
 }
 
+// Bad --fit-layers and --prompt-suite requests are refused before any checkpoint is written.
+TEST(Scale, RefusesBadLayerFitsAndPromptSuitesBeforeAnyWork) {
+  ScaleOptions options;
+  options.like = "llada-tiny";  // 2 layers
+  options.progress = false;
+  options.model_dir = testing::TempDir() + "/never-written";
+  for (const std::vector<int>& fit : {std::vector<int>{1}, {2, 1}, {0, 2}, {1, 3}}) {
+    options.fit_layers = fit;
+    EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
+                testing::ThrowsErrorContaining({"--fit-layers takes two layer counts"}));
+  }
+  options.fit_layers = {1, 2};
+  EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
+              testing::ThrowsErrorContaining({"drop --random-model"}));
+  options.fit_layers.clear();
+  options.prompt_suite = "gsm8k";
+  EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
+              testing::ThrowsErrorContaining({"--prompt-tokenizer"}));
+  options.prompt_tokenizer = WriteByteLevelModel(testing::TempDir() + "/tok");
+  options.prompt_suite = "nope";
+  EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
+              testing::ThrowsErrorContaining({"nope"}));
+  EXPECT_FALSE(std::filesystem::exists(options.model_dir));
+}
+
 TEST(Scale, PaperRowsAreTable1AndPromptLengthsComeFromTheSuite) {
   const std::span<const PaperRow> rows = PaperGsm8kRows();
   ASSERT_EQ(rows.size(), 4u);

@@ -218,7 +218,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       prefix_rows > 0 ? std::clamp(o.clusters * prefix_rows / int(window.size()), 1, o.clusters - 1)
                       : 0;
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
-  StepTiming kmeans{"k-means (all layers)", 0, {}};
+  StepTiming kmeans{kKMeansTiming, 0, {}};
   std::vector<float> hidden(window.size() * size_t(C));  // [window, C] cached layer inputs
   for (int r = 0; r < options.reps; ++r) {
     const double start = ClockSeconds(options.clock);
@@ -238,7 +238,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   timings.push_back(kmeans);
   // The proxy step exactly as Polestar runs it (the model's drift ops): every layer's proxy
   // attention of the centroids and its drift from the last time.
-  StepTiming proxy{"proxy attention (all layers)", 0, {}};
+  StepTiming proxy{kProxyTiming, 0, {}};
   const int clusters = prefix_clusters + suffix_clusters;
   std::vector<int> seeds;  // [K] one window row per cluster
   for (int c = 0; c < clusters; ++c)
@@ -355,9 +355,8 @@ double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions&
     for (int b = 0; b < g.blocks; ++b) {
       starts += b > 0 && b % period == period - 1 ? t(step_kind::kWindowedPass) : full;
     }
-    const double step =
-        t(step_kind::Refresh(options.base.topk_clusters)) + t("proxy attention (all layers)");
-    return starts + n * (t("k-means (all layers)") + (per_block - 1) * step);
+    const double step = t(step_kind::Refresh(options.base.topk_clusters)) + t(kProxyTiming);
+    return starts + n * (t(kKMeansTiming) + (per_block - 1) * step);
   }
   if (forced != nullptr && forced->error.empty() && forced->nfe > 0) {
     return n * (forced->start_seconds + (per_block - 1) * forced->step_seconds);

@@ -105,6 +105,10 @@ int ForcedStepsPerBlock(int block_length, int tokens_per_step);
 double ProjectSeconds(const std::string& policy, double tpf, const ScaleOptions& options,
                       const std::vector<StepTiming>& steps, const ForcedRun* forced);
 
+// The timings of Polestar's overheads, beside the step kinds (decode/policy.h).
+inline constexpr const char* kKMeansTiming = "k-means (all layers)";
+inline constexpr const char* kProxyTiming = "proxy attention (all layers)";
+
 // The paper's LLaDA-8B-Instruct GSM8K 5-shot results at gen 256 (accuracy %, TPF, TPS).
 struct PaperRow {
   const char* policy;

@@ -115,14 +115,14 @@ double ProjectStepMixSeconds(const std::string& policy,
     per_block += count * price;
     // Polestar's proxy attention runs before each refresh step's layers.
     if (policy == "polestar" && kind.starts_with("refresh step")) {
-      const double proxy = StepPrice("proxy attention (all layers)", steps);
+      const double proxy = StepPrice(kProxyTiming, steps);
       if (proxy < 0) return -1;
       per_block += count * proxy;
     }
   }
   // ... and its k-means of every layer's window once a block.
   if (policy == "polestar") {
-    const double kmeans = StepPrice("k-means (all layers)", steps);
+    const double kmeans = StepPrice(kKMeansTiming, steps);
     if (kmeans < 0) return -1;
     per_block += kmeans;
   }
