@@ -11,19 +11,32 @@
 
 namespace polestar::train {
 
+// The trainer runs OpenBLAS single-threaded (Trainer sets it) and splits each product over
+// its output rows here: with a second thread pool beside OpenMP's, the two pools' idle
+// threads spun against each other on two cores (a third of the step in sched_yield).
+// Each output row is one sgemm's row whatever the split, so results do not depend on the
+// thread count.
 void LinearForward(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, x, int(k), w,
-              int(k), 0.0f, y, int(n));
+  ParallelFor(m, 64, [&](int64_t begin, int64_t end) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(end - begin), int(n), int(k), 1.0f,
+                x + begin * k, int(k), w, int(k), 0.0f, y + begin * n, int(n));
+  });
 }
 
 void LinearBackward(const float* dy, const float* x, const float* w, int64_t m, int64_t k,
                     int64_t n, float* dx, float* dw, bool accumulate_dx) {
   if (dx != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(k), int(n), 1.0f, dy, int(n),
-                w, int(k), accumulate_dx ? 1.0f : 0.0f, dx, int(k));
+    ParallelFor(m, 64, [&](int64_t begin, int64_t end) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(end - begin), int(k), int(n), 1.0f,
+                  dy + begin * n, int(n), w, int(k), accumulate_dx ? 1.0f : 0.0f, dx + begin * k,
+                  int(k));
+    });
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(n), int(k), int(m), 1.0f, dy, int(n), x,
-              int(k), 1.0f, dw, int(k));
+  // dw's rows split over threads: each row is still the whole sum over the M rows.
+  ParallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(end - begin), int(k), int(m), 1.0f,
+                dy + begin, int(n), x, int(k), 1.0f, dw + begin * k, int(k));
+  });
 }
 
 void RmsNormForward(const float* x, int64_t m, int64_t c, const float* weight, float eps, float* y,
@@ -111,90 +124,49 @@ int64_t AttentionProbsSize(std::span<const int> starts, int heads) {
 
 namespace {
 
-// The per-(sequence, head) kernels keep every inner loop a contiguous multiply-add over one
-// index (no float reductions), so they vectorise; built for AVX2 with a generic fallback.
-// A ThreadSanitizer build has no clones: their ifunc resolvers run while the dynamic loader
-// relocates the program, before TSan's runtime starts, and clang 14 instruments them (a crash).
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define POLESTAR_TRAIN_NO_CLONES
-#endif
-#endif
-#ifdef POLESTAR_TRAIN_NO_CLONES
-#define POLESTAR_TRAIN_SIMD
-#else
-#define POLESTAR_TRAIN_SIMD __attribute__((target_clones("arch=haswell", "default")))
-#endif
+// One (sequence, head) of attention is four or six small matrix products (L x L x D), each
+// one single-threaded sgemm (threads split the (sequence, head) pairs); only the softmax and
+// its backward are element-wise loops here.
 
-// Copies column block [L, D] (row stride `stride`) transposed into t[D, L].
-void Transpose(const float* __restrict__ x, int64_t len, int64_t stride, int head_dim,
-               float* __restrict__ t) {
-  for (int64_t j = 0; j < len; ++j) {
-    for (int d = 0; d < head_dim; ++d) t[d * len + j] = x[j * stride + d];
-  }
-}
-
-POLESTAR_TRAIN_SIMD
-void HeadForward(const float* __restrict__ q, const float* __restrict__ k,
-                 const float* __restrict__ v, int64_t len, int64_t stride, int64_t out_stride,
-                 int head_dim, float scale, float* __restrict__ kt, float* __restrict__ p,
-                 float* __restrict__ out) {
-  Transpose(k, len, stride, head_dim, kt);
+// p[L, L] = softmax(q k^T * scale) row by row; out[L, D] = p v.
+void HeadForward(const float* q, const float* k, const float* v, int64_t len, int64_t stride,
+                 int64_t out_stride, int head_dim, float scale, float* p, float* out) {
+  const int l = int(len), d = head_dim;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, l, d, scale, q, int(stride), k,
+              int(stride), 0.0f, p, l);
   for (int64_t i = 0; i < len; ++i) {
     float* row = p + i * len;
-    std::fill(row, row + len, 0.0f);
-    for (int d = 0; d < head_dim; ++d) {
-      const float qd = q[i * stride + d] * scale;
-      const float* ktd = kt + d * len;
-      for (int64_t j = 0; j < len; ++j) row[j] += qd * ktd[j];
-    }
     float max = -INFINITY;
     for (int64_t j = 0; j < len; ++j) max = std::max(max, row[j]);
     float sum = 0.0f;
     for (int64_t j = 0; j < len; ++j) sum += (row[j] = std::exp(row[j] - max));
     const float inv = 1.0f / sum;
-    float* o = out + i * out_stride;
-    std::fill(o, o + head_dim, 0.0f);
-    for (int64_t j = 0; j < len; ++j) {
-      row[j] *= inv;
-      const float pj = row[j];
-      const float* vj = v + j * stride;
-      for (int d = 0; d < head_dim; ++d) o[d] += pj * vj[d];
-    }
+    for (int64_t j = 0; j < len; ++j) row[j] *= inv;
   }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, d, l, 1.0f, p, l, v, int(stride), 0.0f,
+              out, int(out_stride));
 }
 
-POLESTAR_TRAIN_SIMD
-void HeadBackward(const float* __restrict__ dout, int64_t out_stride, const float* __restrict__ q,
-                  const float* __restrict__ k, const float* __restrict__ v,
-                  const float* __restrict__ p, int64_t len, int64_t stride, int head_dim,
-                  float scale, float* __restrict__ vt, float* __restrict__ dp,
-                  float* __restrict__ dq, float* __restrict__ dk, float* __restrict__ dv) {
-  Transpose(v, len, stride, head_dim, vt);
+// With ds = p * (dout v^T - rowsum(p * dout v^T)) * scale:
+// dv = p^T dout, dq = ds k, dk = ds^T q (the three overwrite their [L, D] blocks).
+// ds[L, L] is scratch.
+void HeadBackward(const float* dout, int64_t out_stride, const float* q, const float* k,
+                  const float* v, const float* p, int64_t len, int64_t stride, int head_dim,
+                  float scale, float* ds, float* dq, float* dk, float* dv) {
+  const int l = int(len), d = head_dim, s = int(stride);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l, l, d, 1.0f, dout, int(out_stride), v, s,
+              0.0f, ds, l);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l, d, l, 1.0f, p, l, dout, int(out_stride),
+              0.0f, dv, s);
   for (int64_t i = 0; i < len; ++i) {
-    const float* dov = dout + i * out_stride;
     const float* row = p + i * len;
-    std::fill(dp, dp + len, 0.0f);
-    for (int d = 0; d < head_dim; ++d) {
-      const float g = dov[d];
-      const float* vtd = vt + d * len;
-      for (int64_t j = 0; j < len; ++j) dp[j] += g * vtd[j];
-    }
+    float* dsi = ds + i * len;
     float row_dot = 0.0f;
-    for (int64_t j = 0; j < len; ++j) row_dot += dp[j] * row[j];
-    const float* qi = q + i * stride;
-    float* dqi = dq + i * stride;
-    for (int64_t j = 0; j < len; ++j) {
-      const float pj = row[j];
-      const float ds = pj * (dp[j] - row_dot) * scale;
-      const float* kj = k + j * stride;
-      float* dkj = dk + j * stride;
-      float* dvj = dv + j * stride;
-      for (int d = 0; d < head_dim; ++d) dvj[d] += pj * dov[d];
-      for (int d = 0; d < head_dim; ++d) dqi[d] += ds * kj[d];
-      for (int d = 0; d < head_dim; ++d) dkj[d] += ds * qi[d];
-    }
+    for (int64_t j = 0; j < len; ++j) row_dot += dsi[j] * row[j];
+    for (int64_t j = 0; j < len; ++j) dsi[j] = row[j] * (dsi[j] - row_dot) * scale;
   }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, l, d, l, 1.0f, ds, l, k, s, 0.0f, dq, s);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l, d, l, 1.0f, ds, l, q, s, 0.0f, dk, s);
 }
 
 }  // namespace
@@ -206,14 +178,13 @@ void AttentionForward(const float* qkv, std::span<const int> starts, int heads, 
   const int64_t sequences = int64_t(starts.size()) - 1;
   const float scale = 1.0f / std::sqrt(float(head_dim));
   ParallelFor(sequences * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt;  // [D, L]
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / heads, h = task % heads;
       const int64_t base = starts[b], len = starts[b + 1] - starts[b];
-      kt.resize(size_t(len * head_dim));
+      if (len == 0) continue;
       const float* row0 = qkv + base * stride + h * head_dim;
       HeadForward(row0, row0 + width, row0 + 2 * width, len, stride, width, head_dim, scale,
-                  kt.data(), probs + offsets[b] + h * len * len, out + base * width + h * head_dim);
+                  probs + offsets[b] + h * len * len, out + base * width + h * head_dim);
     }
   });
 }
@@ -225,19 +196,17 @@ void AttentionBackward(const float* dout, const float* qkv, const float* probs,
   const int64_t sequences = int64_t(starts.size()) - 1;
   const float scale = 1.0f / std::sqrt(float(head_dim));
   PS_CHECK(!starts.empty() && starts.front() == 0);
-  std::memset(dqkv, 0, sizeof(float) * size_t(starts.back()) * size_t(stride));
   ParallelFor(sequences * heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> vt, dp;  // [D, L], [L]
+    std::vector<float> ds;  // [L, L]
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / heads, h = task % heads;
       const int64_t base = starts[b], len = starts[b + 1] - starts[b];
-      vt.resize(size_t(len * head_dim));
-      dp.resize(size_t(len));
+      if (len == 0) continue;
+      ds.resize(size_t(len * len));
       const int64_t at = base * stride + h * head_dim;
       HeadBackward(dout + base * width + h * head_dim, width, qkv + at, qkv + at + width,
                    qkv + at + 2 * width, probs + offsets[b] + h * len * len, len, stride, head_dim,
-                   scale, vt.data(), dp.data(), dqkv + at, dqkv + at + width,
-                   dqkv + at + 2 * width);
+                   scale, ds.data(), dqkv + at, dqkv + at + width, dqkv + at + 2 * width);
     }
   });
 }

@@ -165,7 +165,8 @@ Trainer::Trainer(TrainOptions options)
   if (options_.out_dir.empty()) Fail("train: --out is required");
   if (options_.steps <= 0 || options_.batch <= 0) Fail("train: steps and batch must be positive");
   SetThreadCount(options_.threads);
-  openblas_set_num_threads(ThreadCount());
+  // Threads split the products in train/layers.cpp; OpenBLAS's own pool would compete.
+  openblas_set_num_threads(1);
   fs::create_directories(options_.out_dir);
   model_.Init(options_.seed);
   if (!options_.init_from.empty()) {
