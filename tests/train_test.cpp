@@ -11,6 +11,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "base/parallel.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "tasks/tasks.h"
@@ -115,6 +116,49 @@ TEST(TrainLayerTest, LinearBackward) {
   LinearBackward(r.data(), x.data(), w.data(), m, k, n, dx2.data(), dw2.data(), true);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx2[i], 2 * dx[i]);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2 * dw[i]);
+}
+
+// Enough rows and outputs that ParallelFor splits the products over two threads: the pieces
+// must still give the plain sums, as the unsplit product at one thread does.
+TEST(TrainLayerTest, LinearSplitOverThreadsEqualsThePlainSums) {
+  const int64_t m = 300, k = 24, n = 40;
+  const std::vector<float> x = RandomVector(m * k, 4), w = RandomVector(n * k, 5),
+                           dy = RandomVector(m * n, 6);
+  auto run = [&](int threads, std::vector<float>& y, std::vector<float>& dx,
+                 std::vector<float>& dw) {
+    polestar::SetThreadCount(threads);
+    y.assign(size_t(m * n), 0.0f);
+    dx.assign(size_t(m * k), 0.0f);
+    dw.assign(size_t(n * k), 0.0f);
+    LinearForward(x.data(), m, k, w.data(), n, y.data());
+    LinearBackward(dy.data(), x.data(), w.data(), m, k, n, dx.data(), dw.data());
+  };
+  std::vector<float> y1, dx1, dw1, y2, dx2, dw2;
+  run(1, y1, dx1, dw1);
+  run(2, y2, dx2, dw2);
+  polestar::SetThreadCount(0);
+  for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], y2[i], 1e-4);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      double sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum += double(x[size_t(r * k + i)]) * w[size_t(c * k + i)];
+      ASSERT_NEAR(y2[size_t(r * n + c)], sum, 1e-4) << r << "," << c;
+    }
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t i = 0; i < k; ++i) {
+      double sum = 0;
+      for (int64_t r = 0; r < m; ++r) sum += double(dy[size_t(r * n + c)]) * x[size_t(r * k + i)];
+      ASSERT_NEAR(dw2[size_t(c * k + i)], sum, 1e-3) << c << "," << i;
+    }
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      double sum = 0;
+      for (int64_t c = 0; c < n; ++c) sum += double(dy[size_t(r * n + c)]) * w[size_t(c * k + i)];
+      ASSERT_NEAR(dx2[size_t(r * k + i)], sum, 1e-4) << r << "," << i;
+    }
+  }
 }
 
 TEST(TrainLayerTest, RmsNormBackward) {

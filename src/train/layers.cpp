@@ -14,8 +14,6 @@ namespace polestar::train {
 // The trainer runs OpenBLAS single-threaded (Trainer sets it) and splits each product over
 // its output rows here: with a second thread pool beside OpenMP's, the two pools' idle
 // threads spun against each other on two cores (a third of the step in sched_yield).
-// Each output row is one sgemm's row whatever the split, so results do not depend on the
-// thread count.
 void LinearForward(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
   ParallelFor(m, 64, [&](int64_t begin, int64_t end) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(end - begin), int(n), int(k), 1.0f,
