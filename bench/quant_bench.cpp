@@ -226,7 +226,7 @@ double MeasureClockGhz() {
 
 // The integer kernels on one thread (each call quantises x, then runs every column, as
 // QuantMatMul's work would be), next to CpuBackend::MatMul on the same weights with fp32
-// activations (QuantActivations::kF32) and on F16 weights at the same shape.
+// activations (ActivationPrecision::kF32) and on F16 weights at the same shape.
 nlohmann::json KernelBench(double min_seconds) {
   const int threads = ThreadCount();
   SetThreadCount(1);
@@ -249,7 +249,7 @@ nlohmann::json KernelBench(double min_seconds) {
   const DType types[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
   const int64_t row_counts[] = {1, 8, 32, 96, 256};
   const CpuBackend& backend = CpuBackend::Host();
-  const CpuBackend f32_activations(BestIsa(), QuantActivations::kF32);
+  const CpuBackend f32_activations(BestIsa(), ActivationPrecision::kF32);
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {5632, 2048}}) {
     Random rng{uint64_t(n + k)};
     std::vector<float> x(static_cast<size_t>(256 * k));  // [256, K]

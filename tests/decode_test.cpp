@@ -99,12 +99,13 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
         "gguf-llada-f16", "gguf-llada-q4_k_m", "gguf-dream-q8_0", "lladamoe-a", "lladamoe-b",
         "lladamoe-d", "llada2-a", "llada2-b"}) {
     const std::string dir = testing::FixtureDir(fixture);
-    // GGUF fixtures hold model.gguf; the reference ran on its dequantised weights, which the
-    // engine follows exactly with fp32 activations (the child processes inherit the setting;
-    // this process's own backend was fixed when it was first used).
+    // GGUF fixtures hold model.gguf; the reference ran on its dequantised (or, for BF16,
+    // widened) weights, which the engine follows exactly with fp32 activations (the child
+    // processes inherit the setting; this process's own backend was fixed when first used).
     const bool gguf = std::string(fixture).rfind("gguf-", 0) == 0;
+    const bool bf16 = std::string(fixture).ends_with("-bf16");
     const std::string model = gguf ? dir + "/model.gguf" : dir;
-    ScopedEnvironment activations("POLESTAR_QUANT_ACTIVATIONS", gguf ? "f32" : nullptr);
+    ScopedEnvironment activations("POLESTAR_ACTIVATIONS", gguf || bf16 ? "f32" : nullptr);
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);

@@ -441,7 +441,7 @@ TEST_P(GgufFixture, LogitsMatchReferenceOnDequantisedWeights) {
   const std::string arch = ArchName(model->config().arch);
   EXPECT_EQ(model->config().rope_interleaved, arch == "llada");
   EXPECT_EQ(model->config().shift_logits, arch == "dream");
-  const CpuBackend exact(BestIsa(), QuantActivations::kF32), int8(BestIsa());
+  const CpuBackend exact(BestIsa(), ActivationPrecision::kF32), int8(BestIsa());
   const double error = RelativeLogitError(*model, dir + "/expected.safetensors", exact);
   const double int8_error = RelativeLogitError(*model, dir + "/expected.safetensors", int8);
   std::printf("%s: max |logit error| / max |logit| = %.2e (f32 activations), %.2e (int8)\n",
@@ -786,7 +786,7 @@ TEST_P(GgufMoeConvert, LogitsStayCloseToTheReference) {
   ConvertToGguf(dir, out, c.type);
   auto model = Model::Load(out);
   EXPECT_EQ(std::string(ArchName(model->config().arch)), "llada-moe");
-  const CpuBackend exact(BestIsa(), QuantActivations::kF32), int8(BestIsa());
+  const CpuBackend exact(BestIsa(), ActivationPrecision::kF32), int8(BestIsa());
   const double error = RelativeLogitError(*model, dir + "/expected.safetensors", exact);
   const double int8_error = RelativeLogitError(*model, dir + "/expected.safetensors", int8);
   std::printf("%s as %s: max |logit error| / max |logit| = %.2e (f32 activations), %.2e (int8)\n",
@@ -868,7 +868,7 @@ TEST(GgufConvertMoe, KQuantExpertsRunCloseToTheirSource) {
   EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_exps.weight").dtype, DType::kQ6_K);
   EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_down_shexp.weight").dtype, DType::kQ6_K);
   EXPECT_EQ(gguf->tensors().Get("blk.1.ffn_gate_inp.weight").dtype, DType::kF32);
-  const CpuBackend exact(BestIsa(), QuantActivations::kF32);
+  const CpuBackend exact(BestIsa(), ActivationPrecision::kF32);
   std::vector<int> ids(24);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i * 37 % 150);
   auto logits = [&](const Model& model) {
@@ -1077,7 +1077,7 @@ TEST_P(GgufLlada2Convert, LogitsStayCloseToTheReference) {
   ReadSafetensorsFile(dir + "/expected.safetensors", expected);
   const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
   const size_t vocab = size_t(model->config().vocab);
-  const CpuBackend exact(BestIsa(), QuantActivations::kF32), int8(BestIsa());
+  const CpuBackend exact(BestIsa(), ActivationPrecision::kF32), int8(BestIsa());
   struct Pass {
     const char* name;
     const char* logits;

@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
+#include "backend/cpu_backend.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "test_support.h"
@@ -28,10 +30,18 @@ std::vector<int> ToInts(const TensorRef& t) {
   return v;
 }
 
+// The reference code's precision: fp32 activations (BF16 weights widened, not products of
+// BF16-rounded activations; ops/isa.h).
+const CpuBackend& ExactBackend() {
+  static const CpuBackend backend(BestIsa(), ActivationPrecision::kF32);
+  return backend;
+}
+
 // One pass over every position of `ids` with logits for all of them (attention_block B > 0:
 // block-causal).
-StepResult FullPass(const Model& model, const std::vector<int>& ids, int attention_block = 0) {
-  KvCache cache = MakeCache(model, int64_t(ids.size()), false);
+StepResult FullPass(const Model& model, const std::vector<int>& ids, int attention_block = 0,
+                    const Backend& backend = ExactBackend()) {
+  KvCache cache = MakeCache(model, int64_t(ids.size()), false, backend);
   Forward forward(model, cache);
   StepPlan plan;
   plan.input_rows.resize(ids.size());
@@ -86,6 +96,31 @@ TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {
     EXPECT_LE(max_err, 1e-4f);
     EXPECT_GT(mask_effect, 1e-2f);  // the mask matters: a bidirectional pass would fail
   }
+}
+
+// With BF16-rounded activations (the default where the CPU has AVX512_BF16) the BF16
+// fixture's logits stay within the bound ops/bf16_matmul.h states for each product, which
+// the layers then carry: here a few times 2^-9 of the largest logit.
+TEST(Bf16Products, FixtureLogitsStayNearTheReference) {
+  const CpuBackend reduced(BestIsa(), ActivationPrecision::kReduced);
+  if (!reduced.bf16_products()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const std::string dir = testing::FixtureDir("llada-tiny-bf16");
+  auto model = Model::Load(dir);
+  TensorStore expected;
+  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
+  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  const StepResult got = FullPass(*model, ids, 0, reduced);
+  ASSERT_EQ(got.logits.size(), want.size());
+  float max_err = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_err = std::max(max_err, std::fabs(got.logits[i] - want[i]));
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+  }
+  std::printf("llada-tiny-bf16, BF16 products: max |logit error| / max |logit| = %.2e\n",
+              max_err / max_abs);
+  EXPECT_LE(max_err, 8 * 0x1p-9f * max_abs);
+  EXPECT_GT(max_err, 1e-4f);  // the BF16 products ran (fp32 activations stay within 1e-4)
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureForward,

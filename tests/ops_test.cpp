@@ -373,9 +373,11 @@ TEST(Avx512MatMul, ColumnRangeInsideTheMatrix) {
   CheckMatMulColumnRange(avx512::MatMulColumns, {1, 3, 4, 9, 13, 32}, rng);
 }
 
-// The public entry point: threads over panels, adds the bias, whichever kernel runs.
+// The public entry point: threads over panels, adds the bias, whichever kernel runs (on fp32
+// activations: BF16 products have their own bound, bf16_matmul_test.cpp).
 TEST(MatMul, ThreadedWithBiasMatchesScalar) {
   std::mt19937 rng(9);
+  const CpuBackend best(BestIsa(), ActivationPrecision::kF32);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   const int saved_threads = ThreadCount();
   SetThreadCount(2);
@@ -388,7 +390,7 @@ TEST(MatMul, ThreadedWithBiasMatchesScalar) {
       std::vector<float> x(size_t(m * k) + 1);
       for (float& v : x) v = uniform(rng);
       std::vector<float> got(size_t(m * n)), want(size_t(m * n));
-      CpuBackend::Host().MatMul(x.data() + 1, m, w.view, got.data(), bias.data());
+      best.MatMul(x.data() + 1, m, w.view, got.data(), bias.data());
       reference::MatMulColumns(x.data() + 1, m, w.view, 0, n, want.data(), n);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) want[size_t(i * n + j)] += bias[size_t(j)];
@@ -670,7 +672,7 @@ TEST(CpuBackend, RowOpsMatchTheReferenceBackend) {
 
 TEST(CpuBackend, MatMulAndLmHeadMatchTheReferenceBackend) {
   std::mt19937 rng(22);
-  const CpuBackend& best = CpuBackend::Host();
+  const CpuBackend best(BestIsa(), ActivationPrecision::kF32);  // the fp32 products
   const CpuBackend scalar(Isa::kScalar);
   const int64_t m = 3, n = 70, k = 96;
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
@@ -692,8 +694,9 @@ TEST(CpuBackend, MatMulAndLmHeadMatchTheReferenceBackend) {
   }
 }
 
-// Each SIMD kernel set's MatMul, threaded over panels (chunk edges fall on 16-row panels,
-// so the 512-bit kernel also gets ranges ending in half panels), against the scalar backend.
+// Each SIMD kernel set's MatMul on fp32 activations, threaded over panels (chunk edges fall
+// on 16-row panels, so the 512-bit kernel also gets ranges ending in half panels), against
+// the scalar backend.
 TEST(CpuBackend, EveryKernelSetsMatMulMatchesTheReferenceBackend) {
   std::mt19937 rng(23);
   const int saved_threads = ThreadCount();
@@ -702,7 +705,7 @@ TEST(CpuBackend, EveryKernelSetsMatMulMatchesTheReferenceBackend) {
   const int64_t n = 300, k = 300;
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
     if (!IsaSupported(isa)) continue;
-    const CpuBackend backend(isa);
+    const CpuBackend backend(isa, ActivationPrecision::kF32);
     for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
       const TestWeights w = MakeWeights(type, n, k, 0, 0, rng);
       for (int64_t m : {1, 3, 8, 32, 45}) {
@@ -837,6 +840,46 @@ TEST(CpuBackend, EmbedLooksUpTheTokensOfTheRows) {
   }
 }
 
+// A chain of distributions compared in turn, as Polestar compares each step's attention with
+// the last step's: reusing each one's logs the next time gives the KL of reference.h bit for
+// bit, including the entries below the floor.
+TEST(CpuBackend, KlWithKeptLogsHasTheBitsOfTheReference) {
+  const CpuBackend& backend = CpuBackend::Host();
+  constexpr int kRows = 3, kHeads = 2;
+  constexpr int64_t kKeys = 37, kSize = kRows * kHeads * kKeys;
+  std::mt19937 rng(25);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::vector<std::vector<float>> chain(4, std::vector<float>(size_t(kSize)));  // [R, H, L] each
+  for (std::vector<float>& probs : chain) {
+    for (float& p : probs) p = uniform(rng) < 0.1f ? 1e-14f : uniform(rng);
+  }
+  std::vector<double> before_logs;  // [R, H, L]
+  for (size_t t = 1; t < chain.size(); ++t) {
+    std::vector<double> logs(static_cast<size_t>(kSize)), kept(kRows),
+        plain(kRows);  // [R, H, L], [R], [R]
+    backend.HeadMeanDrift(DriftMetric::kKl, chain[t].data(), chain[t - 1].data(), kRows, kHeads,
+                          kKeys, kept.data(),
+                          {logs.data(), before_logs.empty() ? nullptr : before_logs.data()});
+    backend.HeadMeanDrift(DriftMetric::kKl, chain[t].data(), chain[t - 1].data(), kRows, kHeads,
+                          kKeys, plain.data());
+    for (int r = 0; r < kRows; ++r) {
+      double expected = 0;
+      for (int h = 0; h < kHeads; ++h) {
+        const int64_t offset = (r * kHeads + h) * kKeys;
+        expected +=
+            reference::KlDivergence(chain[t].data() + offset, chain[t - 1].data() + offset, kKeys);
+      }
+      EXPECT_GT(kept[size_t(r)], 0.0);
+      EXPECT_EQ(kept[size_t(r)], expected / kHeads) << "step " << t << " row " << r;
+      EXPECT_EQ(plain[size_t(r)], expected / kHeads) << "step " << t << " row " << r;
+    }
+    for (int64_t i = 0; i < kSize; ++i) {
+      ASSERT_EQ(logs[size_t(i)], std::log(double(std::max(chain[t][size_t(i)], 1e-12f))));
+    }
+    before_logs = std::move(logs);
+  }
+}
+
 TEST(CpuBackend, DriftMatchesHandComputedValues) {
   const CpuBackend& backend = CpuBackend::Host();
   // Two rows, two heads, L = 2: row 0 differs in head 0 only; row 1 not at all.
@@ -933,12 +976,13 @@ QuantizedWeights RandomWeightsOfType(DType type, int64_t n, int64_t k, std::mt19
   return w;
 }
 
-// Every kernel set this CPU runs, with both activation modes of the block-quantised products.
+// Every kernel set this CPU runs, with both activation precisions (ops/isa.h).
 std::vector<CpuBackend> EveryCpuBackend() {
   std::vector<CpuBackend> backends;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!IsaSupported(isa)) continue;
-    for (QuantActivations activations : {QuantActivations::kInt8, QuantActivations::kF32}) {
+    for (ActivationPrecision activations :
+         {ActivationPrecision::kReduced, ActivationPrecision::kF32}) {
       backends.emplace_back(isa, activations);
     }
   }
@@ -947,7 +991,7 @@ std::vector<CpuBackend> EveryCpuBackend() {
 
 std::string BackendLabel(const CpuBackend& backend) {
   return Cat(backend.name(),
-             backend.quant_activations() == QuantActivations::kInt8 ? " int8" : " f32");
+             backend.activations() == ActivationPrecision::kReduced ? " reduced" : " f32");
 }
 
 // Segment lists mixing dot-path and panel-path sizes of both kernel sets.
@@ -980,8 +1024,9 @@ TEST(CpuBackend, MatMulBatchGivesEverySegmentItsBitsAlone) {
       for (int64_t rows : segments) m += rows;
       const auto x = RandomVector(m * k, 1.0f, rng);  // [M, K] at x.data() + 1
       for (const CpuBackend& backend : backends) {
-        if (!IsBlockQuantized(type) && backend.quant_activations() == QuantActivations::kF32)
-          continue;  // the activation mode is for block-quantised weights only
+        if (!IsBlockQuantized(type) && type != DType::kBF16 &&
+            backend.activations() == ActivationPrecision::kF32)
+          continue;  // the precision is for block-quantised and BF16 weights only
         for (const float* b : {static_cast<const float*>(nullptr), bias.data() + 1}) {
           std::vector<float> batched(size_t(m * n)), alone(batched.size());  // [M, N]
           backend.MatMulBatch(x.data() + 1, segments, w.view, batched.data(), b);

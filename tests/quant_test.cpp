@@ -338,7 +338,8 @@ TEST(QuantMatMul, EveryKernelSetAndActivationModeAddsTheBiasToItsKernel) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!IsaSupported(isa)) continue;
     SCOPED_TRACE(std::string(IsaName(isa)));
-    ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, QuantActivations::kF32));
+    ASSERT_TRUE(
+        QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, ActivationPrecision::kF32));
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
 
@@ -351,13 +352,14 @@ TEST(QuantMatMul, EveryKernelSetAndActivationModeAddsTheBiasToItsKernel) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t c = 0; c < n; ++c) kernel[i * n + c] += bias[c];
     }
-    ASSERT_TRUE(QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, QuantActivations::kInt8));
+    ASSERT_TRUE(
+        QuantMatMul(x.data(), m, w, got.data(), bias.data(), isa, ActivationPrecision::kReduced));
     EXPECT_EQ(got, kernel);
   }
   SetThreadCount(saved_threads);
   const WeightView f32{DType::kF32, bytes.data(), 1, 32, 128};
   EXPECT_FALSE(
-      QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa(), QuantActivations::kInt8));
+      QuantMatMul(x.data(), 1, f32, got.data(), nullptr, BestIsa(), ActivationPrecision::kReduced));
 }
 
 // --- activations rounded to 8 bits ---

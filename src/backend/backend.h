@@ -60,6 +60,14 @@ class Buffer {
 };
 
 enum class DriftMetric { kKl, kCosine };
+// The KL's logs of HeadMeanDrift's two distributions, each [rows, H, L] (host), for a caller
+// that compares every distribution twice: as `now`, then as the next call's `before`. `now`
+// (if set) receives now's logs; `before` (if set) supplies before's, the `now` of the call
+// before. Each log is then taken once; the drift keeps its bits.
+struct DriftLogs {
+  double* now = nullptr;
+  const double* before = nullptr;
+};
 
 // The rows of a batched op, one count per sequence in order; they sum to the op's M.
 using RowSegments = std::span<const int64_t>;
@@ -141,9 +149,10 @@ class Backend {
   }
   // out[r] (host) = the mean over H heads of the drift between now and before, both
   // [rows, H, L] distributions: KL(now || before) with entries floored at 1e-12, or
-  // 1 - cos(now, before).
+  // 1 - cos(now, before). `logs` serves the KL only.
   virtual void HeadMeanDrift(DriftMetric metric, const float* now, const float* before,
-                             int64_t rows, int heads, int64_t l, double* out) const = 0;
+                             int64_t rows, int heads, int64_t l, double* out,
+                             DriftLogs logs = {}) const = 0;
   // The mean over rows i and keys j of cos(before[i, :, j], now[now_rows[i], :, j]), the
   // cosine taken across the H heads; before[|now_rows|, H, L], now[*, H, L].
   virtual double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,

@@ -8,6 +8,7 @@
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
 #include "ops/avx512/avx512.h"
+#include "ops/bf16_matmul.h"
 #include "ops/quant.h"
 #include "ops/reference.h"
 
@@ -31,8 +32,12 @@ int64_t ColumnBlockRows(const WeightView& w) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
-    : isa_(isa), activations_(activations), name_("cpu-" + std::string(IsaName(isa))) {
+CpuBackend::CpuBackend(Isa isa, ActivationPrecision activations)
+    : isa_(isa),
+      activations_(activations),
+      bf16_products_(activations == ActivationPrecision::kReduced && isa >= Isa::kAvx512 &&
+                     Avx512Bf16Supported()),
+      name_("cpu-" + std::string(IsaName(isa))) {
   if (!IsaSupported(isa)) Fail("this CPU does not run the ", IsaName(isa), " kernels");
   const bool avx2 = isa >= Isa::kAvx2;
   matmul_columns_ = isa >= Isa::kAvx512 ? avx512::MatMulColumns
@@ -50,7 +55,7 @@ CpuBackend::CpuBackend(Isa isa, QuantActivations activations)
 }
 
 const CpuBackend& CpuBackend::Host() {
-  static const CpuBackend backend(BestIsa(), QuantActivationsFromEnvironment());
+  static const CpuBackend backend(BestIsa(), ActivationPrecisionFromEnvironment());
   return backend;
 }
 
@@ -67,8 +72,8 @@ void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
 void CpuBackend::Zero(float* x, int64_t n) const { std::fill(x, x + n, 0.0f); }
 
 // Batch invariance rests on the kernels' per-output arithmetic: every output of a block-
-// quantised product depends on its own row alone (activations are quantised per row, and
-// every tile shape runs the same operations per output), and so does every output of
+// quantised or a BF16 product depends on its own row alone (activations are rounded per
+// row, and every tile shape runs the same operations per output), and so does every output of
 // MatMulColumns once its path (dot or panel, by the call's row count) is fixed. None depends
 // on which thread's range of columns it falls in, so the grains may depend on M.
 void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
@@ -77,6 +82,8 @@ void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightV
   for (const int64_t rows : segments) m += rows;
   if (QuantMatMul(x, m, w, y, bias, isa_, activations_))
     return;  // block-quantised weights (ops/quant.h): all rows in one product
+  if (bf16_products_ && Bf16MatMul(x, m, w, y, bias))
+    return;  // BF16 weights (ops/bf16_matmul.h): all rows in one product, each on its own
   // The kernel calls, each of consecutive rows on one path: a run of consecutive segments
   // above the dot path's limit as one panel call (alone, each of them takes the panel path
   // too), a run of segments at or below it in dot calls of up to that many rows (the dot
@@ -226,14 +233,28 @@ void CpuBackend::LmHeadBatch(float* x, RowSegments segments, int64_t c, const fl
 // The drift metrics stay scalar (double accumulation, reference.h) on every kernel set:
 // Polestar's cluster ranking and gate compare them, and the authors' code fixes their values.
 void CpuBackend::HeadMeanDrift(DriftMetric metric, const float* now, const float* before,
-                               int64_t rows, int heads, int64_t l, double* out) const {
+                               int64_t rows, int heads, int64_t l, double* out,
+                               DriftLogs logs) const {
+  std::vector<double> now_logs, before_logs;  // [L] when the caller keeps none
+  if (metric == DriftMetric::kKl && logs.now == nullptr) now_logs.resize(size_t(l));
+  if (metric == DriftMetric::kKl && logs.before == nullptr) before_logs.resize(size_t(l));
   for (int64_t r = 0; r < rows; ++r) {
     double total = 0;
     for (int h = 0; h < heads; ++h) {
       const int64_t offset = (r * heads + h) * l;
-      total += metric == DriftMetric::kKl
-                   ? reference::KlDivergence(now + offset, before + offset, l)
-                   : 1.0 - reference::CosineSimilarity(now + offset, before + offset, l);
+      if (metric == DriftMetric::kCosine) {
+        total += 1.0 - reference::CosineSimilarity(now + offset, before + offset, l);
+        continue;
+      }
+      double* now_log = logs.now != nullptr ? logs.now + offset : now_logs.data();
+      reference::FlooredLogs(now + offset, l, now_log);
+      const double* before_log = before_logs.data();
+      if (logs.before != nullptr) {
+        before_log = logs.before + offset;
+      } else {
+        reference::FlooredLogs(before + offset, l, before_logs.data());
+      }
+      total += reference::KlDivergenceFromLogs(now + offset, now_log, before_log, l);
     }
     out[r] = total / heads;
   }

@@ -14,15 +14,18 @@ namespace polestar {
 
 class CpuBackend final : public Backend {
  public:
-  // Fails when this CPU does not run `isa`. `activations`: how products with
-  // block-quantised weights treat their inputs (ops/quant.h).
-  explicit CpuBackend(Isa isa, QuantActivations activations = QuantActivations::kInt8);
+  // Fails when this CPU does not run `isa`. `activations`: how matrix products treat their
+  // inputs (ops/isa.h): kReduced rounds them to 8 bits for block-quantised weights and, on
+  // the kAvx512 set where the CPU has AVX512_BF16, to BF16 for BF16 weights.
+  explicit CpuBackend(Isa isa, ActivationPrecision activations = ActivationPrecision::kReduced);
   // The process-wide backend: the widest kernels this CPU runs (BestIsa()) and the
-  // environment's QuantActivations (QuantActivationsFromEnvironment()).
+  // environment's ActivationPrecision (ActivationPrecisionFromEnvironment()).
   static const CpuBackend& Host();
 
   Isa isa() const { return isa_; }
-  QuantActivations quant_activations() const { return activations_; }
+  ActivationPrecision activations() const { return activations_; }
+  // Whether BF16 weights multiply BF16-rounded activations (ops/bf16_matmul.h).
+  bool bf16_products() const { return bf16_products_; }
 
   std::string_view name() const override { return name_; }
   float* Allocate(int64_t size, bool zero) const override;
@@ -56,7 +59,7 @@ class CpuBackend final : public Backend {
   void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm, float eps,
                    const WeightView& lm_head, float* logits) const override;
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
-                     int heads, int64_t l, double* out) const override;
+                     int heads, int64_t l, double* out, DriftLogs logs = {}) const override;
   double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
                              int heads, int64_t l) const override;
 
@@ -71,9 +74,11 @@ class CpuBackend final : public Backend {
                                 float*, float*);
 
   Isa isa_;
-  QuantActivations activations_;
-  std::string name_;                    // "cpu-" + the set's name
-  MatMulColumnsFn matmul_columns_;      // float weights (F32, BF16, F16); block types: QuantMatMul
+  ActivationPrecision activations_;
+  bool bf16_products_;
+  std::string name_;  // "cpu-" + the set's name
+  MatMulColumnsFn
+      matmul_columns_;  // F32, F16, BF16 weights (but Bf16MatMul's); blocks: QuantMatMul
   DotPathMaxRowsFn dot_path_max_rows_;  // matmul_columns_'s dot path limit, by weight type
   DequantizeRowFn dequantize_row_;
   RowsFn rms_norm_;

@@ -55,11 +55,12 @@ namespace {
 
 // One layer's view of the current block's window.
 struct LayerClusters {
-  int count = 0;                      // K
-  std::vector<int> labels;            // [L] cluster of each window row, -1 elsewhere
-  std::vector<float> centroids;       // [K, C] moved by update packets
-  std::vector<float> members;         // [K]
-  std::vector<float> previous_proxy;  // [K, H, L] proxy attention the last time it ran
+  int count = 0;                            // K
+  std::vector<int> labels;                  // [L] cluster of each window row, -1 elsewhere
+  std::vector<float> centroids;             // [K, C] moved by update packets
+  std::vector<float> members;               // [K]
+  std::vector<float> previous_proxy;        // [K, H, L] proxy attention the last time it ran
+  std::vector<double> previous_proxy_logs;  // [K, H, L] its KL logs, once a drift took them
   // NVFP4 store of the window's hidden states (when enabled).
   std::vector<float> base;  // [K, C] centroids at clustering time
   float tensor_scale = 1;
@@ -67,6 +68,8 @@ struct LayerClusters {
 };
 
 enum class Mode { kBlockStart, kDecode, kRefresh };
+
+const double* DataOrNull(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
 
 // One persistent thread that runs one job at a time. Persistent, so the OpenMP team its
 // kernels use is created once, not per job.
@@ -286,9 +289,12 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int64_t length = int64_t(canvas_.size());
     std::vector<double> drift(static_cast<size_t>(lc.count), 0.0);  // [K]
     if (!lc.previous_proxy.empty()) {
-      forward_->HeadMeanDrift(
-          options_.drift_metric == "kl" ? DriftMetric::kKl : DriftMetric::kCosine, proxy.data(),
-          lc.previous_proxy.data(), lc.count, drift.data());
+      const bool kl = options_.drift_metric == "kl";
+      std::vector<double> logs(kl ? proxy.size() : 0);  // [K, H, L]
+      forward_->HeadMeanDrift(kl ? DriftMetric::kKl : DriftMetric::kCosine, proxy.data(),
+                              lc.previous_proxy.data(), lc.count, drift.data(),
+                              {kl ? logs.data() : nullptr, DataOrNull(lc.previous_proxy_logs)});
+      lc.previous_proxy_logs = std::move(logs);
     }
     lc.previous_proxy = std::move(proxy);
     const bool last = rows.layer == config.layers - 1;
@@ -333,12 +339,16 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
                   row_size * 4);
     }
     token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
+    std::vector<double> logs;  // [B, H, L]
     if (token_drift_valid_) {
       token_drift_.assign(size_t(block), 0.0);
+      logs.resize(current.size());
       forward_->HeadMeanDrift(DriftMetric::kKl, current.data(), previous_attention_.data(), block,
-                              token_drift_.data());
+                              token_drift_.data(),
+                              {logs.data(), DataOrNull(previous_attention_logs_)});
     }
     previous_attention_ = std::move(current);
+    previous_attention_logs_ = std::move(logs);
   }
 
   // HiddenSource: window rows from the NVFP4 store, others from the engine's cache.
@@ -483,8 +493,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   int prefix_clusters_ = 0, suffix_clusters_ = 0, total_clusters_ = 0;
   std::vector<int> block_rows_;  // rows computed every decode step
   std::vector<LayerClusters> layers_;
-  std::vector<float> previous_attention_;  // [B, H, L] last layer, block queries
-  std::vector<double> token_drift_;        // [B]
+  std::vector<float> previous_attention_;        // [B, H, L] last layer, block queries
+  std::vector<double> previous_attention_logs_;  // [B, H, L] its KL logs, if a drift took them
+  std::vector<double> token_drift_;              // [B]
   bool token_drift_valid_ = false;
   std::deque<std::vector<double>> drift_history_;
   std::vector<int> packet_rows_;  // the last layer's refreshed rows this step

@@ -437,8 +437,9 @@ void Forward::CachedRowsAttention(int layer, std::span<const int> positions, flo
 }
 
 void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
-                            double* out) const {
-  backend_.HeadMeanDrift(metric, now, before, rows, model_.config().heads, cache_.positions(), out);
+                            double* out, DriftLogs logs) const {
+  backend_.HeadMeanDrift(metric, now, before, rows, model_.config().heads, cache_.positions(), out,
+                         logs);
 }
 
 double Forward::MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,

@@ -140,9 +140,10 @@ class Forward {
   // probs[|positions|, H, L]: the attention the cached layer inputs of `positions` pay over
   // the cached keys, with RoPE as in Run: Elastic-Cache's attention before a step.
   void CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const;
-  // out[r] = the mean over heads of the drift of now from before, both [rows, H, L].
+  // out[r] = the mean over heads of the drift of now from before, both [rows, H, L]; `logs`
+  // as the backend's.
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
-                     double* out) const;
+                     double* out, DriftLogs logs = {}) const;
   // The mean over rows i and keys j of the cosine across heads between before[i, :, j] and
   // now[now_rows[i], :, j]; before[|now_rows|, H, L], now[*, H, L].
   double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,

@@ -639,21 +639,10 @@ void QuantDotColumns(const QuantizedActivations& x, const WeightView& w, int64_t
   }
 }
 
-QuantActivations QuantActivationsFromEnvironment() {
-  static const QuantActivations activations = [] {
-    const char* env = std::getenv("POLESTAR_QUANT_ACTIVATIONS");
-    const std::string value = env == nullptr ? "" : env;
-    if (value.empty() || value == "int8") return QuantActivations::kInt8;
-    if (value == "f32") return QuantActivations::kF32;
-    Fail("POLESTAR_QUANT_ACTIVATIONS is '", value, "'; expected int8 or f32");
-  }();
-  return activations;
-}
-
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 Isa isa, QuantActivations activations) {
+                 Isa isa, ActivationPrecision activations) {
   if (!IsBlockQuantized(w.dtype)) return false;
-  if (activations == QuantActivations::kF32) {
+  if (activations == ActivationPrecision::kF32) {
     // Each chunk of output columns dequantises its own weight rows once and reuses them for
     // all M inputs, so the grain keeps a chunk's rows a few hundred KB of quantised data.
     const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(w.row_bytes, 1));

@@ -13,8 +13,8 @@
 //   Q6_K 256 values, 210 bytes: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d (last)
 //         16 sub-blocks of 16: y = d*sc * (q - 32), q 6-bit
 //
-// Matrix products (QuantMatMul) come two ways, by QuantActivations:
-// * kInt8 (the default): integer products, as ggml's CPU kernels do them. Each call rounds
+// Matrix products (QuantMatMul) come two ways, by ActivationPrecision (ops/isa.h):
+// * kReduced (the default): integer products, as ggml's CPU kernels do them. Each call rounds
 //   its activations to 8 bits (QuantizeActivations: per block of values one float scale
 //   d = max|x| / 127 and levels q = round_half_even(x * (127 / max|x|)), so x = d * q + e
 //   with |e| <= d / 2), then multiplies weight levels with activation levels in exact
@@ -57,21 +57,12 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out);
 // BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 void QuantizeValues(DType type, const float* src, int64_t n, uint8_t* dst);
 
-enum class QuantActivations {
-  kInt8,  // integer products on activations rounded to 8 bits
-  kF32,   // fp32 activations against dequantised weights: exact against the reference
-};
-
-// The process-wide choice: kInt8 unless the environment variable POLESTAR_QUANT_ACTIVATIONS
-// says f32 (int8 names the default); any other value is an error, not ignored.
-QuantActivations QuantActivationsFromEnvironment();
-
 // y[M, N] = x[M, K] · w[N, K]^T (+ bias) for block-quantised w, on the widest kernels at
-// or below `isa` (the CPU backend's choice), with `activations` as above: kInt8 quantises x
+// or below `isa` (the CPU backend's choice), with `activations` as above: kReduced quantises x
 // once, then the output columns are split among threads. Returns false, doing nothing, when
 // w is not block-quantised (the caller's kernels handle it).
 bool QuantMatMul(const float* x, int64_t m, const WeightView& w, float* y, const float* bias,
-                 Isa isa, QuantActivations activations);
+                 Isa isa, ActivationPrecision activations);
 
 // --- integer matrix products ---
 
@@ -123,7 +114,7 @@ void DequantizeValues(DType type, const uint8_t* src, int64_t n, float* out);
 // K-quants unsigned (see KQuantMultipliers). Shared with the AVX-512 kernels (AVX-512 CPUs
 // all run AVX2).
 void WeightLevels(DType type, const uint8_t* row, int64_t k, uint8_t* levels);
-// Columns [n_begin, n_end) of y = x·w^T on fp32 activations (QuantActivations::kF32),
+// Columns [n_begin, n_end) of y = x·w^T on fp32 activations (ActivationPrecision::kF32),
 // written at y + i * ldy + (n - n_begin).
 void QuantMatMulColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin,
                         int64_t n_end, float* y, int64_t ldy);

@@ -149,6 +149,19 @@ double KlDivergence(const float* current, const float* previous, int64_t n, floa
   return std::max(sum, 0.0);
 }
 
+void FlooredLogs(const float* p, int64_t n, double* out, float floor) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::log(double(std::max(p[i], floor)));
+}
+
+double KlDivergenceFromLogs(const float* current, const double* current_logs,
+                            const double* previous_logs, int64_t n, float floor) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum += double(std::max(current[i], floor)) * (current_logs[i] - previous_logs[i]);
+  }
+  return std::max(sum, 0.0);
+}
+
 double CosineSimilarity(const float* a, const float* b, int64_t n) {
   double dot = 0, na = 0, nb = 0;
   for (int64_t i = 0; i < n; ++i) {

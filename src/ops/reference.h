@@ -49,6 +49,13 @@ void Attention(const float* q, int64_t m, const float* k, const float* v, int64_
 // KL(current || previous), each entry clamped to at least `floor` before the logs, the
 // result clamped at >= 0.
 double KlDivergence(const float* current, const float* previous, int64_t n, float floor = 1e-12f);
+// out[n] = log(max(p[i], floor)) in double: the logs KlDivergence takes of one row. A caller
+// that compares each distribution twice (as current, then as previous) keeps them, so every
+// log is taken once.
+void FlooredLogs(const float* p, int64_t n, double* out, float floor = 1e-12f);
+// KlDivergence from both rows' FlooredLogs: the same terms in the same order, the same bits.
+double KlDivergenceFromLogs(const float* current, const double* current_logs,
+                            const double* previous_logs, int64_t n, float floor = 1e-12f);
 // cos(a, b); 0 when either is all zeros.
 double CosineSimilarity(const float* a, const float* b, int64_t n);
 
