@@ -345,13 +345,16 @@ int Run(const Options& options) {
   if (!options.batches.empty()) return RunBatched(options, threads);
   PrintMachine(options, threads);
   std::printf("%6s %6s %6s |", "", "", "");
-  for (Isa isa : options.isas) std::printf(" %-26s |", Cat("GFLOP/s ", IsaName(isa)).c_str());
+  for (Isa isa : options.isas) std::printf(" %-35s |", Cat("GFLOP/s ", IsaName(isa)).c_str());
   std::printf(" OpenBLAS\n%6s %6s %6s |", "M", "N", "K");
   for (size_t i = 0; i < options.isas.size(); ++i)
-    std::printf(" %8s %8s %8s |", "BF16", "F16", "F32");
+    std::printf(" %8s %8s %8s %8s |", "BF16", "BF16 f32", "F16", "F32");
   std::printf(" %8s\n", "F32");
-  std::vector<CpuBackend> backends;
-  for (Isa isa : options.isas) backends.emplace_back(isa);
+  std::vector<CpuBackend> backends;  // per kernel set: reduced precision, fp32 activations
+  for (Isa isa : options.isas) {
+    backends.emplace_back(isa, ActivationPrecision::kReduced);
+    backends.emplace_back(isa, ActivationPrecision::kF32);
+  }
   std::vector<std::string> json;
   std::mt19937 rng(1234);
   const int64_t k = options.k;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "base/error.h"
 #include "base/parallel.h"
@@ -57,13 +58,13 @@ void Bf16DotColumns(const Bf16Activations& x, const WeightView& w, int64_t n_beg
                     float* y, int64_t ldy) {
   PS_CHECK(w.dtype == DType::kBF16 && x.cols == w.cols);
   for (int64_t n = n_begin; n < n_end; ++n) {
-    const auto* weights = reinterpret_cast<const uint16_t*>(w.Row(n));  // [K]
+    std::vector<uint16_t> weights(size_t(w.cols) + 1, 0);  // [K + 1]: rows may be unaligned
+    std::memcpy(weights.data(), w.Row(n), size_t(2 * w.cols));
     for (int64_t i = 0; i < x.rows; ++i) {
       const uint32_t* words = x.words.data() + i * x.pairs;
       float sum = 0.0f;
       for (int64_t q = 0; q < x.pairs; ++q) {
-        const uint32_t high = 2 * q + 1 < w.cols ? weights[2 * q + 1] : 0u;
-        sum = AddProduct(sum, WidenFlushed(words[q] >> 16), WidenFlushed(high));
+        sum = AddProduct(sum, WidenFlushed(words[q] >> 16), WidenFlushed(weights[2 * q + 1]));
         sum = AddProduct(sum, WidenFlushed(words[q] & 0xffffu), WidenFlushed(weights[2 * q]));
       }
       y[i * ldy + (n - n_begin)] = sum;
