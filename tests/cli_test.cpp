@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -483,6 +484,28 @@ TEST(CliDecodeFlags, EveryFlagAndAliasSetsItsOptionAlone) {
 }
 
 // By name, by alias, with '-' or '_': the bench grid's keys and generation_config.json's.
+// The activation precision comes from the environment: a value it does not know, or the
+// variable it replaced, ends the run with a message naming the variable (the child process
+// inherits this process's environment).
+TEST(CliEnvironment, BadActivationPrecisionIsAClearError) {
+  const std::string generate = "generate -m " + Quote(testing::FixtureDir("llada-tiny")) +
+                               " --prompt-ids 1,2,3 --gen-length 4 --block-length 4 --steps 4";
+  setenv("POLESTAR_ACTIVATIONS", "int4", 1);
+  const CliResult bad = Polestar(generate);
+  unsetenv("POLESTAR_ACTIVATIONS");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("POLESTAR_ACTIVATIONS is 'int4'; expected reduced or f32"));
+  setenv("POLESTAR_QUANT_ACTIVATIONS", "f32", 1);
+  const CliResult old = Polestar(generate);
+  unsetenv("POLESTAR_QUANT_ACTIVATIONS");
+  EXPECT_NE(old.exit_code, 0);
+  EXPECT_THAT(old.output, HasSubstr("POLESTAR_QUANT_ACTIVATIONS is now POLESTAR_ACTIVATIONS"));
+  setenv("POLESTAR_ACTIVATIONS", "f32", 1);
+  const CliResult exact = Polestar(generate);
+  unsetenv("POLESTAR_ACTIVATIONS");
+  EXPECT_EQ(exact.exit_code, 0) << exact.output;
+}
+
 TEST(CliDecodeFlags, SettingsByNameOrAliasReachTheSameOption) {
   EXPECT_EQ(CanonicalDecodeFlag("topk"), "topk-clusters");
   EXPECT_EQ(CanonicalDecodeFlag("topk_clusters"), "topk-clusters");
