@@ -314,8 +314,9 @@ TEST(Avx2MatMul, ColumnRangeInsideTheMatrix) {
   CheckMatMulColumnRange(avx2::MatMulColumns, {1, 3, 4, 9}, rng);
 }
 
-// The 512-bit kernel's panels are 32 weight rows and its tiles up to 12 x rows: N around
-// multiples of 16 and 32, every M to 40 (every way of dealing rows into tiles) and beyond.
+// The 512-bit kernel's column tiles are 12 weight rows and its tiles up to two groups of 16 x
+// rows: N around multiples of 12 and 16, every M to 40 (one to three groups, full and partial,
+// and one group alone in its tile) and beyond.
 TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(17);
@@ -323,13 +324,14 @@ TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   for (int64_t m = 1; m <= 40; ++m) row_counts.push_back(m);
   for (int64_t m : {64, 97}) row_counts.push_back(m);
   const int checked = CheckMatMulShapes(
-      avx512::MatMulColumns, {1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, 79},
+      avx512::MatMulColumns,
+      {1, 2, 3, 5, 8, 11, 12, 13, 15, 16, 17, 24, 25, 31, 32, 33, 47, 48, 49, 64, 65, 79},
       row_counts, rng);
   EXPECT_GT(checked, 5000);
 }
 
-// Long rows of x are swept in row blocks that stay in L2 (about 1 MB each): at K = 6000,
-// M = 100 runs as three blocks.
+// Long rows of x are swept in row blocks that stay in L2 (about 1 MB each, whole groups of 16
+// rows, at least four groups): at K = 6000, M = 100 runs as blocks of 64 and 36 rows.
 TEST(Avx512MatMul, ManyLongRowsInBlocks) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(19);

@@ -1,23 +1,25 @@
-// y[M, N] = x[M, K] · w[N, K]^T on F32, BF16 and F16 weights with 512-bit FMAs: the AVX2
-// kernel's two paths (ops/avx2/matmul.cpp) at twice the width.
+// y[M, N] = x[M, K] · w[N, K]^T on F32, BF16 and F16 weights with 512-bit FMAs.
 //
-// * Panel (M > kDotMaxRows): a panel of 32 weight rows x 128 values of K is converted to f32
-//   in transposed order ([K-chunk, 32], 16 KB, stays in L1; BF16 and F16 transposed in zmm,
-//   F32 by the AVX2 packer of ops/avx2/float_formats.h), then every tile of up to 12 rows of
-//   x sweeps it: per K step two panel loads, one broadcast of x per row and two FMAs per row
-//   into up to 24 accumulators held in zmm registers. Tiles take the rows dealt out evenly
-//   (M = 32: 11 11 10, M = 8: one tile of 8), so no shape ends in a tile too short to cover
-//   the FMA latency. A last panel of 16 or fewer weight rows runs one vector of outputs per
-//   row; columns past N are masked off. Rows of x go through in blocks of about 1 MB
-//   (M = 512, K = 2048: four blocks of 128) that stay in L2 while every panel sweeps them;
-//   each weight byte is read and converted once per block. Every output is one chain of
-//   FMAs over K in order, as in the AVX2 panel path, so the two give the same bits.
+// * Panel (M > kDotMaxRows): the rows of x are regrouped once per call, sixteen rows to a
+//   group and each group transposed ([K, 16]), so one vector holds value k of sixteen rows.
+//   A panel of 12 weight rows x 256 values of K is converted to f32 as stored ([12, 256],
+//   12 KB, stays in L1; no transpose), then every tile of up to two groups sweeps it: per K
+//   step two loads of x, one broadcast per weight row and two FMAs per weight row into up to
+//   24 accumulators held in zmm registers, which hold outputs for 16 rows of one column each
+//   and go to y, transposed, once the column tile is done. Converting the weights this way
+//   costs a load and a store per sixteen values, about a quarter of what a transposed panel
+//   of weights costs, and the regrouping of x is paid once for all N columns (measured on
+//   Zen 4, one thread, F16 N = K = 4096: 57 -> 90 GFLOP/s at M = 96, 80% of the FMA peak
+//   at 112). Rows of x go through in blocks of about 1 MB (M = 512, K = 2048: four blocks
+//   of 128) that stay in L2 while every column tile sweeps them; each weight byte is read
+//   and converted once per block. Every output is one chain of FMAs over K in order, as in
+//   the AVX2 panel path, so the two give the same bits.
 // * Dot (M <= kDotMaxRows): too few rows to pay for packing; each group of 4 to 8 weight
 //   rows (about 24 accumulators) is converted sixteen values at a time (the tail of K by
 //   masked loads) and dotted with every x row. Bound by memory and L2 bandwidth.
 //
-// BF16 weights are widened to f32 and multiplied in f32: this code does not use AVX512_BF16
-// (vdpbf16ps), which the CPUs it was written and tested on lack.
+// BF16 weights are widened to f32 and multiplied in f32 here; with reduced activation
+// precision on AVX512_BF16 they take ops/bf16_matmul.h instead.
 //
 // GCC 12's AVX-512 intrinsics build their "undefined" vectors from self-initialised
 // variables (GCC bug 105593), which -Wuninitialized reports inside the header; the
@@ -35,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <utility>
+#include <vector>
 
 #include "ops/avx2/avx2.h"
 #include "ops/avx2/float_formats.h"
@@ -47,9 +50,10 @@ using avx2::Bf16Format;
 using avx2::F16Format;
 using avx2::F32Format;
 
-constexpr int kPanelCols = 32;   // weight rows per panel: two vectors of outputs
-constexpr int kTileRows = 12;    // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
-constexpr int64_t kDepth = 128;  // K values per panel: 16 KB of f32
+constexpr int kTileCols = 12;    // weight rows per tile: 12 broadcasts per K step
+constexpr int kGroupRows = 16;   // rows of x per vector, one in each lane
+constexpr int kTileGroups = 2;   // groups of x rows per tile: 24 accumulators + 2 x + 1 broadcast
+constexpr int64_t kDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
 constexpr int kDotMaxRows = 6;  // measured: the dot path is ahead up to M = 6, the panel from 8
 
@@ -70,174 +74,123 @@ inline __mmask16 FirstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
 }
 
-// Loads eight 16-bit values at byte_offset of rows lanes[L][q] (q < 8) into 128-bit lane L
-// of r[q] and transposes within each lane: out[kk] holds in lane L value kk of the rows
-// lanes[L][0..7]. The network of avx2::LoadTranspose16 on four lanes instead of two.
-inline void LoadTranspose32(const uint8_t* const lanes[4][8], int64_t byte_offset, __m512i out[8]) {
-  __m512i r[8];
-  for (int q = 0; q < 8; ++q) {
-    auto load = [&](int lane) {
-      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(lanes[lane][q] + byte_offset));
-    };
-    r[q] = _mm512_inserti32x4(_mm512_castsi128_si512(load(0)), load(1), 1);
-    r[q] = _mm512_inserti32x4(_mm512_inserti32x4(r[q], load(2), 2), load(3), 3);
-  }
-  __m512i lo[4], hi[4];  // pairs of rows interleaved: values 0-3 / 4-7
-  for (int p = 0; p < 4; ++p) {
-    lo[p] = _mm512_unpacklo_epi16(r[2 * p], r[2 * p + 1]);
-    hi[p] = _mm512_unpackhi_epi16(r[2 * p], r[2 * p + 1]);
-  }
-  const __m512i u0 = _mm512_unpacklo_epi32(lo[0], lo[1]), u1 = _mm512_unpackhi_epi32(lo[0], lo[1]);
-  const __m512i u2 = _mm512_unpacklo_epi32(lo[2], lo[3]), u3 = _mm512_unpackhi_epi32(lo[2], lo[3]);
-  const __m512i u4 = _mm512_unpacklo_epi32(hi[0], hi[1]), u5 = _mm512_unpackhi_epi32(hi[0], hi[1]);
-  const __m512i u6 = _mm512_unpacklo_epi32(hi[2], hi[3]), u7 = _mm512_unpackhi_epi32(hi[2], hi[3]);
-  out[0] = _mm512_unpacklo_epi64(u0, u2);
-  out[1] = _mm512_unpackhi_epi64(u0, u2);
-  out[2] = _mm512_unpacklo_epi64(u1, u3);
-  out[3] = _mm512_unpackhi_epi64(u1, u3);
-  out[4] = _mm512_unpacklo_epi64(u4, u6);
-  out[5] = _mm512_unpackhi_epi64(u4, u6);
-  out[6] = _mm512_unpacklo_epi64(u5, u7);
-  out[7] = _mm512_unpackhi_epi64(u5, u7);
-}
-
-// 32 rows x 8 values into panel order: out[kk * 32 + j] = row j, value k + kk. The 16-bit
-// types transpose in zmm (half the shuffles per value of the AVX2 packer); F32, which the
-// models here do not store their large matrices in, uses the AVX2 packer twice.
-inline void Pack32x8(F32Format, const uint8_t* const rows[32], int64_t k, float* out) {
-  F32Format::Pack16x8(rows, k, out, kPanelCols);
-  F32Format::Pack16x8(rows + 16, k, out + 16, kPanelCols);
-}
-inline void Pack32x8(Bf16Format, const uint8_t* const rows[32], int64_t k, float* out) {
-  // Interleaving zeros below a lane's values 0-3 (unpacklo) widens them to f32, so lane L
-  // must hold rows 4L..4L+3 first and 16+4L..16+4L+3 after them, for the two halves to
-  // come out as rows 0-15 and 16-31.
-  const uint8_t* lanes[4][8];
-  for (int lane = 0; lane < 4; ++lane) {
-    for (int q = 0; q < 4; ++q) {
-      lanes[lane][q] = rows[4 * lane + q];
-      lanes[lane][q + 4] = rows[16 + 4 * lane + q];
-    }
-  }
-  __m512i t[8];
-  LoadTranspose32(lanes, 2 * k, t);
-  const __m512i zero = _mm512_setzero_si512();
-  for (int kk = 0; kk < 8; ++kk) {
-    _mm512_store_ps(out + kk * kPanelCols, _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, t[kk])));
-    _mm512_store_ps(out + kk * kPanelCols + 16,
-                    _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, t[kk])));
-  }
-}
-inline void Pack32x8(F16Format, const uint8_t* const rows[32], int64_t k, float* out) {
-  const uint8_t* lanes[4][8];  // lane L: rows 8L..8L+7, so each 256-bit half is 16 rows in order
-  for (int lane = 0; lane < 4; ++lane) {
-    for (int q = 0; q < 8; ++q) lanes[lane][q] = rows[8 * lane + q];
-  }
-  __m512i t[8];
-  LoadTranspose32(lanes, 2 * k, t);
-  for (int kk = 0; kk < 8; ++kk) {
-    _mm512_store_ps(out + kk * kPanelCols, _mm512_cvtph_ps(_mm512_castsi512_si256(t[kk])));
-    _mm512_store_ps(out + kk * kPanelCols + 16,
-                    _mm512_cvtph_ps(_mm512_extracti64x4_epi64(t[kk], 1)));
-  }
-}
-
-// panel[kk * 32 + j] = w[n0 + j][k0 + kk] for kk < depth, j < cols; zero for j >= cols.
+// panel[c * kDepth + kk] = w[n0 + c][k0 + kk] as f32, for c < cols and kk < depth: each
+// weight row converted as it is stored, sixteen values per instruction, with no transpose.
 template <typename Format>
-void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
-  const uint8_t* rows[kPanelCols];
-  for (int j = 0; j < kPanelCols; ++j) rows[j] = w.Row(n0 + std::min(j, cols - 1));
-  int64_t kk = 0;
-  if (cols == kPanelCols) {
-    for (; kk + 8 <= depth; kk += 8) Pack32x8(Format{}, rows, k0 + kk, panel + kk * kPanelCols);
-  }
-  for (; kk < depth; ++kk) {
-    for (int j = 0; j < kPanelCols; ++j) {
-      panel[kk * kPanelCols + j] =
-          j < cols ? Format::Load1(rows[j] + Format::kBytes * (k0 + kk)) : 0.0f;
+void Convert(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
+  for (int c = 0; c < cols; ++c) {
+    const uint8_t* row = w.Row(n0 + c) + Format::kBytes * k0;
+    float* out = panel + c * kDepth;
+    for (int64_t kk = 0; kk < depth; kk += 16) {
+      const __mmask16 mask = FirstLanes(depth - kk);
+      _mm512_mask_storeu_ps(out + kk, mask, Load16(Format{}, row + Format::kBytes * kk, mask));
     }
   }
 }
 
-// Asks for the weights the next Pack will read ([32 rows from n0, kDepth values from k0])
-// while the tiles work on this panel, so the pack does not wait on memory.
+// Asks for the weights the next Convert will read ([kTileCols rows from n0, kDepth values
+// from k0]) while the tiles work on this panel, so the conversion does not wait on memory.
 template <typename Format>
 void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
   const int64_t bytes = Format::kBytes * std::min(kDepth, w.cols - k0);
-  for (int64_t n = n0; n < std::min(n0 + kPanelCols, n_end); ++n) {
+  for (int64_t n = n0; n < std::min(n0 + kTileCols, n_end); ++n) {
     const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
     for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
   }
 }
 
-// y[R, 16 V] (+)= x[R, depth] · panel[depth, 16 V] (panel rows kPanelCols apart); rows of x
-// are ldx apart, of y ldy apart. Only the lanes in mask[v] of output vector v are read and
-// written. The loops over R and V unroll completely, so the accumulators live in registers.
-template <int R, int V>
-void PanelTile(const float* x, int64_t ldx, const float* panel, int64_t depth, float* y,
-               int64_t ldy, bool accumulate, const __mmask16 mask[2]) {
-  static_assert(R >= 1 && R <= kTileRows && (V == 1 || V == 2));
-  __m512 acc[R][V];
+// The rows of x in groups of 16, each group transposed: xt[g * ldg + kk * 16 + l] = x[16 g + l]
+// [kk] (ldg = 16 K), lanes past M zero. A tile then loads sixteen rows' value kk as one vector.
+void GroupRows(const float* x, int64_t m, int64_t k, float* xt) {
+  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
+  for (int64_t g = 0; g < groups; ++g) {
+    float* out = xt + g * kGroupRows * k;
+    const int64_t lanes = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
+    for (int64_t l = 0; l < lanes; ++l) {
+      const float* row = x + (g * kGroupRows + l) * k;
+      for (int64_t kk = 0; kk < k; ++kk) out[kk * kGroupRows + l] = row[kk];
+    }
+    for (int64_t l = lanes; l < kGroupRows; ++l) {
+      for (int64_t kk = 0; kk < k; ++kk) out[kk * kGroupRows + l] = 0.0f;
+    }
+  }
+}
+
+// yt[C, 16 V] (+)= panel[C, depth] · xt[16 V, depth]^T: C weight rows (panel rows kDepth
+// apart) against V groups of 16 rows of x (groups ldg apart, as GroupRows lays them out);
+// output c of group v is yt[c * ldyt + 16 v + lane]. Per K step: V loads of x, C broadcasts
+// of a weight, V x C FMAs into accumulators held in zmm registers (the loops unroll
+// completely). Each output is one chain of FMAs over K in order, as in the AVX2 panel path.
+template <int V, int C>
+void PanelTile(const float* xt, int64_t ldg, const float* panel, int64_t depth, float* yt,
+               int64_t ldyt, bool accumulate) {
+  static_assert(V >= 1 && V <= kTileGroups && C >= 1 && C <= kTileCols);
+  __m512 acc[C][V];
 #pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) {
+  for (int c = 0; c < C; ++c) {
 #pragma GCC unroll 2
     for (int v = 0; v < V; ++v) {
-      acc[r][v] =
-          accumulate ? _mm512_maskz_loadu_ps(mask[v], y + r * ldy + 16 * v) : _mm512_setzero_ps();
+      acc[c][v] = accumulate ? _mm512_loadu_ps(yt + c * ldyt + 16 * v) : _mm512_setzero_ps();
     }
   }
-  for (int64_t kk = 0; kk < depth; ++kk, panel += kPanelCols) {
-    __m512 b[V];
+  for (int64_t kk = 0; kk < depth; ++kk) {
+    __m512 xv[V];
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) b[v] = _mm512_load_ps(panel + 16 * v);
+    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + v * ldg + kk * kGroupRows);
 #pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * ldx + kk]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 a = _mm512_set1_ps(panel[c * kDepth + kk]);
 #pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+      for (int v = 0; v < V; ++v) acc[c][v] = _mm512_fmadd_ps(xv[v], a, acc[c][v]);
     }
   }
 #pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) {
+  for (int c = 0; c < C; ++c) {
 #pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm512_mask_storeu_ps(y + r * ldy + 16 * v, mask[v], acc[r][v]);
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(yt + c * ldyt + 16 * v, acc[c][v]);
   }
 }
 
-using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool,
-                             const __mmask16*);
+using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
 
-template <int V, int... R>
-constexpr auto TilesOf(std::integer_sequence<int, R...>) {
-  return std::array<PanelTileFn, kTileRows + 1>{nullptr, PanelTile<R + 1, V>...};
+template <int V, int... C>
+constexpr auto TilesOf(std::integer_sequence<int, C...>) {
+  return std::array<PanelTileFn, kTileCols + 1>{nullptr, PanelTile<V, C + 1>...};
 }
-// kTiles[V - 1][R]: the tile of R rows and V output vectors.
-constexpr std::array<PanelTileFn, kTileRows + 1> kTiles[2] = {
-    TilesOf<1>(std::make_integer_sequence<int, kTileRows>()),
-    TilesOf<2>(std::make_integer_sequence<int, kTileRows>())};
+// kTiles[V - 1][C]: the tile of V groups of x rows and C weight rows.
+constexpr std::array<PanelTileFn, kTileCols + 1> kTiles[kTileGroups] = {
+    TilesOf<1>(std::make_integer_sequence<int, kTileCols>()),
+    TilesOf<2>(std::make_integer_sequence<int, kTileCols>())};
 
 template <typename Format>
 void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
                   float* y, int64_t ldy) {
   const int64_t k = w.cols;
-  alignas(64) float panel[kDepth * kPanelCols];  // [kDepth, 32]
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kPanelCols) {
-    const int cols = int(std::min<int64_t>(kPanelCols, n_end - n0));
-    const __mmask16 mask[2] = {FirstLanes(cols), FirstLanes(cols - 16)};
-    const auto& tile_fns = kTiles[cols > 16 ? 1 : 0];
-    float* y_panel = y + (n0 - n_begin);
+  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
+  const int64_t ldg = kGroupRows * k, ldyt = kGroupRows * groups;
+  alignas(64) float panel[kTileCols * kDepth];  // [kTileCols, kDepth]
+  // Kept per thread (x's at most about 1 MB, a row block's), so steady decoding allocates
+  // nothing; filling them costs about 1/N of the products' work.
+  thread_local std::vector<float> xt;  // [groups, K, 16]: x by GroupRows
+  thread_local std::vector<float> yt;  // [kTileCols, groups * 16]: one column tile's outputs
+  xt.resize(size_t(groups * ldg));
+  yt.resize(size_t(kTileCols * ldyt));
+  GroupRows(x, m, k, xt.data());
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
+    const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t depth = std::min(kDepth, k - k0);
-      Pack<Format>(w, n0, cols, k0, depth, panel);
-      Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kPanelCols, k0 + depth < k ? k0 + depth : 0,
+      Convert<Format>(w, n0, cols, k0, depth, panel);
+      Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kTileCols, k0 + depth < k ? k0 + depth : 0,
                        n_end);
-      for (int64_t t = 0, i0 = 0; t < tiles; ++t) {
-        const int64_t rows = m / tiles + (t < m % tiles ? 1 : 0);
-        tile_fns[size_t(rows)](x + i0 * k + k0, k, panel, depth, y_panel + i0 * ldy, ldy, k0 > 0,
-                               mask);
-        i0 += rows;
+      for (int64_t g = 0; g < groups; g += kTileGroups) {
+        const int64_t v = std::min<int64_t>(kTileGroups, groups - g);
+        kTiles[v - 1][size_t(cols)](xt.data() + g * ldg + k0 * kGroupRows, ldg, panel, depth,
+                                    yt.data() + g * kGroupRows, ldyt, k0 > 0);
       }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int c = 0; c < cols; ++c) y[i * ldy + (n0 - n_begin) + c] = yt[size_t(c * ldyt + i)];
     }
   }
 }
@@ -296,14 +249,14 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
   } else if (w.cols == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
   } else {
-    // Every panel sweeps all of its rows of x: a row block's x ([rows, K]) must stay in L2,
-    // or each panel streams it from L3 again (M = 512, K = 2048: 4 MB per 32 weight rows).
-    const int64_t max_rows = std::max<int64_t>(4 * kTileRows, kRowBlockBytes / (4 * w.cols));
-    const int64_t blocks = (m + max_rows - 1) / max_rows;
-    for (int64_t b = 0, i0 = 0; b < blocks; ++b) {
-      const int64_t rows = m / blocks + (b < m % blocks ? 1 : 0);
+    // Every column tile sweeps all of its rows of x: a row block's x ([rows, K]) must stay
+    // in L2, or each tile streams it from L3 again (M = 512, K = 2048: 4 MB per 12 weight
+    // rows). Blocks are whole groups of 16 rows but the last.
+    const int64_t max_rows =
+        std::max<int64_t>(4 * kGroupRows, kRowBlockBytes / (4 * w.cols) / kGroupRows * kGroupRows);
+    for (int64_t i0 = 0; i0 < m; i0 += max_rows) {
+      const int64_t rows = std::min(max_rows, m - i0);
       PanelColumns<Format>(x + i0 * w.cols, rows, w, n_begin, n_end, y + i0 * ldy, ldy);
-      i0 += rows;
     }
   }
 }
