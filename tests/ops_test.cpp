@@ -314,9 +314,9 @@ TEST(Avx2MatMul, ColumnRangeInsideTheMatrix) {
   CheckMatMulColumnRange(avx2::MatMulColumns, {1, 3, 4, 9}, rng);
 }
 
-// The 512-bit kernel's column tiles are 12 weight rows and its tiles up to two groups of 16 x
-// rows: N around multiples of 12 and 16, every M to 40 (one to three groups, full and partial,
-// and one group alone in its tile) and beyond.
+// The 512-bit kernel's row tiles (M < 32 or K < 1024): panels of 32 weight rows and tiles up
+// to 12 x rows: N around multiples of 16 and 32, every M to 40 (every way of dealing rows
+// into tiles, and short K at larger M) and beyond.
 TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(17);
@@ -324,10 +324,41 @@ TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   for (int64_t m = 1; m <= 40; ++m) row_counts.push_back(m);
   for (int64_t m : {64, 97}) row_counts.push_back(m);
   const int checked = CheckMatMulShapes(
-      avx512::MatMulColumns,
-      {1, 2, 3, 5, 8, 11, 12, 13, 15, 16, 17, 24, 25, 31, 32, 33, 47, 48, 49, 64, 65, 79},
+      avx512::MatMulColumns, {1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 47, 48, 49, 64, 65, 79},
       row_counts, rng);
   EXPECT_GT(checked, 5000);
+}
+
+// The grouped-rows path (M >= 32, K >= 1024): column tiles of 12 weight rows, x in groups
+// of 16 rows, two groups a tile, K in panels of 256: N around multiples of 12, M with full
+// and partial groups and one group alone in its tile, K off and on panel boundaries.
+TEST(Avx512MatMul, GroupedRowsMatchScalar) {
+  SKIP_WITHOUT_AVX512();
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t k : {1024, 1031, 1280, 1537}) {
+      const TestWeights w = MakeWeights(type, 37, k, 2 * BlockBytes(type), BlockBytes(type), rng);
+      for (int64_t n : {1, 11, 12, 13, 25, 37}) {
+        WeightView view = w.view;
+        view.rows = n;
+        for (int64_t m : {32, 33, 47, 48, 49, 64, 81}) {
+          if ((n * m + k) % 3 != 0) continue;  // thin out
+          std::vector<float> x(size_t(m * k) + 1);
+          for (float& v : x) v = uniform(rng);
+          const int64_t ldy = n + 2;
+          std::vector<float> got(size_t(m * ldy), -7.0f), want(size_t(m * ldy), -7.0f);
+          avx512::MatMulColumns(x.data() + 1, m, view, 0, n, got.data(), ldy);
+          reference::MatMulColumns(x.data() + 1, m, view, 0, n, want.data(), ldy);
+          const std::string label = Cat(DTypeName(type), " M=", m, " N=", n, " K=", k);
+          ExpectMatMulClose(x, w, m, 0, n, got.data(), want.data(), ldy, label);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t c = n; c < ldy; ++c) ASSERT_EQ(got[i * ldy + c], -7.0f) << label;
+          }
+        }
+      }
+    }
+  }
 }
 
 // Long rows of x are swept in row blocks that stay in L2 (about 1 MB each, whole groups of 16
@@ -348,22 +379,26 @@ TEST(Avx512MatMul, ManyLongRowsInBlocks) {
   }
 }
 
-// Both panel paths run every output as one chain of FMAs over K in order: from M = 7 on
-// (past both dot paths) the AVX-512 kernel gives the AVX2 kernel's bits.
+// Every panel path runs every output as one chain of FMAs over K in order: from M = 7 on
+// (past both dot paths) the AVX-512 kernel gives the AVX2 kernel's bits, on row tiles
+// (K = 300, or M < 32) and on grouped rows (K = 1100, M >= 32).
 TEST(Avx512MatMul, PanelPathGivesTheAvx2Bits) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(20);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const TestWeights w = MakeWeights(type, 70, 300, 6, 2, rng);
-    for (int64_t m : {7, 8, 13, 32, 97}) {
-      std::vector<float> x(size_t(m * 300) + 1);
-      for (float& v : x) v = uniform(rng);
-      std::vector<float> wide(size_t(m * 70)), narrow(size_t(m * 70));
-      avx512::MatMulColumns(x.data() + 1, m, w.view, 0, 70, wide.data(), 70);
-      avx2::MatMulColumns(x.data() + 1, m, w.view, 0, 70, narrow.data(), 70);
-      for (size_t i = 0; i < wide.size(); ++i) {
-        ASSERT_EQ(Bits(wide[i]), Bits(narrow[i])) << DTypeName(type) << " M=" << m << " " << i;
+    for (int64_t k : {300, 1100}) {
+      const TestWeights w = MakeWeights(type, 70, k, 6, 2, rng);
+      for (int64_t m : {7, 8, 13, 31, 32, 97}) {
+        std::vector<float> x(size_t(m * k) + 1);
+        for (float& v : x) v = uniform(rng);
+        std::vector<float> wide(size_t(m * 70)), narrow(size_t(m * 70));
+        avx512::MatMulColumns(x.data() + 1, m, w.view, 0, 70, wide.data(), 70);
+        avx2::MatMulColumns(x.data() + 1, m, w.view, 0, 70, narrow.data(), 70);
+        for (size_t i = 0; i < wide.size(); ++i) {
+          ASSERT_EQ(Bits(wide[i]), Bits(narrow[i]))
+              << DTypeName(type) << " M=" << m << " K=" << k << " " << i;
+        }
       }
     }
   }
