@@ -329,9 +329,10 @@ TEST(Avx512MatMul, MatchesScalarOverShapesTypesAndAlignments) {
   EXPECT_GT(checked, 5000);
 }
 
-// The grouped-rows path (M >= 32, K >= 1024): column tiles of 12 weight rows, x in groups
-// of 16 rows, two groups a tile, K in panels of 256: N around multiples of 12, M with full
-// and partial groups and one group alone in its tile, K off and on panel boundaries.
+// The grouped-rows path (K >= 1024, with M >= 32 or K a multiple of 1024): column tiles of
+// 12 weight rows, x in groups of 16 rows, two groups a tile, K in panels of 256: N around
+// multiples of 12, M with full and partial groups and one group alone in its tile, K off
+// and on panel boundaries.
 TEST(Avx512MatMul, GroupedRowsMatchScalar) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(21);
@@ -342,7 +343,7 @@ TEST(Avx512MatMul, GroupedRowsMatchScalar) {
       for (int64_t n : {1, 11, 12, 13, 25, 37}) {
         WeightView view = w.view;
         view.rows = n;
-        for (int64_t m : {32, 33, 47, 48, 49, 64, 81}) {
+        for (int64_t m : {7, 13, 32, 33, 47, 48, 49, 64, 81}) {
           if ((n * m + k) % 3 != 0) continue;  // thin out
           std::vector<float> x(size_t(m * k) + 1);
           for (float& v : x) v = uniform(rng);
@@ -381,13 +382,13 @@ TEST(Avx512MatMul, ManyLongRowsInBlocks) {
 
 // Every panel path runs every output as one chain of FMAs over K in order: from M = 7 on
 // (past both dot paths) the AVX-512 kernel gives the AVX2 kernel's bits, on row tiles
-// (K = 300, or M < 32) and on grouped rows (K = 1100, M >= 32).
+// (K = 300, or K = 1100 and M < 32) and on grouped rows (K = 1100 and M >= 32, K = 2048).
 TEST(Avx512MatMul, PanelPathGivesTheAvx2Bits) {
   SKIP_WITHOUT_AVX512();
   std::mt19937 rng(20);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int64_t k : {300, 1100}) {
+    for (int64_t k : {300, 1100, 2048}) {
       const TestWeights w = MakeWeights(type, 70, k, 6, 2, rng);
       for (int64_t m : {7, 8, 13, 31, 32, 97}) {
         std::vector<float> x(size_t(m * k) + 1);

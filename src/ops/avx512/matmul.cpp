@@ -2,7 +2,8 @@
 //
 // Every output of the two panel paths is one chain of FMAs over K in order, as in the AVX2
 // panel path, so all three give the same bits and the choice between them is free.
-// * Grouped rows (M >= 32 and K >= 1024): the rows of x are regrouped once per call,
+// * Grouped rows (K >= 1024, with M >= 32 or K a multiple of 1024): the rows of x are regrouped
+// once per call,
 //   sixteen rows to a group and each group transposed ([K, 16]), so one vector holds value
 //   k of sixteen rows. A panel of 12 weight rows x 256 values of K is converted to f32 as
 //   stored ([12, 256], 12 KB, stays in L1; no transpose), then every tile of up to two
@@ -69,13 +70,20 @@ constexpr int kTileGroups = 2;   // groups of x rows per tile: 24 accumulators +
 constexpr int64_t kDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
 constexpr int kDotMaxRows = 6;  // measured: the dot path is ahead up to M = 6, the panel from 8
-// Grouped rows from 32 rows and K = 1024 on, measured on Zen 4 (one thread, GFLOP/s, row
-// tiles / grouped): F16 2048 x 2048 at M = 16 51 / 74, 24 57 / 58, 32 65 / 79, 96 62 / 92;
-// F16 2048 x 5632 at M = 24 63 / 51, 32 69 / 76, 48 79 / 85; F32 384 x 128 (polestar-tiny)
-// at M = 8 67 / 41, 32 96 / 87, 48 101 / 91. Below that the regrouping of x and y costs
-// more than cheap weight conversion saves, and partial groups idle lanes.
+// Grouped rows for K >= 1024, from 32 rows, or from 7 rows where K is a multiple of 1024;
+// row tiles otherwise. Measured on Zen 4 (one thread, GFLOP/s, row tiles / grouped): F16
+// 2048 x 2048 at M = 8 33 / 37, 16 51 / 74, 24 57 / 58, 32 65 / 79, 96 62 / 92; F16 2048 x
+// 5632 at M = 16 66 / 62, 24 63 / 51, 32 69 / 76, 48 79 / 85; F32 384 x 128 (polestar-tiny)
+// at M = 8 67 / 41, 32 96 / 87, 48 101 / 91. Row tiles read x in place, and rows a multiple
+// of 4 KB apart fall into the same sets of the 8-way L1, which costs them up to a third
+// there; elsewhere the regrouping of x and y and the idle lanes of partial groups cost the
+// grouped rows more than cheap weight conversion saves until M = 32, and at short K always.
 constexpr int kGroupedMinRows = 32;
 constexpr int64_t kGroupedMinDepth = 1024;
+
+bool Grouped(int64_t m, int64_t k) {
+  return k >= kGroupedMinDepth && (m >= kGroupedMinRows || k % 1024 == 0);
+}
 
 // Sixteen consecutive values of one row as f32; lanes outside `mask` read nothing and are 0.
 inline __m512 Load16(F32Format, const uint8_t* p, __mmask16 mask) {
@@ -94,7 +102,7 @@ inline __mmask16 FirstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
 }
 
-// --- Row tiles: M below kGroupedMinRows or K below kGroupedMinDepth ---
+// --- Row tiles (where Grouped says no) ---
 
 // Loads eight 16-bit values at byte_offset of rows lanes[L][q] (q < 8) into 128-bit lane L
 // of r[q] and transposes within each lane: out[kk] holds in lane L value kk of the rows
@@ -444,7 +452,7 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
                        ldy);
   } else if (w.cols == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
-  } else if (m < kGroupedMinRows || w.cols < kGroupedMinDepth) {
+  } else if (!Grouped(m, w.cols)) {
     RowTileColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
   } else {
     // Every column tile sweeps all of its rows of x: a row block's x ([rows, K]) must stay
