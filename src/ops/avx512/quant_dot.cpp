@@ -7,8 +7,11 @@
 //   scheme does, costs a conversion, a product and an FMA per 64 products: the Q8_0 path
 //   was slower than F16's FMAs.) One to three rows put blocks in the lanes instead, with the
 //   same float steps, so a row's outputs have the same bits at any M.
-//   K-quants: the AVX2 kernels' scheme at twice the width, 4 activation rows against 2
-//   weight rows, with the groups' scales applied in integer.
+//   K-quants: the same row lanes, per 4 values one vpdpbusd; each 16-value group's sum is
+//   scaled by its group's scale in integer (vpdpwssd for Q4_K, whose sums fit in int16,
+//   vpmulld otherwise) and the mins enter as one vpdpwssd per two groups against the rows'
+//   group sums, so a super-block's sums are exact int32 and take two FMAs (see below).
+//   One to three rows put values in the lanes instead, with the same float steps.
 // Weight rows are unpacked once per call (levels by avx2::WeightLevels). Compiled with
 // POLESTAR_AVX512_FLAGS.
 //
@@ -30,138 +33,232 @@
 namespace polestar::avx512 {
 namespace {
 
+constexpr int kLanes = 16;  // rows of activations per register in the row-lane kernels
+
 float LoadF16(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
   return _cvtsh_ss(bits);
 }
 
-// A Q4_K / Q5_K / Q6_K row (see KQuantMultipliers). The mins enter as floats: per group
-// dmin * min against scale * (sum of the group's activation levels), one FMA of 16 lanes per
-// super-block and pair of rows, instead of an integer product, a conversion and a scaling.
+// --- K-quants ---
+// A super-block's integer sums for activation row r and weight row c, exact in int32:
+//   T = sum over groups g of scale_g * (sum of level * q over the group's 16 values)
+//   S = sum over groups g of min_g * (sum of q over the group)
+// (|T| <= 256 * 63 * 127 * 128 < 2^31, |S| <= 256 * 127 * 4096 < 2^31), and the float steps
+// every K-quant path runs per super-block b, in order, from acc = 0:
+//   acc = fma(float(T), d_b * dx_rb, acc);  acc = fma(-float(S), dmin_b * dx_rb, acc)
+// so a row's outputs have the same bits on either path below and at any M.
+
+// A Q4_K / Q5_K / Q6_K row (see KQuantMultipliers).
 struct KQuantRow {
   std::vector<uint8_t> levels;     // [K] unsigned levels
-  std::vector<int32_t> scales;     // [K / 16]: each group's scale as uint16 bits in an int32,
-                                   // so vpdpwssd's high int16 factor is 0 (see Tile)
-  std::vector<float> scaled_mins;  // [K / 16]: dmin * min
-  std::vector<float> d;            // [K / 256]
+  std::vector<int32_t> scales;     // [K / 16]: each group's scale
+  std::vector<int32_t> min_pairs;  // [K / 32]: the mins of groups 2p and 2p + 1, int16 halves
+  std::vector<float> d, dmin;      // [K / 256]
 };
 
 void Unpack(DType type, const uint8_t* row, int64_t k, KQuantRow* out) {
   out->levels.resize(size_t(k));
   out->scales.resize(size_t(k / 16));
-  out->scaled_mins.resize(size_t(k / 16));
+  out->min_pairs.resize(size_t(k / 32));
   out->d.resize(size_t(k / 256));
+  out->dmin.resize(size_t(k / 256));
   avx2::WeightLevels(type, row, k, out->levels.data());
   for (int64_t b = 0; b < k / 256; ++b) {
     const KQuantMultipliers mul = KQuantMultipliersOf(type, row + b * BlockBytes(type));
-    for (int g = 0; g < 16; ++g) {
-      out->scales[size_t(16 * b + g)] = int32_t(uint16_t(mul.scales[g]));
-      out->scaled_mins[size_t(16 * b + g)] = mul.dmin * float(mul.mins[g]);
-    }
+    for (int g = 0; g < 16; ++g) out->scales[size_t(16 * b + g)] = mul.scales[g];
+    std::memcpy(&out->min_pairs[size_t(8 * b)], mul.mins, sizeof(mul.mins));
     out->d[size_t(b)] = mul.d;
+    out->dmin[size_t(b)] = mul.dmin;
   }
 }
 
-// --- K-quants: kRows activation rows against kCols unpacked weight rows, y[r * ldy + c];
-// every (r, c) pair runs the same operations in every tile shape. ---
+// Q4_K's group sums fit in int16 (|.| <= 16 * 15 * 127), so vpdpwssd applies the scale in
+// one instruction (the sum is its own low int16, and the scale's high int16 is 0); Q5_K's
+// and Q6_K's take vpmulld and an add.
+inline __m512i AddScaled(bool sums_fit_int16, __m512i total, __m512i sums, __m512i scale) {
+  return sums_fit_int16 ? _mm512_dpwssd_epi32(total, sums, scale)
+                        : _mm512_add_epi32(total, _mm512_mullo_epi32(sums, scale));
+}
 
-template <int kRows, int kCols>
-void Tile(const QuantizedActivations& x, int64_t i0, const KQuantRow* w, float* y, int64_t ldy) {
-  const int64_t k = x.cols, blocks = k / 256;
-  const int8_t* xq = &x.q[size_t(i0 * k)];
-  const float* x_scales = &x.scales[size_t(i0 * blocks)];
-  const int16_t* x_sums = &x.group_sums[size_t(i0 * k / 16)];
-  // Lane j of a 64-value chunk covers values 4j..4j+3, in group j / 4.
-  const __m512i group_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  __m512 acc[kRows][kCols];
-  for (auto& row : acc) {
-    for (auto& a : row) a = _mm512_setzero_ps();
+// K-quant activations regrouped for the row-lane kernel: lane l of a vector is row 16 g + l.
+struct KQuantLaneActivations {
+  int64_t groups = 0, words = 0, blocks = 0;  // ceil(M / 16), K / 4, K / 256
+  std::vector<int8_t> levels;                 // [groups, words, 16, 4]
+  std::vector<int32_t> sum_pairs;             // [groups, K / 32, 16]: group sums 2p, 2p + 1
+  std::vector<float> scales;                  // [groups, blocks, 16]
+};
+
+// The activation rows' word j (values 4j..4j+3) of the 16 rows of a group side by side:
+// levels[((g * words + j) * 16 + l) * 4 ...]; rows past M are zero.
+void RegroupLevels(const QuantizedActivations& x, std::vector<int8_t>* levels) {
+  const int64_t groups = (x.rows + kLanes - 1) / kLanes, words = x.cols / 4;
+  levels->assign(size_t(groups * words * kLanes * 4), 0);
+  for (int64_t i = 0; i < x.rows; ++i) {
+    const int8_t* row = &x.q[size_t(i * x.cols)];
+    int8_t* dst = &(*levels)[size_t(((i / kLanes) * words * kLanes + i % kLanes) * 4)];
+    for (int64_t j = 0; j < words; ++j) std::memcpy(dst + j * kLanes * 4, row + 4 * j, 4);
   }
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512i dots[kRows][kCols];
-    for (auto& row : dots) {
-      for (auto& d : row) d = _mm512_setzero_si512();
+}
+
+void Regroup(const QuantizedActivations& x, KQuantLaneActivations* out) {
+  out->groups = (x.rows + kLanes - 1) / kLanes;
+  out->words = x.cols / 4;
+  out->blocks = x.cols / 256;
+  RegroupLevels(x, &out->levels);
+  const int64_t pairs = x.cols / 32;
+  out->sum_pairs.assign(size_t(out->groups * pairs * kLanes), 0);
+  out->scales.assign(size_t(out->groups * out->blocks * kLanes), 0.0f);
+  for (int64_t i = 0; i < x.rows; ++i) {
+    const int64_t g = i / kLanes, lane = i % kLanes;
+    for (int64_t p = 0; p < pairs; ++p) {
+      std::memcpy(&out->sum_pairs[size_t((g * pairs + p) * kLanes + lane)],
+                  &x.group_sums[size_t(i * x.cols / 16 + 2 * p)], 4);
     }
-    for (int chunk = 0; chunk < 4; ++chunk) {
-      const size_t j = size_t(256 * b + 64 * chunk);
-      __m512i levels[kCols], scales[kCols];
-      for (int c = 0; c < kCols; ++c) {
-        levels[c] = _mm512_loadu_si512(&w[c].levels[j]);
-        scales[c] = _mm512_permutexvar_epi32(
-            group_of_lane, _mm512_zextsi128_si512(_mm_loadu_si128(
-                               reinterpret_cast<const __m128i*>(&w[c].scales[j / 16]))));
-      }
-      for (int r = 0; r < kRows; ++r) {
-        const __m512i xv = _mm512_loadu_si512(xq + r * k + j);
+    for (int64_t b = 0; b < out->blocks; ++b) {
+      out->scales[size_t((g * out->blocks + b) * kLanes + lane)] =
+          x.scales[size_t(i * out->blocks + b)];
+    }
+  }
+}
+
+// y[r * ldy + c] for the rows of group g and kCols weight rows: per 4 values one vpdpbusd of
+// the weights' broadcast levels against 16 rows' levels, per 16 values the group's scale,
+// per 32 one vpdpwssd of the mins against the rows' group sums.
+template <int kCols, bool kSumsFitInt16>
+void KQuantLaneTile(const KQuantLaneActivations& x, int64_t g, int64_t rows, const KQuantRow* w,
+                    float* y, int64_t ldy) {
+  const int8_t* x_levels = &x.levels[size_t(g * x.words * kLanes * 4)];
+  const int32_t* x_pairs = &x.sum_pairs[size_t(g * (x.words / 8) * kLanes)];
+  const float* x_scales = &x.scales[size_t(g * x.blocks * kLanes)];
+  __m512 acc[kCols];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    __m512i scaled[kCols], mins[kCols];  // T and S of each lane's row
+    for (int c = 0; c < kCols; ++c) scaled[c] = mins[c] = _mm512_setzero_si512();
+    for (int64_t group = 16 * b; group < 16 * b + 16; ++group) {
+      __m512i sums[kCols];
+      for (auto& sum : sums) sum = _mm512_setzero_si512();
+      for (int64_t j = 4 * group; j < 4 * group + 4; ++j) {
+        const __m512i xv = _mm512_loadu_si512(x_levels + j * kLanes * 4);
         for (int c = 0; c < kCols; ++c) {
-          // A lane's four products: |.| <= 4 * 63 * 127 = 32004, so it is its own low int16
-          // and vpdpwssd's (low * scale + high * 0) applies the group's scale exactly.
-          const __m512i four = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels[c], xv);
-          dots[r][c] = _mm512_dpwssd_epi32(dots[r][c], four, scales[c]);
+          int32_t four;
+          std::memcpy(&four, &w[c].levels[size_t(4 * j)], 4);
+          sums[c] = _mm512_dpbusd_epi32(sums[c], _mm512_set1_epi32(four), xv);
         }
       }
-    }
-    __m512 d[kCols], scaled_mins[kCols];
-    for (int c = 0; c < kCols; ++c) {
-      d[c] = _mm512_set1_ps(w[c].d[size_t(b)]);
-      scaled_mins[c] = _mm512_loadu_ps(&w[c].scaled_mins[size_t(16 * b)]);
-    }
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 dx = _mm512_set1_ps(x_scales[r * blocks + b]);
-      const __m512 scaled_sums = _mm512_mul_ps(
-          dx, _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm256_loadu_si256(
-                  reinterpret_cast<const __m256i*>(x_sums + r * (k / 16) + 16 * b)))));
       for (int c = 0; c < kCols; ++c) {
-        acc[r][c] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r][c]), _mm512_mul_ps(d[c], dx), acc[r][c]);
-        acc[r][c] = _mm512_fnmadd_ps(scaled_sums, scaled_mins[c], acc[r][c]);
+        scaled[c] = AddScaled(kSumsFitInt16, scaled[c], sums[c],
+                              _mm512_set1_epi32(w[c].scales[size_t(group)]));
+      }
+    }
+    for (int64_t p = 8 * b; p < 8 * b + 8; ++p) {
+      const __m512i xs = _mm512_loadu_si512(x_pairs + p * kLanes);
+      for (int c = 0; c < kCols; ++c) {
+        mins[c] = _mm512_dpwssd_epi32(mins[c], xs, _mm512_set1_epi32(w[c].min_pairs[size_t(p)]));
+      }
+    }
+    const __m512 dx = _mm512_loadu_ps(x_scales + b * kLanes);
+    for (int c = 0; c < kCols; ++c) {
+      const float d = w[c].d[size_t(b)], dmin = w[c].dmin[size_t(b)];
+      acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[c]), _mm512_mul_ps(_mm512_set1_ps(d), dx),
+                               acc[c]);
+      acc[c] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins[c]),
+                                _mm512_mul_ps(_mm512_set1_ps(dmin), dx), acc[c]);
+    }
+  }
+  for (int c = 0; c < kCols; ++c) {
+    alignas(64) float lanes[kLanes];
+    _mm512_store_ps(lanes, acc[c]);
+    for (int64_t r = 0; r < rows; ++r) y[r * ldy + c] = lanes[r];
+  }
+}
+
+template <bool kSumsFitInt16>
+void KQuantLaneTileOf(int cols, const KQuantLaneActivations& x, int64_t g, int64_t rows,
+                      const KQuantRow* w, float* y, int64_t ldy) {
+  switch (cols) {
+    case 4:
+      return KQuantLaneTile<4, kSumsFitInt16>(x, g, rows, w, y, ldy);
+    case 3:
+      return KQuantLaneTile<3, kSumsFitInt16>(x, g, rows, w, y, ldy);
+    case 2:
+      return KQuantLaneTile<2, kSumsFitInt16>(x, g, rows, w, y, ldy);
+    default:
+      return KQuantLaneTile<1, kSumsFitInt16>(x, g, rows, w, y, ldy);
+  }
+}
+
+constexpr int kKQuantLaneCols = 4;
+
+void KQuantLaneColumns(const QuantizedActivations& x, const WeightView& w, int64_t n_begin,
+                       int64_t n_end, float* y, int64_t ldy) {
+  // Regrouped per call and thread: M * K bytes, against N * M * K products.
+  thread_local KQuantLaneActivations regrouped;
+  Regroup(x, &regrouped);
+  const bool sums_fit_int16 = w.dtype == DType::kQ4_K;
+  KQuantRow rows[kKQuantLaneCols];
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kKQuantLaneCols) {
+    const int cols = int(std::min<int64_t>(kKQuantLaneCols, n_end - n0));
+    for (int c = 0; c < cols; ++c) Unpack(w.dtype, w.Row(n0 + c), w.cols, &rows[c]);
+    for (int64_t g = 0; g < regrouped.groups; ++g) {
+      const int64_t rows_here = std::min<int64_t>(kLanes, x.rows - g * kLanes);
+      float* y_tile = y + g * kLanes * ldy + (n0 - n_begin);
+      if (sums_fit_int16) {
+        KQuantLaneTileOf<true>(cols, regrouped, g, rows_here, rows, y_tile, ldy);
+      } else {
+        KQuantLaneTileOf<false>(cols, regrouped, g, rows_here, rows, y_tile, ldy);
       }
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kCols; ++c) y[r * ldy + c] = _mm512_reduce_add_ps(acc[r][c]);
-  }
 }
 
-// Activation rows per tile and weight rows per tile, measured: at 4 x 4 the 16 accumulators
-// and 4 x 2 level and scale registers spill (about 12% slower at M = 96 than 4 x 2).
-constexpr int kTileRows = 4, kTileCols = 2;
+// One to three activation rows: lanes hold values instead of rows (most row lanes would
+// idle). Per 64 values one vpdpbusd gives four-product sums, lane j in group j / 4, and one
+// vpdpwssd scales them by their groups' scales (a four-product sum fits in int16); a lane
+// sum gives T exactly, 16 scalar products S, and the float steps run as the row-lane
+// kernel's, in scalar.
+constexpr int64_t kKQuantValueLaneMaxRows = 3;
 
-template <int kRows>
-void TileOfRows(int cols, const QuantizedActivations& x, int64_t i0, const KQuantRow* w, float* y,
-                int64_t ldy) {
-  if (cols == 2) {
-    Tile<kRows, 2>(x, i0, w, y, ldy);
-  } else {
-    Tile<kRows, 1>(x, i0, w, y, ldy);
-  }
-}
-
-// Weight rows kTileCols at a time are unpacked once, then run against every activation row.
-void KQuantColumns(const QuantizedActivations& x, const WeightView& w, int64_t n_begin,
-                   int64_t n_end, float* y, int64_t ldy) {
-  KQuantRow rows[kTileCols];
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
-    const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
-    for (int c = 0; c < cols; ++c) Unpack(w.dtype, w.Row(n0 + c), w.cols, &rows[c]);
-    float* y_tile = y + (n0 - n_begin);
-    for (int64_t i0 = 0; i0 < x.rows; i0 += kTileRows) {
-      float* y_rows = y_tile + i0 * ldy;
-      switch (std::min<int64_t>(kTileRows, x.rows - i0)) {
-        case 4:
-          TileOfRows<4>(cols, x, i0, rows, y_rows, ldy);
-          break;
-        case 3:
-          TileOfRows<3>(cols, x, i0, rows, y_rows, ldy);
-          break;
-        case 2:
-          TileOfRows<2>(cols, x, i0, rows, y_rows, ldy);
-          break;
-        default:
-          TileOfRows<1>(cols, x, i0, rows, y_rows, ldy);
-          break;
+void KQuantValueLaneColumns(const QuantizedActivations& x, const WeightView& w, int64_t n_begin,
+                            int64_t n_end, float* y, int64_t ldy) {
+  const int64_t k = x.cols, blocks = k / 256;
+  // Lane j of a 64-value chunk covers values 4j..4j+3, in group j / 4 of the chunk.
+  const __m512i group_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i low_half = _mm512_set1_epi32(0xffff);
+  KQuantRow row;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    Unpack(w.dtype, w.Row(n), k, &row);
+    for (int64_t r = 0; r < x.rows; ++r) {
+      const int8_t* xq = &x.q[size_t(r * k)];
+      const int16_t* x_sums = &x.group_sums[size_t(r * k / 16)];
+      __m128 acc = _mm_setzero_ps();
+      for (int64_t b = 0; b < blocks; ++b) {
+        __m512i scaled = _mm512_setzero_si512();
+        for (int64_t j = 256 * b; j < 256 * b + 256; j += 64) {
+          const __m512i four = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                                   _mm512_loadu_si512(&row.levels[size_t(j)]),
+                                                   _mm512_loadu_si512(xq + j));
+          // The scale in each lane's low int16, 0 above it (a negative scale's high half
+          // would multiply the four-product sum's sign bits).
+          const __m512i scales = _mm512_and_si512(
+              low_half, _mm512_permutexvar_epi32(
+                            group_of_lane,
+                            _mm512_zextsi128_si512(_mm_loadu_si128(
+                                reinterpret_cast<const __m128i*>(&row.scales[size_t(j / 16)])))));
+          scaled = _mm512_dpwssd_epi32(scaled, four, scales);
+        }
+        int16_t mins[16];
+        std::memcpy(mins, &row.min_pairs[size_t(8 * b)], sizeof(mins));
+        int32_t min_sum = 0;
+        for (int g = 0; g < 16; ++g) min_sum += int32_t(mins[g]) * x_sums[16 * b + g];
+        const float dx = x.scales[size_t(r * blocks + b)];
+        acc = _mm_fmadd_ss(_mm_set_ss(float(_mm512_reduce_add_epi32(scaled))),
+                           _mm_set_ss(row.d[size_t(b)] * dx), acc);
+        acc = _mm_fnmadd_ss(_mm_set_ss(float(min_sum)), _mm_set_ss(row.dmin[size_t(b)] * dx), acc);
       }
+      y[r * ldy + (n - n_begin)] = _mm_cvtss_f32(acc);
     }
   }
 }
@@ -169,7 +266,6 @@ void KQuantColumns(const QuantizedActivations& x, const WeightView& w, int64_t n
 // --- Q8_0 / Q4_0: 16 activation rows per register (see the top of the file) ---
 // The weight is the unsigned operand (level + 128); each lane's sum starts at -128 * (the
 // sum of its row's levels in the block), so it is exact.
-constexpr int kLanes = 16;
 
 // Activation levels regrouped for the row-lane kernel: word j (values 4j..4j+3) of the 16
 // rows of a group side by side; rows past M are zero and scale 0.
@@ -184,14 +280,12 @@ void Regroup(const QuantizedActivations& x, RowLaneActivations* out) {
   out->groups = (x.rows + kLanes - 1) / kLanes;
   out->words = x.cols / 4;
   out->blocks = x.cols / 32;
-  out->levels.assign(size_t(out->groups * out->words * kLanes * 4), 0);
+  RegroupLevels(x, &out->levels);
   out->offsets.assign(size_t(out->groups * out->blocks * kLanes), 0);
   out->scales.assign(size_t(out->groups * out->blocks * kLanes), 0.0f);
   for (int64_t i = 0; i < x.rows; ++i) {
     const int64_t g = i / kLanes, lane = i % kLanes;
     const int8_t* row = &x.q[size_t(i * x.cols)];
-    int8_t* dst = &out->levels[size_t((g * out->words * kLanes + lane) * 4)];
-    for (int64_t j = 0; j < out->words; ++j) std::memcpy(dst + j * kLanes * 4, row + 4 * j, 4);
     for (int64_t b = 0; b < out->blocks; ++b) {
       int32_t sum = 0;
       for (int v = 0; v < 32; ++v) sum += row[32 * b + v];
@@ -374,8 +468,10 @@ void QuantDotColumns(const QuantizedActivations& x, const WeightView& w, int64_t
     BlockLaneColumns(x, w, n_begin, n_end, y, ldy);
   } else if (BlockSize(w.dtype) == 32) {
     RowLaneColumns(x, w, n_begin, n_end, y, ldy);
+  } else if (x.rows <= kKQuantValueLaneMaxRows) {
+    KQuantValueLaneColumns(x, w, n_begin, n_end, y, ldy);
   } else {
-    KQuantColumns(x, w, n_begin, n_end, y, ldy);
+    KQuantLaneColumns(x, w, n_begin, n_end, y, ldy);
   }
 }
 
