@@ -11,9 +11,6 @@
 // The storage type enters only through a Format (Load8 / Pack16x8); a new type adds one
 // Format and one case in MatMulColumns, and until then runs on the scalar twin.
 #include <algorithm>
-#include <vector>
-#include <utility>
-#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -30,15 +27,6 @@ constexpr int kTileRows = 6;     // x rows per tile: 12 accumulators + 2 panel +
 constexpr int64_t kDepth = 256;  // K values per panel: 16 KB of f32
 constexpr int64_t kDotMaxRows = 3;
 constexpr int kDotCols = 4;  // weight rows per dot tile
-// Grouped rows: x regrouped eight rows to a vector against weights converted as stored.
-constexpr int kTileCols = 6;            // weight rows per tile: 6 broadcasts per K step
-constexpr int kGroupRows = 8;           // rows of x per vector, one in each lane
-constexpr int kTileGroups = 2;          // groups per tile: 12 accumulators + 2 x + 1 broadcast
-constexpr int64_t kGroupedDepth = 256;  // K values per panel: 6 KB of f32 weights
-constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per column-tile sweep: about 1 MB at most
-
-// Where the grouped rows run (measured on Zen 4, see GROUPED below).
-bool Grouped(int64_t m, int64_t k) { return k >= 1024 && (m >= 32 || k % 1024 == 0); }
 
 // panel[kk * 16 + j] = w[n0 + j][k0 + kk] for kk < depth, j < cols; zero for j >= cols.
 template <typename Format>
@@ -179,107 +167,6 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
   }
 }
 
-// --- Grouped rows (where Grouped says yes): ops/avx512/matmul.cpp's grouped path at half
-// the width, eight rows of x to a vector, tiles of two groups x 6 weight rows ---
-
-// xt[g * ldg + kk * 8 + l] = x[8 g + l][kk] (ldg = 8 K), lanes past M zero.
-void GroupRows(const float* x, int64_t m, int64_t k, float* xt) {
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  for (int64_t g = 0; g < groups; ++g) {
-    float* out = xt + g * kGroupRows * k;
-    const int64_t lanes = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
-    for (int64_t l = 0; l < kGroupRows; ++l) {
-      const float* row = x + (g * kGroupRows + l) * k;
-      for (int64_t kk = 0; kk < k; ++kk) out[kk * kGroupRows + l] = l < lanes ? row[kk] : 0.0f;
-    }
-  }
-}
-
-// panel[c * kGroupedDepth + kk] = w[n0 + c][k0 + kk] as f32, for c < cols, kk < depth.
-template <typename Format>
-void Convert(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
-  for (int c = 0; c < cols; ++c) {
-    const uint8_t* row = w.Row(n0 + c) + Format::kBytes * k0;
-    float* out = panel + c * kGroupedDepth;
-    int64_t kk = 0;
-    for (; kk + 8 <= depth; kk += 8) _mm256_store_ps(out + kk, Format::Load8(row + Format::kBytes * kk));
-    for (; kk < depth; ++kk) out[kk] = Format::Load1(row + Format::kBytes * kk);
-  }
-}
-
-// yt[C, 8 V] (+)= panel[C, depth] · xt[8 V, depth]^T, as avx512's grouped PanelTile.
-template <int V, int C>
-void GroupedTile(const float* xt, int64_t ldg, const float* panel, int64_t depth, float* yt,
-                 int64_t ldyt, bool accumulate) {
-  static_assert(V >= 1 && V <= kTileGroups && C >= 1 && C <= kTileCols);
-  __m256 acc[C][V];
-#pragma GCC unroll 6
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      acc[c][v] = accumulate ? _mm256_loadu_ps(yt + c * ldyt + 8 * v) : _mm256_setzero_ps();
-    }
-  }
-  for (int64_t kk = 0; kk < depth; ++kk) {
-    __m256 xv[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + v * ldg + kk * kGroupRows);
-#pragma GCC unroll 6
-    for (int c = 0; c < C; ++c) {
-      const __m256 a = _mm256_broadcast_ss(panel + c * kGroupedDepth + kk);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[c][v] = _mm256_fmadd_ps(xv[v], a, acc[c][v]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm256_storeu_ps(yt + c * ldyt + 8 * v, acc[c][v]);
-  }
-}
-
-using GroupedTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t,
-                               bool);
-
-template <int V, int... C>
-constexpr auto GroupedTilesOf(std::integer_sequence<int, C...>) {
-  return std::array<GroupedTileFn, kTileCols + 1>{nullptr, GroupedTile<V, C + 1>...};
-}
-// kGroupedTiles[V - 1][C]: the tile of V groups of x rows and C weight rows.
-constexpr std::array<GroupedTileFn, kTileCols + 1> kGroupedTiles[kTileGroups] = {
-    GroupedTilesOf<1>(std::make_integer_sequence<int, kTileCols>()),
-    GroupedTilesOf<2>(std::make_integer_sequence<int, kTileCols>())};
-
-template <typename Format>
-void GroupedColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin,
-                    int64_t n_end, float* y, int64_t ldy) {
-  const int64_t k = w.cols;
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  const int64_t ldg = kGroupRows * k, ldyt = kGroupRows * groups;
-  alignas(32) float panel[kTileCols * kGroupedDepth];  // [kTileCols, kGroupedDepth]
-  // Kept per thread, so steady decoding allocates nothing.
-  thread_local std::vector<float> xt;  // [groups, K, 8]: x by GroupRows
-  thread_local std::vector<float> yt;  // [kTileCols, groups * 8]: a column tile's outputs
-  xt.resize(size_t(groups * ldg));
-  yt.resize(size_t(kTileCols * ldyt));
-  GroupRows(x, m, k, xt.data());
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
-    const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
-    for (int64_t k0 = 0; k0 < k; k0 += kGroupedDepth) {
-      const int64_t depth = std::min(kGroupedDepth, k - k0);
-      Convert<Format>(w, n0, cols, k0, depth, panel);
-      for (int64_t g = 0; g < groups; g += kTileGroups) {
-        const int64_t v = std::min<int64_t>(kTileGroups, groups - g);
-        kGroupedTiles[v - 1][size_t(cols)](xt.data() + g * ldg + k0 * kGroupRows, ldg, panel,
-                                           depth, yt.data() + g * kGroupRows, ldyt, k0 > 0);
-      }
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      for (int c = 0; c < cols; ++c) y[i * ldy + (n0 - n_begin) + c] = yt[size_t(c * ldyt + i)];
-    }
-  }
-}
-
 // y[R, C] = x[R, K] · rows[C, K]^T for C weight rows starting at `row`, row_bytes apart.
 template <typename Format, int R, int C>
 void DotTile(const float* x, int64_t k, const uint8_t* row, int64_t row_bytes, float* y,
@@ -355,14 +242,6 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
     DotColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
   } else if (w.cols == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n_end - n_begin), 0.0f);
-  } else if (Grouped(m, w.cols)) {
-    // Row blocks of about 1 MB, as the AVX-512 kernel's, whole groups but the last.
-    const int64_t max_rows = std::max<int64_t>(
-        4 * kGroupRows, kRowBlockBytes / (4 * w.cols) / kGroupRows * kGroupRows);
-    for (int64_t i0 = 0; i0 < m; i0 += max_rows) {
-      const int64_t rows = std::min(max_rows, m - i0);
-      GroupedColumns<Format>(x + i0 * w.cols, rows, w, n_begin, n_end, y + i0 * ldy, ldy);
-    }
   } else {
     PanelColumns<Format>(x, m, w, n_begin, n_end, y, ldy);
   }
