@@ -64,10 +64,10 @@ constexpr int kPanelCols = 32;        // weight rows per panel: two vectors of o
 constexpr int kTileRows = 12;         // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
 constexpr int64_t kPanelDepth = 128;  // K values per panel: 16 KB of f32
 // Grouped rows: x regrouped sixteen rows to a vector against weights as stored.
-constexpr int kTileCols = 12;    // weight rows per tile: 12 broadcasts per K step
-constexpr int kGroupRows = 16;   // rows of x per vector, one in each lane
-constexpr int kTileGroups = 2;   // groups of x rows per tile: 24 accumulators + 2 x + 1 broadcast
-constexpr int64_t kDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
+constexpr int kTileCols = 12;   // weight rows per tile: 12 broadcasts per K step
+constexpr int kGroupRows = 16;  // rows of x per vector, one in each lane
+constexpr int kTileGroups = 2;  // groups of x rows per tile: 24 accumulators + 2 x + 1 broadcast
+constexpr int64_t kGroupDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
 constexpr int kDotMaxRows = 6;  // measured: the dot path is ahead up to M = 6, the panel from 8
 // Grouped rows for K >= 1024, from 32 rows, or from 7 rows where K is a multiple of 1024;
@@ -278,13 +278,13 @@ void RowTileColumns(const float* x, int64_t m, const WeightView& w, int64_t n_be
 
 // --- Grouped rows ---
 
-// panel[c * kDepth + kk] = w[n0 + c][k0 + kk] as f32, for c < cols and kk < depth: each
+// panel[c * kGroupDepth + kk] = w[n0 + c][k0 + kk] as f32, for c < cols and kk < depth: each
 // weight row converted as it is stored, sixteen values per instruction, with no transpose.
 template <typename Format>
 void Convert(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
   for (int c = 0; c < cols; ++c) {
     const uint8_t* row = w.Row(n0 + c) + Format::kBytes * k0;
-    float* out = panel + c * kDepth;
+    float* out = panel + c * kGroupDepth;
     for (int64_t kk = 0; kk < depth; kk += 16) {
       const __mmask16 mask = FirstLanes(depth - kk);
       _mm512_mask_storeu_ps(out + kk, mask, Load16(Format{}, row + Format::kBytes * kk, mask));
@@ -292,11 +292,11 @@ void Convert(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t dept
   }
 }
 
-// Asks for the weights the next Convert will read ([kTileCols rows from n0, kDepth values
+// Asks for the weights the next Convert will read ([kTileCols rows from n0, kGroupDepth values
 // from k0]) while the tiles work on this panel, so the conversion does not wait on memory.
 template <typename Format>
 void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
-  const int64_t bytes = Format::kBytes * std::min(kDepth, w.cols - k0);
+  const int64_t bytes = Format::kBytes * std::min(kGroupDepth, w.cols - k0);
   for (int64_t n = n0; n < std::min(n0 + kTileCols, n_end); ++n) {
     const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
     for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
@@ -320,7 +320,7 @@ void GroupRows(const float* x, int64_t m, int64_t k, float* xt) {
   }
 }
 
-// yt[C, 16 V] (+)= panel[C, depth] · xt[16 V, depth]^T: C weight rows (panel rows kDepth
+// yt[C, 16 V] (+)= panel[C, depth] · xt[16 V, depth]^T: C weight rows (panel rows kGroupDepth
 // apart) against V groups of 16 rows of x (groups ldg apart, as GroupRows lays them out);
 // output c of group v is yt[c * ldyt + 16 v + lane]. Per K step: V loads of x, C broadcasts
 // of a weight, V x C FMAs into accumulators held in zmm registers (the loops unroll
@@ -343,7 +343,7 @@ void PanelTile(const float* xt, int64_t ldg, const float* panel, int64_t depth, 
     for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + v * ldg + kk * kGroupRows);
 #pragma GCC unroll 12
     for (int c = 0; c < C; ++c) {
-      const __m512 a = _mm512_set1_ps(panel[c * kDepth + kk]);
+      const __m512 a = _mm512_set1_ps(panel[c * kGroupDepth + kk]);
 #pragma GCC unroll 2
       for (int v = 0; v < V; ++v) acc[c][v] = _mm512_fmadd_ps(xv[v], a, acc[c][v]);
     }
@@ -372,7 +372,7 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
   const int64_t k = w.cols;
   const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
   const int64_t ldg = kGroupRows * k, ldyt = kGroupRows * groups;
-  alignas(64) float panel[kTileCols * kDepth];  // [kTileCols, kDepth]
+  alignas(64) float panel[kTileCols * kGroupDepth];  // [kTileCols, kGroupDepth]
   // Kept per thread (x's at most about 1 MB, a row block's), so steady decoding allocates
   // nothing; filling them costs about 1/N of the products' work.
   thread_local std::vector<float> xt;  // [groups, K, 16]: x by GroupRows
@@ -382,8 +382,8 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
   GroupRows(x, m, k, xt.data());
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
     const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
-    for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
-      const int64_t depth = std::min(kDepth, k - k0);
+    for (int64_t k0 = 0; k0 < k; k0 += kGroupDepth) {
+      const int64_t depth = std::min(kGroupDepth, k - k0);
       Convert<Format>(w, n0, cols, k0, depth, panel);
       Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kTileCols, k0 + depth < k ? k0 + depth : 0,
                        n_end);
