@@ -34,13 +34,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "ops/avx512/row_groups.h"
 #include "ops/bf16_matmul.h"
 
 namespace polestar::avx512 {
 namespace {
 
 constexpr int kTileCols = 12;                // weight rows per tile: 12 broadcasts per pair
-constexpr int kGroupRows = 16;               // rows of x per vector, one in each lane
 constexpr int kTileGroups = 2;               // groups of x rows per tile: 24 accumulators
 constexpr int64_t kDepthPairs = 256;         // pairs per panel: 12 KB of words, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per column-tile sweep: at most ~1 MB
@@ -76,23 +76,6 @@ void Prefetch(const WeightView& w, int64_t n0, int64_t q0, int64_t n_end) {
   for (int64_t n = n0; n < std::min<int64_t>(n0 + kTileCols, n_end); ++n) {
     const char* row = reinterpret_cast<const char*>(w.Row(n)) + 4 * q0;
     for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
-  }
-}
-
-// Rows [i_begin, i_begin + m) of x in groups of 16, word-major: xt[g * ldg + q * 16 + l] =
-// word q of row i_begin + 16 g + l (ldg = 16 pairs), lanes past m zero.
-void GroupRows(const Bf16Activations& x, int64_t i_begin, int64_t m, uint32_t* xt) {
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows, pairs = x.pairs;
-  for (int64_t g = 0; g < groups; ++g) {
-    uint32_t* out = xt + g * kGroupRows * pairs;
-    const int64_t lanes = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
-    for (int64_t l = 0; l < lanes; ++l) {
-      const uint32_t* row = x.words.data() + (i_begin + g * kGroupRows + l) * pairs;
-      for (int64_t q = 0; q < pairs; ++q) out[q * kGroupRows + l] = row[q];
-    }
-    for (int64_t l = lanes; l < kGroupRows; ++l) {
-      for (int64_t q = 0; q < pairs; ++q) out[q * kGroupRows + l] = 0u;
-    }
   }
 }
 
@@ -153,7 +136,7 @@ void PanelColumns(const Bf16Activations& x, int64_t i_begin, int64_t m, const We
   thread_local std::vector<float> yt;     // [kTileCols, groups * 16]: a column tile's outputs
   xt.resize(size_t(groups * ldg));
   yt.resize(size_t(kTileCols * ldyt));
-  GroupRows(x, i_begin, m, xt.data());
+  GroupRows(x.words.data() + i_begin * x.pairs, m, x.pairs, xt.data());
   for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
     const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
     for (int64_t q0 = 0; q0 < x.pairs; q0 += kDepthPairs) {
@@ -167,10 +150,7 @@ void PanelColumns(const Bf16Activations& x, int64_t i_begin, int64_t m, const We
                                     yt.data() + g * kGroupRows, ldyt, q0 > 0);
       }
     }
-    float* y_tile = y + i_begin * ldy + (n0 - n_begin);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int c = 0; c < cols; ++c) y_tile[i * ldy + c] = yt[size_t(c * ldyt + i)];
-    }
+    StoreColumnTile(yt.data(), ldyt, m, cols, y + i_begin * ldy + (n0 - n_begin), ldy);
   }
 }
 

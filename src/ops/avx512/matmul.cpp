@@ -51,6 +51,7 @@
 #include "ops/avx2/avx2.h"
 #include "ops/avx2/float_formats.h"
 #include "ops/avx512/avx512.h"
+#include "ops/avx512/row_groups.h"
 
 namespace polestar::avx512 {
 namespace {
@@ -65,7 +66,6 @@ constexpr int kTileRows = 12;         // x rows per tile: 24 accumulators + 2 pa
 constexpr int64_t kPanelDepth = 128;  // K values per panel: 16 KB of f32
 // Grouped rows: x regrouped sixteen rows to a vector against weights as stored.
 constexpr int kTileCols = 12;   // weight rows per tile: 12 broadcasts per K step
-constexpr int kGroupRows = 16;  // rows of x per vector, one in each lane
 constexpr int kTileGroups = 2;  // groups of x rows per tile: 24 accumulators + 2 x + 1 broadcast
 constexpr int64_t kGroupDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
@@ -303,23 +303,6 @@ void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
   }
 }
 
-// The rows of x in groups of 16, each group transposed: xt[g * ldg + kk * 16 + l] = x[16 g + l]
-// [kk] (ldg = 16 K), lanes past M zero. A tile then loads sixteen rows' value kk as one vector.
-void GroupRows(const float* x, int64_t m, int64_t k, float* xt) {
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  for (int64_t g = 0; g < groups; ++g) {
-    float* out = xt + g * kGroupRows * k;
-    const int64_t lanes = std::min<int64_t>(kGroupRows, m - g * kGroupRows);
-    for (int64_t l = 0; l < lanes; ++l) {
-      const float* row = x + (g * kGroupRows + l) * k;
-      for (int64_t kk = 0; kk < k; ++kk) out[kk * kGroupRows + l] = row[kk];
-    }
-    for (int64_t l = lanes; l < kGroupRows; ++l) {
-      for (int64_t kk = 0; kk < k; ++kk) out[kk * kGroupRows + l] = 0.0f;
-    }
-  }
-}
-
 // yt[C, 16 V] (+)= panel[C, depth] · xt[16 V, depth]^T: C weight rows (panel rows kGroupDepth
 // apart) against V groups of 16 rows of x (groups ldg apart, as GroupRows lays them out);
 // output c of group v is yt[c * ldyt + 16 v + lane]. Per K step: V loads of x, C broadcasts
@@ -393,9 +376,7 @@ void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begi
                                     yt.data() + g * kGroupRows, ldyt, k0 > 0);
       }
     }
-    for (int64_t i = 0; i < m; ++i) {
-      for (int c = 0; c < cols; ++c) y[i * ldy + (n0 - n_begin) + c] = yt[size_t(c * ldyt + i)];
-    }
+    StoreColumnTile(yt.data(), ldyt, m, cols, y + (n0 - n_begin), ldy);
   }
 }
 
