@@ -28,10 +28,7 @@
 #endif
 
 #include <algorithm>
-#include <array>
 #include <cstring>
-#include <utility>
-#include <vector>
 
 #include "base/error.h"
 #include "ops/avx512/row_groups.h"
@@ -40,9 +37,6 @@
 namespace polestar::avx512 {
 namespace {
 
-constexpr int kTileCols = 12;                // weight rows per tile: 12 broadcasts per pair
-constexpr int kTileGroups = 2;               // groups of x rows per tile: 24 accumulators
-constexpr int64_t kDepthPairs = 256;         // pairs per panel: 12 KB of words, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per column-tile sweep: at most ~1 MB
 
 // The first `count` of 16 lanes (count <= 0: none, >= 16: all).
@@ -58,101 +52,41 @@ inline uint32_t WordOf(const uint8_t* row, int64_t q, int64_t k) {
   return uint32_t(low) | uint32_t(high) << 16;
 }
 
-// panel[c * kDepthPairs + qq] = word q0 + qq of weight row n0 + c, for c < cols and
-// qq < depth: the row's bytes as stored, the last word of an odd K completed with zero.
-void Copy(const WeightView& w, int64_t n0, int cols, int64_t q0, int64_t depth, uint32_t* panel) {
-  const int64_t whole = std::clamp<int64_t>(w.cols / 2 - q0, 0, depth);  // both values in the row
-  for (int c = 0; c < cols; ++c) {
-    const uint8_t* row = w.Row(n0 + c);
-    uint32_t* out = panel + c * kDepthPairs;
-    std::memcpy(out, row + 4 * q0, size_t(4 * whole));
-    for (int64_t qq = whole; qq < depth; ++qq) out[qq] = WordOf(row, q0 + qq, w.cols);
-  }
-}
+// BF16 weights for GroupedColumns (ops/avx512/row_groups.h), on words of two values: a
+// panel row is the weight row's bytes as stored, the last word of an odd K completed with
+// zero.
+struct PairOps {
+  using Element = uint32_t;
+  using XVec = __m512bh;
+  using WVec = __m512bh;
+  using Acc = __m512;
+  static constexpr int64_t kDepth = 256;  // pairs per panel: 12 KB of words, stays in L1
 
-// Asks for the weights the next Copy will read while the tiles work on this panel.
-void Prefetch(const WeightView& w, int64_t n0, int64_t q0, int64_t n_end) {
-  const int64_t bytes = 4 * std::min(kDepthPairs, (w.cols + 1) / 2 - q0);
-  for (int64_t n = n0; n < std::min<int64_t>(n0 + kTileCols, n_end); ++n) {
-    const char* row = reinterpret_cast<const char*>(w.Row(n)) + 4 * q0;
-    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
-  }
-}
+  static Acc Zero() { return _mm512_setzero_ps(); }
+  static Acc LoadY(const float* p) { return _mm512_loadu_ps(p); }
+  static void StoreY(float* p, Acc a) { _mm512_storeu_ps(p, a); }
+  static XVec LoadX(const uint32_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static WVec Broadcast(uint32_t w) { return (__m512bh)_mm512_set1_epi32(int(w)); }
+  static Acc MulAdd(Acc acc, XVec x, WVec w) { return _mm512_dpbf16_ps(acc, x, w); }
 
-// yt[C, 16 V] (+)= panel[C, depth pairs] · xt[16 V, depth pairs]^T: C weight rows (panel rows
-// kDepthPairs words apart) against V groups of x rows (ldg words apart); output c of group v
-// is yt[c * ldyt + 16 v + lane]. The loops over C and V unroll completely.
-template <int V, int C>
-void PanelTile(const uint32_t* xt, int64_t ldg, const uint32_t* panel, int64_t depth, float* yt,
-               int64_t ldyt, bool accumulate) {
-  static_assert(V >= 1 && V <= kTileGroups && C >= 1 && C <= kTileCols);
-  __m512 acc[C][V];
-#pragma GCC unroll 12
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      acc[c][v] = accumulate ? _mm512_loadu_ps(yt + c * ldyt + 16 * v) : _mm512_setzero_ps();
+  const WeightView& w;
+  void Fill(int64_t n0, int cols, int64_t q0, int64_t depth, uint32_t* panel) const {
+    const int64_t whole = std::clamp<int64_t>(w.cols / 2 - q0, 0, depth);  // both values inside
+    for (int c = 0; c < cols; ++c) {
+      const uint8_t* row = w.Row(n0 + c);
+      uint32_t* out = panel + c * kDepth;
+      std::memcpy(out, row + 4 * q0, size_t(4 * whole));
+      for (int64_t qq = whole; qq < depth; ++qq) out[qq] = WordOf(row, q0 + qq, w.cols);
     }
   }
-  for (int64_t qq = 0; qq < depth; ++qq) {
-    __m512bh xv[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v)
-      xv[v] = (__m512bh)_mm512_loadu_si512(xt + v * ldg + qq * kGroupRows);
-#pragma GCC unroll 12
-    for (int c = 0; c < C; ++c) {
-      const __m512bh b = (__m512bh)_mm512_set1_epi32(int(panel[c * kDepthPairs + qq]));
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[c][v] = _mm512_dpbf16_ps(acc[c][v], xv[v], b);
+  void Prefetch(int64_t n0, int64_t q0, int64_t n_end) const {
+    const int64_t bytes = 4 * std::min(kDepth, (w.cols + 1) / 2 - q0);
+    for (int64_t n = n0; n < std::min<int64_t>(n0 + kTileCols, n_end); ++n) {
+      const char* row = reinterpret_cast<const char*>(w.Row(n)) + 4 * q0;
+      for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
     }
   }
-#pragma GCC unroll 12
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(yt + c * ldyt + 16 * v, acc[c][v]);
-  }
-}
-
-using PanelTileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, float*, int64_t,
-                             bool);
-
-template <int V, int... C>
-constexpr auto TilesOf(std::integer_sequence<int, C...>) {
-  return std::array<PanelTileFn, kTileCols + 1>{nullptr, PanelTile<V, C + 1>...};
-}
-// kTiles[V - 1][C]: the tile of V groups of x rows and C weight rows.
-constexpr std::array<PanelTileFn, kTileCols + 1> kTiles[kTileGroups] = {
-    TilesOf<1>(std::make_integer_sequence<int, kTileCols>()),
-    TilesOf<2>(std::make_integer_sequence<int, kTileCols>())};
-
-// Rows [i_begin, i_begin + m) of x against columns [n_begin, n_end).
-void PanelColumns(const Bf16Activations& x, int64_t i_begin, int64_t m, const WeightView& w,
-                  int64_t n_begin, int64_t n_end, float* y, int64_t ldy) {
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  const int64_t ldg = kGroupRows * x.pairs, ldyt = kGroupRows * groups;
-  alignas(64) uint32_t panel[kTileCols * kDepthPairs];  // [kTileCols, kDepthPairs]
-  // Kept per thread, so steady decoding allocates nothing.
-  thread_local std::vector<uint32_t> xt;  // [groups, pairs, 16]: x by GroupRows
-  thread_local std::vector<float> yt;     // [kTileCols, groups * 16]: a column tile's outputs
-  xt.resize(size_t(groups * ldg));
-  yt.resize(size_t(kTileCols * ldyt));
-  GroupRows(x.words.data() + i_begin * x.pairs, m, x.pairs, xt.data());
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
-    const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
-    for (int64_t q0 = 0; q0 < x.pairs; q0 += kDepthPairs) {
-      const int64_t depth = std::min(kDepthPairs, x.pairs - q0);
-      Copy(w, n0, cols, q0, depth, panel);
-      const bool last = q0 + depth >= x.pairs;
-      Prefetch(w, last ? n0 + kTileCols : n0, last ? 0 : q0 + depth, n_end);
-      for (int64_t g = 0; g < groups; g += kTileGroups) {
-        const int64_t v = std::min<int64_t>(kTileGroups, groups - g);
-        kTiles[v - 1][size_t(cols)](xt.data() + g * ldg + q0 * kGroupRows, ldg, panel, depth,
-                                    yt.data() + g * kGroupRows, ldyt, q0 > 0);
-      }
-    }
-    StoreColumnTile(yt.data(), ldyt, m, cols, y + i_begin * ldy + (n0 - n_begin), ldy);
-  }
-}
+};
 
 }  // namespace
 
@@ -183,7 +117,8 @@ void Bf16DotColumns(const Bf16Activations& x, const WeightView& w, int64_t n_beg
   const int64_t max_rows =
       std::max<int64_t>(4 * kGroupRows, kRowBlockBytes / (4 * x.pairs) / kGroupRows * kGroupRows);
   for (int64_t i0 = 0; i0 < x.rows; i0 += max_rows) {
-    PanelColumns(x, i0, std::min(max_rows, x.rows - i0), w, n_begin, n_end, y, ldy);
+    GroupedColumns(PairOps{w}, x.words.data() + i0 * x.pairs, std::min(max_rows, x.rows - i0),
+                   x.pairs, n_begin, n_end, y + i0 * ldy, ldy);
   }
 }
 

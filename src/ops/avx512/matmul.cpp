@@ -2,14 +2,14 @@
 //
 // Every output of the two panel paths is one chain of FMAs over K in order, as in the AVX2
 // panel path, so all three give the same bits and the choice between them is free.
-// * Grouped rows (K >= 1024, with M >= 32 or K a multiple of 1024): the rows of x are regrouped
-// once per call,
-//   sixteen rows to a group and each group transposed ([K, 16]), so one vector holds value
-//   k of sixteen rows. A panel of 12 weight rows x 256 values of K is converted to f32 as
-//   stored ([12, 256], 12 KB, stays in L1; no transpose), then every tile of up to two
-//   groups sweeps it: per K step two loads of x, one broadcast per weight row and two FMAs
-//   per weight row into up to 24 accumulators held in zmm registers, which hold outputs for
-//   16 rows of one column each and go to y, transposed, once the column tile is done.
+// * Grouped rows (K >= 1024, with M >= 32 or K a multiple of 1024; ops/avx512/row_groups.h):
+//   the rows of x are regrouped once per call, sixteen rows to a group and each group
+//   transposed ([K, 16]), so one vector holds value k of sixteen rows. A panel of 12 weight
+//   rows x 256 values of K is converted to f32 as stored ([12, 256], 12 KB, stays in L1; no
+//   transpose), then every tile of up to two groups sweeps it: per K step two loads of x,
+//   one broadcast per weight row and two FMAs per weight row into up to 24 accumulators held
+//   in zmm registers, which hold outputs for 16 rows of one column each and go to y,
+//   transposed, once the column tile is done.
 //   Converting the weights this way costs a load and a store per sixteen values, about a
 //   quarter of what a transposed panel costs (measured on Zen 4, one thread, F16 N = K =
 //   4096: 57 -> 90 GFLOP/s at M = 96, 80% of the FMA peak of 112). Rows of x go through in
@@ -46,7 +46,6 @@
 #include <algorithm>
 #include <array>
 #include <utility>
-#include <vector>
 
 #include "ops/avx2/avx2.h"
 #include "ops/avx2/float_formats.h"
@@ -64,10 +63,6 @@ using avx2::F32Format;
 constexpr int kPanelCols = 32;        // weight rows per panel: two vectors of outputs
 constexpr int kTileRows = 12;         // x rows per tile: 24 accumulators + 2 panel + 1 broadcast
 constexpr int64_t kPanelDepth = 128;  // K values per panel: 16 KB of f32
-// Grouped rows: x regrouped sixteen rows to a vector against weights as stored.
-constexpr int kTileCols = 12;   // weight rows per tile: 12 broadcasts per K step
-constexpr int kTileGroups = 2;  // groups of x rows per tile: 24 accumulators + 2 x + 1 broadcast
-constexpr int64_t kGroupDepth = 256;  // K values per panel: 12 KB of f32 weights, stays in L1
 constexpr int64_t kRowBlockBytes = 1 << 20;  // x rows per panel sweep: at most ~1 MB of them
 constexpr int kDotMaxRows = 6;  // measured: the dot path is ahead up to M = 6, the panel from 8
 // Grouped rows for K >= 1024, from 32 rows, or from 7 rows where K is a multiple of 1024;
@@ -100,6 +95,16 @@ inline __m512 Load16(F16Format, const uint8_t* p, __mmask16 mask) {
 // The first `count` of 16 lanes (count <= 0: none, >= 16: all).
 inline __mmask16 FirstLanes(int64_t count) {
   return count >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
+}
+
+// Asks for bytes [offset, offset + bytes) of weight rows [n_begin, n_end), which the next
+// panel will read, while the tiles work on this one, so filling it does not wait on memory.
+void PrefetchRows(const WeightView& w, int64_t n_begin, int64_t n_end, int64_t offset,
+                  int64_t bytes) {
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const char* row = reinterpret_cast<const char*>(w.Row(n)) + offset;
+    for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(row + at, _MM_HINT_T0);
+  }
 }
 
 // --- Row tiles (where Grouped says no) ---
@@ -193,17 +198,6 @@ void Pack(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, 
   }
 }
 
-// Asks for the weights the next Pack will read ([32 rows from n0, kPanelDepth values from k0])
-// while the tiles work on this panel, so the pack does not wait on memory.
-template <typename Format>
-void PrefetchPanel(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
-  const int64_t bytes = Format::kBytes * std::min(kPanelDepth, w.cols - k0);
-  for (int64_t n = n0; n < std::min(n0 + kPanelCols, n_end); ++n) {
-    const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
-    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
-  }
-}
-
 // y[R, 16 V] (+)= x[R, depth] · panel[depth, 16 V] (panel rows kPanelCols apart); rows of x
 // are ldx apart, of y ldy apart. Only the lanes in mask[v] of output vector v are read and
 // written. The loops over R and V unroll completely, so the accumulators live in registers.
@@ -264,8 +258,11 @@ void RowTileColumns(const float* x, int64_t m, const WeightView& w, int64_t n_be
     for (int64_t k0 = 0; k0 < k; k0 += kPanelDepth) {
       const int64_t depth = std::min(kPanelDepth, k - k0);
       Pack<Format>(w, n0, cols, k0, depth, panel);
-      PrefetchPanel<Format>(w, k0 + depth < k ? n0 : n0 + kPanelCols,
-                            k0 + depth < k ? k0 + depth : 0, n_end);
+      // The next Pack's weights, while the tiles work on this panel.
+      const bool last = k0 + depth >= k;
+      const int64_t next_n0 = last ? n0 + kPanelCols : n0, next_k0 = last ? 0 : k0 + depth;
+      PrefetchRows(w, next_n0, std::min(next_n0 + kPanelCols, n_end), Format::kBytes * next_k0,
+                   Format::kBytes * std::min(kPanelDepth, k - next_k0));
       for (int64_t t = 0, i0 = 0; t < tiles; ++t) {
         const int64_t rows = m / tiles + (t < m % tiles ? 1 : 0);
         tile_fns[size_t(rows)](x + i0 * k + k0, k, panel, depth, y_panel + i0 * ldy, ldy, k0 > 0,
@@ -276,109 +273,41 @@ void RowTileColumns(const float* x, int64_t m, const WeightView& w, int64_t n_be
   }
 }
 
-// --- Grouped rows ---
+// --- Grouped rows (ops/avx512/row_groups.h) ---
 
-// panel[c * kGroupDepth + kk] = w[n0 + c][k0 + kk] as f32, for c < cols and kk < depth: each
-// weight row converted as it is stored, sixteen values per instruction, with no transpose.
+// Float weights for GroupedColumns: each panel row converted to f32 as it is stored, sixteen
+// values per instruction, with no transpose.
 template <typename Format>
-void Convert(const WeightView& w, int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) {
-  for (int c = 0; c < cols; ++c) {
-    const uint8_t* row = w.Row(n0 + c) + Format::kBytes * k0;
-    float* out = panel + c * kGroupDepth;
-    for (int64_t kk = 0; kk < depth; kk += 16) {
-      const __mmask16 mask = FirstLanes(depth - kk);
-      _mm512_mask_storeu_ps(out + kk, mask, Load16(Format{}, row + Format::kBytes * kk, mask));
-    }
-  }
-}
+struct FloatOps {
+  using Element = float;
+  using XVec = __m512;
+  using WVec = __m512;
+  using Acc = __m512;
+  static constexpr int64_t kDepth = 256;  // K values per panel: 12 KB of f32, stays in L1
 
-// Asks for the weights the next Convert will read ([kTileCols rows from n0, kGroupDepth values
-// from k0]) while the tiles work on this panel, so the conversion does not wait on memory.
-template <typename Format>
-void Prefetch(const WeightView& w, int64_t n0, int64_t k0, int64_t n_end) {
-  const int64_t bytes = Format::kBytes * std::min(kGroupDepth, w.cols - k0);
-  for (int64_t n = n0; n < std::min(n0 + kTileCols, n_end); ++n) {
-    const char* row = reinterpret_cast<const char*>(w.Row(n)) + Format::kBytes * k0;
-    for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T0);
-  }
-}
+  static Acc Zero() { return _mm512_setzero_ps(); }
+  static Acc LoadY(const float* p) { return _mm512_loadu_ps(p); }
+  static void StoreY(float* p, Acc a) { _mm512_storeu_ps(p, a); }
+  static XVec LoadX(const float* p) { return _mm512_loadu_ps(p); }
+  static WVec Broadcast(float w) { return _mm512_set1_ps(w); }
+  static Acc MulAdd(Acc acc, XVec x, WVec w) { return _mm512_fmadd_ps(x, w, acc); }
 
-// yt[C, 16 V] (+)= panel[C, depth] · xt[16 V, depth]^T: C weight rows (panel rows kGroupDepth
-// apart) against V groups of 16 rows of x (groups ldg apart, as GroupRows lays them out);
-// output c of group v is yt[c * ldyt + 16 v + lane]. Per K step: V loads of x, C broadcasts
-// of a weight, V x C FMAs into accumulators held in zmm registers (the loops unroll
-// completely). Each output is one chain of FMAs over K in order, as in the AVX2 panel path.
-template <int V, int C>
-void PanelTile(const float* xt, int64_t ldg, const float* panel, int64_t depth, float* yt,
-               int64_t ldyt, bool accumulate) {
-  static_assert(V >= 1 && V <= kTileGroups && C >= 1 && C <= kTileCols);
-  __m512 acc[C][V];
-#pragma GCC unroll 12
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) {
-      acc[c][v] = accumulate ? _mm512_loadu_ps(yt + c * ldyt + 16 * v) : _mm512_setzero_ps();
-    }
-  }
-  for (int64_t kk = 0; kk < depth; ++kk) {
-    __m512 xv[V];
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_ps(xt + v * ldg + kk * kGroupRows);
-#pragma GCC unroll 12
-    for (int c = 0; c < C; ++c) {
-      const __m512 a = _mm512_set1_ps(panel[c * kGroupDepth + kk]);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) acc[c][v] = _mm512_fmadd_ps(xv[v], a, acc[c][v]);
-    }
-  }
-#pragma GCC unroll 12
-  for (int c = 0; c < C; ++c) {
-#pragma GCC unroll 2
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(yt + c * ldyt + 16 * v, acc[c][v]);
-  }
-}
-
-using PanelTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
-
-template <int V, int... C>
-constexpr auto TilesOf(std::integer_sequence<int, C...>) {
-  return std::array<PanelTileFn, kTileCols + 1>{nullptr, PanelTile<V, C + 1>...};
-}
-// kTiles[V - 1][C]: the tile of V groups of x rows and C weight rows.
-constexpr std::array<PanelTileFn, kTileCols + 1> kTiles[kTileGroups] = {
-    TilesOf<1>(std::make_integer_sequence<int, kTileCols>()),
-    TilesOf<2>(std::make_integer_sequence<int, kTileCols>())};
-
-template <typename Format>
-void PanelColumns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, int64_t n_end,
-                  float* y, int64_t ldy) {
-  const int64_t k = w.cols;
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  const int64_t ldg = kGroupRows * k, ldyt = kGroupRows * groups;
-  alignas(64) float panel[kTileCols * kGroupDepth];  // [kTileCols, kGroupDepth]
-  // Kept per thread (x's at most about 1 MB, a row block's), so steady decoding allocates
-  // nothing; filling them costs about 1/N of the products' work.
-  thread_local std::vector<float> xt;  // [groups, K, 16]: x by GroupRows
-  thread_local std::vector<float> yt;  // [kTileCols, groups * 16]: one column tile's outputs
-  xt.resize(size_t(groups * ldg));
-  yt.resize(size_t(kTileCols * ldyt));
-  GroupRows(x, m, k, xt.data());
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kTileCols) {
-    const int cols = int(std::min<int64_t>(kTileCols, n_end - n0));
-    for (int64_t k0 = 0; k0 < k; k0 += kGroupDepth) {
-      const int64_t depth = std::min(kGroupDepth, k - k0);
-      Convert<Format>(w, n0, cols, k0, depth, panel);
-      Prefetch<Format>(w, k0 + depth < k ? n0 : n0 + kTileCols, k0 + depth < k ? k0 + depth : 0,
-                       n_end);
-      for (int64_t g = 0; g < groups; g += kTileGroups) {
-        const int64_t v = std::min<int64_t>(kTileGroups, groups - g);
-        kTiles[v - 1][size_t(cols)](xt.data() + g * ldg + k0 * kGroupRows, ldg, panel, depth,
-                                    yt.data() + g * kGroupRows, ldyt, k0 > 0);
+  const WeightView& w;
+  void Fill(int64_t n0, int cols, int64_t k0, int64_t depth, float* panel) const {
+    for (int c = 0; c < cols; ++c) {
+      const uint8_t* row = w.Row(n0 + c) + Format::kBytes * k0;
+      float* out = panel + c * kDepth;
+      for (int64_t kk = 0; kk < depth; kk += 16) {
+        const __mmask16 mask = FirstLanes(depth - kk);
+        _mm512_mask_storeu_ps(out + kk, mask, Load16(Format{}, row + Format::kBytes * kk, mask));
       }
     }
-    StoreColumnTile(yt.data(), ldyt, m, cols, y + (n0 - n_begin), ldy);
   }
-}
+  void Prefetch(int64_t n0, int64_t k0, int64_t n_end) const {
+    PrefetchRows(w, n0, std::min<int64_t>(n0 + kTileCols, n_end), Format::kBytes * k0,
+                 Format::kBytes * std::min(kDepth, w.cols - k0));
+  }
+};
 
 // y[R, C] = x[R, K] · rows[C, K]^T for C weight rows starting at `row`, row_bytes apart.
 template <typename Format, int R, int C>
@@ -443,7 +372,8 @@ void Columns(const float* x, int64_t m, const WeightView& w, int64_t n_begin, in
         std::max<int64_t>(4 * kGroupRows, kRowBlockBytes / (4 * w.cols) / kGroupRows * kGroupRows);
     for (int64_t i0 = 0; i0 < m; i0 += max_rows) {
       const int64_t rows = std::min(max_rows, m - i0);
-      PanelColumns<Format>(x + i0 * w.cols, rows, w, n_begin, n_end, y + i0 * ldy, ldy);
+      GroupedColumns(FloatOps<Format>{w}, x + i0 * w.cols, rows, w.cols, n_begin, n_end,
+                     y + i0 * ldy, ldy);
     }
   }
 }
