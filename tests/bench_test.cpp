@@ -974,14 +974,15 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
     }
     return int64_t{-1};
   };
-  const int layers = 2;
-  EXPECT_EQ(rows("full pass"), layers * 40);
-  EXPECT_EQ(rows("windowed pass"), layers * 24);      // block 3: [start - 16, end), the canvas ends
-  EXPECT_EQ(rows("prefix-cache step"), layers * 20);  // blocks 1 and 2: 24 and 16 rows
-  EXPECT_EQ(rows("dual-cache step"), layers * 8);
-  // Block 2's window holds 24 rows in 8 clusters of 3: k clusters at layer 0, 1 at the last.
-  EXPECT_EQ(rows("refresh step, k=4"), (8 + 12) + (8 + 3));
-  EXPECT_EQ(rows("refresh step, k=1"), (8 + 3) + (8 + 3));
+  // The last layer computes the logit rows alone: the block's 8.
+  EXPECT_EQ(rows("full pass"), 40 + 8);
+  EXPECT_EQ(rows("windowed pass"), 24 + 8);      // block 3: [start - 16, end), the canvas ends
+  EXPECT_EQ(rows("prefix-cache step"), 20 + 8);  // blocks 1 and 2: 24 and 16 rows
+  EXPECT_EQ(rows("dual-cache step"), 8 + 8);
+  // Block 2's window holds 24 rows in 8 clusters of 3: k clusters at layer 0; at the last
+  // layer cluster 1, rows 3-5 of the prefix, which get no logits (only suffix rows would).
+  EXPECT_EQ(rows("refresh step, k=4"), (8 + 12) + 8);
+  EXPECT_EQ(rows("refresh step, k=1"), (8 + 3) + 8);
   const std::vector<ForcedRun> runs = RunForcedSchedule(*model, options);
   ASSERT_EQ(runs.size(), 5u);
   for (const ForcedRun& r : runs) {

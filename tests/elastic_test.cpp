@@ -95,7 +95,14 @@ TEST(Window, WithoutRefreshesOnlyTheWindowIsComputed) {
           EXPECT_TRUE(std::find(first_masked.begin(), first_masked.end(), p) != first_masked.end());
           masked.erase(p);
         }
-        rows += int64_t(expected.size()) * config.layers;
+        // The last layer computes the rows whose outputs are read: the window's predicting
+        // rows (logits) and the tracked tokens (their attention).
+        std::set<int> last_layer;
+        for (int p : first_masked) last_layer.insert(config.shift_logits ? p - 1 : p);
+        if (t > 0) {
+          for (int p : stats["tracked"]) last_layer.insert(p);
+        }
+        rows += int64_t(expected.size()) * (config.layers - 1) + int64_t(last_layer.size());
         committed_before = r.trace[t]["committed"].get<std::vector<int>>();
       }
       EXPECT_EQ(r.rows_computed, rows);

@@ -74,6 +74,59 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
   EXPECT_EQ(got.rows_computed, int64_t(ids.size()) * model->config().layers);
 }
 
+// A pass over every position that wants logits for some rows only: the last layer computes
+// those rows alone, and they keep the reference's logits. With more logit rows than the
+// products' dot path takes (ops/avx512/matmul.cpp: up to 6) and a dense last layer, their
+// bits are those of the pass with logits everywhere; a captured last layer keeps every row unless the plan names
+// the rows whose attention its hook reads.
+TEST_P(FixtureForward, LastLayerComputesOnlyTheRowsItsOutputsFeed) {
+  const std::string dir = testing::FixtureDir(GetParam());
+  auto model = Model::Load(dir);
+  TensorStore expected;
+  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
+  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  const int64_t V = model->config().vocab, L = int64_t(ids.size());
+  const int layers = model->config().layers;
+  // A mixture-of-experts layer hands each expert the rows that chose it, fewer than 7.
+  const bool dense_last_layer = !model->config().IsMoeLayer(layers - 1);
+  const StepResult all = FullPass(*model, ids);
+
+  class NoHook : public LayerHook {};
+  NoHook hook;
+  for (const int count : {8, 2}) {
+    SCOPED_TRACE(count);
+    ASSERT_GE(L, count + 3);
+    KvCache cache = MakeCache(*model, L, false, ExactBackend());
+    Forward forward(*model, cache);
+    StepPlan plan;
+    plan.input_rows.resize(size_t(L));
+    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+    plan.logit_rows.resize(size_t(count));
+    std::iota(plan.logit_rows.begin(), plan.logit_rows.end(), 3);  // rows 3 .. 3 + count
+    const StepResult some = forward.Run(ids, plan);
+    EXPECT_EQ(some.rows_computed, L * (layers - 1) + count);
+    ASSERT_EQ(some.logits.size(), size_t(count * V));
+    for (int i = 0; i < count; ++i) {
+      const float* got = some.logits.data() + i * V;
+      const float* reference = want.data() + (3 + i) * V;
+      const float* unpruned = all.logits.data() + (3 + i) * V;
+      for (int64_t j = 0; j < V; ++j) {
+        ASSERT_NEAR(got[j], reference[j], 1e-4f) << "row " << 3 + i << " token " << j;
+        if (count > 6 && dense_last_layer) {
+          ASSERT_EQ(got[j], unpruned[j]) << "row " << 3 + i << " token " << j;
+        }
+      }
+    }
+
+    plan.hook = &hook;
+    plan.capture_layers = {layers - 1};
+    EXPECT_EQ(forward.Run(ids, plan).rows_computed, L * layers);
+    plan.attention_rows = {0, 3};  // row 3 gets logits too
+    EXPECT_EQ(forward.Run(ids, plan).rows_computed, L * (layers - 1) + count + 1);
+  }
+}
+
 // LLaDA 2.x's sampler runs the model with block-causal attention: position p sees the
 // blocks up to its own. The reference's forward under that mask (block length 8), row by row.
 TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {

@@ -74,6 +74,12 @@ class RefreshHook final : public LayerHook {
       query.insert(query.end(), window_.begin() + int64_t(begin), window_.begin() + int64_t(end));
     }
     std::sort(query.begin(), query.end());
+    // As Polestar's suffix commits: the last layer's packet rows beyond the block get logits.
+    if (rows.layer == layers_ - 1) {
+      for (int p : query) {
+        if (p > block_.back()) rows.logit_rows->push_back(p);
+      }
+    }
     *rows.query_rows = std::move(query);
   }
 

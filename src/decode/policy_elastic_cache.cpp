@@ -94,6 +94,9 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     input_rows_ = int(plan.input_rows.size());
     previous_canvas_ = canvas_;
     plan.capture_layers = Range(0, int(tracks_.size()));
+    // OnAttention reads the tracked tokens' and the predicting rows' attention.
+    std::set_union(tracked_.begin(), tracked_.end(), predicting_rows_.begin(),
+                   predicting_rows_.end(), std::back_inserter(plan.attention_rows));
     plan.hook = this;
     return plan;
   }

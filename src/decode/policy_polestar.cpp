@@ -143,12 +143,13 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int length = int(context.canvas.size());
     StepPlan plan;
     plan.hook = this;
+    plan.attention_rows = Range(context.block.start, context.block.end);  // OnAttention's rows
     if (block_diffusion_) {
       if (context.step_in_block == 0) StartBlock(context);
       mode_ = context.step_in_block == 0 ? Mode::kBlockStart : Mode::kDecode;
       plan.input_rows = Range(options_.refresh_all ? 0 : final_before_, context.block.end);
       final_before_ = context.block.start;
-      plan.capture_layers = {config.layers - 1};
+      if (options_.early_commit) plan.capture_layers = {config.layers - 1};  // token drift
       stats_["pass"] = "block";
       kind_ = context.step_in_block == 0 ? step_kind::kBlockStart : step_kind::kBlockStep;
       return plan;

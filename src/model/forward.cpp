@@ -96,6 +96,22 @@ void GatherQueryInputs(const Backend& backend, KvCache& cache, int layer, const 
   }
 }
 
+// At the last layer, drops the query rows whose outputs nothing reads: only the logit rows
+// go on to the LM head, and a captured layer's hook reads the attention of plan.attention_rows
+// (or of every query row when that list is empty). Their K/V, written before, stay in the cache.
+void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_rows,
+                  int64_t length, std::vector<int>& query) {
+  const bool captured = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
+                        plan.capture_layers.end();
+  if (captured && plan.attention_rows.empty()) return;
+  std::vector<char> read(size_t(length), 0);  // [L]
+  for (const int row : logit_rows) read[size_t(row)] = 1;
+  if (captured) {
+    for (const int row : plan.attention_rows) read[size_t(row)] = 1;
+  }
+  std::erase_if(query, [&](int row) { return !read[size_t(row)]; });
+}
+
 }  // namespace
 
 std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
@@ -178,6 +194,10 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
         LayerRows layer_rows{layer, s.fresh, &s.query, &results[i].logit_rows};
         hook->BeforeQueries(layer_rows);
         s.hidden_source = layer_rows.hidden_source;
+      }
+      if (layer == c.layers - 1) {
+        KeepRowsRead(*steps[i].plan, layer, results[i].logit_rows,
+                     steps[i].forward->cache_.positions(), s.query);
       }
       s.query_offset = m;
       m += int64_t(s.query.size());

@@ -10,7 +10,9 @@
 //   Attention of Q_l runs over all L cached rows (bidirectional), or, when the plan sets
 //   attention_block B, block-causally: row p over the cached rows of the blocks up to its
 //   own, [0, (p / B + 1) B) (LLaDA 2.x's block diffusion).
-// Logits are computed for plan.logit_rows (which must be query rows of the last layer).
+// Logits are computed for plan.logit_rows (which must be query rows of the last layer). At
+// the last layer only the rows something reads go through attention and the MLP: the logit
+// rows, and at a captured layer plan.attention_rows (all query rows when it is empty).
 //
 // Every op runs on the cache's backend (backend/backend.h); the step's scratch lives there too.
 // A batched step (StepRunner) takes one plan per sequence, runs the row-wise ops and matrix
@@ -65,6 +67,8 @@ struct StepPlan {
   std::vector<int> capture_layers;  // layers whose attention probabilities go to the hook
   LayerHook* hook = nullptr;
   int attention_block = 0;  // B > 0: block-causal attention
+  // The query rows whose attention the hook reads at the captured layers (empty: all).
+  std::vector<int> attention_rows = {};
 };
 
 struct StepResult {
