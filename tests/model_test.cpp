@@ -77,8 +77,8 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
 // A pass over every position that wants logits for some rows only: the last layer computes
 // those rows alone, and they keep the reference's logits. With more logit rows than the
 // products' dot path takes (ops/avx512/matmul.cpp: up to 6) and a dense last layer, their
-// bits are those of the pass with logits everywhere; a captured last layer keeps every row unless the plan names
-// the rows whose attention its hook reads.
+// bits are those of the pass with logits everywhere. A captured last layer keeps every row
+// unless the plan names the rows whose attention its hook reads.
 TEST_P(FixtureForward, LastLayerComputesOnlyTheRowsItsOutputsFeed) {
   const std::string dir = testing::FixtureDir(GetParam());
   auto model = Model::Load(dir);

@@ -99,8 +99,8 @@ void GatherQueryInputs(const Backend& backend, KvCache& cache, int layer, const 
 // At the last layer, drops the query rows whose outputs nothing reads: only the logit rows
 // go on to the LM head, and a captured layer's hook reads the attention of plan.attention_rows
 // (or of every query row when that list is empty). Their K/V, written before, stay in the cache.
-void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_rows,
-                  int64_t length, std::vector<int>& query) {
+void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_rows, int64_t length,
+                  std::vector<int>& query) {
   const bool captured = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
                         plan.capture_layers.end();
   if (captured && plan.attention_rows.empty()) return;
