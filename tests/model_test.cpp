@@ -51,15 +51,25 @@ StepResult FullPass(const Model& model, const std::vector<int>& ids, int attenti
   return forward.Run(ids, plan);
 }
 
+// A fixture's model with the reference's full pass: its input ids and logits[L, V].
+struct ReferencePass {
+  std::unique_ptr<Model> model;
+  std::vector<int> ids;
+  std::vector<float> logits;
+};
+
+ReferencePass LoadReferencePass(const char* fixture) {
+  const std::string dir = testing::FixtureDir(fixture);
+  TensorStore expected;
+  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
+  return {Model::Load(dir), ToInts(expected.Get("forward.input_ids")),
+          ToFloats(expected.Get("forward.logits"))};
+}
+
 class FixtureForward : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
-  const std::string dir = testing::FixtureDir(GetParam());
-  auto model = Model::Load(dir);
-  TensorStore expected;
-  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
-  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  const auto [model, ids, want] = LoadReferencePass(GetParam());
   const int V = model->config().vocab;
   ASSERT_EQ(want.size(), ids.size() * V);
 
@@ -80,12 +90,7 @@ TEST_P(FixtureForward, FullPassMatchesReferenceLogits) {
 // bits are those of the pass with logits everywhere. A captured last layer keeps every row
 // unless the plan names the rows whose attention its hook reads.
 TEST_P(FixtureForward, LastLayerComputesOnlyTheRowsItsOutputsFeed) {
-  const std::string dir = testing::FixtureDir(GetParam());
-  auto model = Model::Load(dir);
-  TensorStore expected;
-  ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
-  const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
+  const auto [model, ids, want] = LoadReferencePass(GetParam());
   const int64_t V = model->config().vocab, L = int64_t(ids.size());
   const int layers = model->config().layers;
   // A mixture-of-experts layer hands each expert the rows that chose it, fewer than 7.
