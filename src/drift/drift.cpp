@@ -22,24 +22,24 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
     for (int64_t i = 0; i < n; ++i) result.labels[size_t(i)] = int(i);
     return result;
   }
-  std::vector<float> normalized(points.begin(), points.end());  // [n, d]
+  // The unit points widened to double and stored dimension-major, so each similarity loop
+  // runs over points side by side (the compiler's vector lanes): every similarity still sums
+  // its d products in order, so the result is the plain double loop's, bit for bit.
+  std::vector<double> unit_by_dim(static_cast<size_t>(d * n));  // [d, n]
   for (int64_t i = 0; i < n; ++i) {
-    float* row = &normalized[size_t(i * d)];
+    const float* row = &points[size_t(i * d)];
     double norm = 0;
     for (int64_t j = 0; j < d; ++j) norm += double(row[j]) * row[j];
     const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
-    for (int64_t j = 0; j < d; ++j) row[j] *= inv;
+    for (int64_t j = 0; j < d; ++j) unit_by_dim[size_t(j * n + i)] = double(row[j] * inv);
   }
   for (int c = 0; c < k; ++c) {
     const int64_t seed = c * n / k;
     std::memcpy(&result.centroids[size_t(c * d)], &points[size_t(seed * d)], size_t(d) * 4);
   }
-  // The normalised centroids (float, as the similarity reads them) widened to double and
-  // stored dimension-major, so the k similarities of a point accumulate side by side: each
-  // still sums its d products in order, so the result is the plain double loop's, bit for bit.
-  std::vector<double> unit_by_dim(static_cast<size_t>(d * k));  // [d, k]
-  std::vector<double> similarity(static_cast<size_t>(k));       // [k] one point's
-  std::vector<double> sums(static_cast<size_t>(k * d));         // [k, d]
+  std::vector<double> unit_centroid(static_cast<size_t>(d));   // [d] one centroid's
+  std::vector<double> similarity(static_cast<size_t>(k * n));  // [k, n]
+  std::vector<double> sums(static_cast<size_t>(k * d));        // [k, d]
   std::vector<int64_t> counts(static_cast<size_t>(k));
   for (int iteration = 0; iteration < iterations; ++iteration) {
     for (int c = 0; c < k; ++c) {
@@ -47,21 +47,21 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
       double norm = 0;
       for (int64_t j = 0; j < d; ++j) norm += double(centroid[j]) * centroid[j];
       const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
-      for (int64_t j = 0; j < d; ++j) unit_by_dim[size_t(j * k + c)] = double(centroid[j] * inv);
+      for (int64_t j = 0; j < d; ++j) unit_centroid[size_t(j)] = double(centroid[j] * inv);
+      double* sim = &similarity[size_t(c * n)];
+      std::fill(sim, sim + n, 0.0);
+      for (int64_t j = 0; j < d; ++j) {
+        const double u = unit_centroid[size_t(j)];
+        const double* x = &unit_by_dim[size_t(j * n)];
+        for (int64_t i = 0; i < n; ++i) sim[i] += x[i] * u;
+      }
     }
     for (int64_t i = 0; i < n; ++i) {
-      std::fill(similarity.begin(), similarity.end(), 0.0);
-      const float* row = &normalized[size_t(i * d)];
-      for (int64_t j = 0; j < d; ++j) {
-        const double x = row[j];
-        const double* units = &unit_by_dim[size_t(j * k)];
-        for (int c = 0; c < k; ++c) similarity[size_t(c)] += x * units[c];
-      }
       int best = 0;
       double best_similarity = -std::numeric_limits<double>::infinity();
       for (int c = 0; c < k; ++c) {
-        if (similarity[size_t(c)] > best_similarity) {
-          best_similarity = similarity[size_t(c)];
+        if (similarity[size_t(c * n + i)] > best_similarity) {
+          best_similarity = similarity[size_t(c * n + i)];
           best = c;
         }
       }
