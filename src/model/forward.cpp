@@ -105,9 +105,13 @@ void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_ro
                         plan.capture_layers.end();
   if (captured && plan.attention_rows.empty()) return;
   std::vector<char> read(size_t(length), 0);  // [L]
-  for (const int row : logit_rows) read[size_t(row)] = 1;
+  auto mark = [&](int row) {
+    PS_CHECK(row >= 0 && row < length);
+    read[size_t(row)] = 1;
+  };
+  for (const int row : logit_rows) mark(row);
   if (captured) {
-    for (const int row : plan.attention_rows) read[size_t(row)] = 1;
+    for (const int row : plan.attention_rows) mark(row);
   }
   std::erase_if(query, [&](int row) { return !read[size_t(row)]; });
 }
