@@ -186,6 +186,24 @@ TEST(Report, CsvHasOneHeaderAndOneLinePerRowWithQuoting) {
   EXPECT_EQ(CsvField("plain"), "plain");
 }
 
+// Wilson's interval by hand: 8 of 10 is 0.490-0.943; 50 of 100 is 0.404-0.596; it stays
+// inside [0, 1] at the ends, where the normal approximation's would not.
+TEST(Report, WilsonIntervalOnHandComputedCases) {
+  auto [low, high] = WilsonInterval95(0.8, 10);
+  EXPECT_NEAR(low, 0.4902, 1e-4);
+  EXPECT_NEAR(high, 0.9433, 1e-4);
+  std::tie(low, high) = WilsonInterval95(0.5, 100);
+  EXPECT_NEAR(low, 0.4038, 1e-4);
+  EXPECT_NEAR(high, 0.5962, 1e-4);
+  std::tie(low, high) = WilsonInterval95(1.0, 20);
+  EXPECT_NEAR(low, 0.8389, 1e-4);  // 20 / (20 + 1.96^2)
+  EXPECT_DOUBLE_EQ(high, 1.0);
+  std::tie(low, high) = WilsonInterval95(0.0, 20);
+  EXPECT_DOUBLE_EQ(low, 0.0);
+  EXPECT_NEAR(high, 0.1611, 1e-4);
+  EXPECT_EQ(WilsonInterval95(0.3, 0), std::make_pair(0.0, 1.0));
+}
+
 TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
   const std::vector<ResultRow> rows = {HandRow("vanilla", "defaults", 0.8, 1, 5),
                                        HandRow("fast-dllm-dual", "defaults", 0.7, 2, 4),
@@ -199,12 +217,14 @@ TEST(Report, MarkdownHasTheTablesAndMarksTheFront) {
   }
   // Main table (header, rule, 3 rows), other metrics (2 + 3), per task (2 + 3).
   ASSERT_EQ(table.size(), 15u);
-  EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 16);
+  EXPECT_EQ(std::count(table[0].begin(), table[0].end(), '|'), 17);
   // Vanilla is the most accurate, so on both fronts; dual is dominated by polestar (TPF) and
   // vanilla (TPS).
-  EXPECT_EQ(table[2],
-            "| vanilla | defaults | 10 | 1 | 80.0% | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 2.50 | 100 | "
-            "3.0 | 1.0 | **TPF, TPS** |");
+  EXPECT_EQ(
+      table[2],
+      "| vanilla | defaults | 10 | 1 | 80.0% | 49.0-94.3 | 32.0 | 1.00 | 1.00 | 5.0 | 5.0 | 2.50 | "
+      "100 | "
+      "3.0 | 1.0 | **TPF, TPS** |");
   EXPECT_TRUE(table[3].ends_with("| 1.0 |  |")) << table[3];
   EXPECT_NE(table[4].find("**TPF, TPS**"), std::string::npos);
   EXPECT_NE(table[5].find("strict_match"), std::string::npos);

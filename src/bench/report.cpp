@@ -100,6 +100,14 @@ double Tps(const ResultRow& row, Protocol protocol) {
   return protocol == Protocol::kUntilEos ? row.tps_until_eos : row.tps_non_eos;
 }
 
+std::pair<double, double> WilsonInterval95(double p, int64_t n) {
+  if (n <= 0) return {0.0, 1.0};
+  const double z = 1.96, z2n = z * z / double(n);
+  const double center = (p + z2n / 2) / (1 + z2n);
+  const double half = z / (1 + z2n) * std::sqrt(p * (1 - p) / double(n) + z2n / (4 * double(n)));
+  return {std::max(0.0, center - half), std::min(1.0, center + half)};
+}
+
 std::vector<bool> ParetoFront(const std::vector<std::pair<double, double>>& points) {
   std::vector<bool> front(points.size(), true);
   for (size_t i = 0; i < points.size(); ++i) {
@@ -168,25 +176,28 @@ std::string MarkdownReport(const std::vector<ResultRow>& rows, const ReportConte
   md += "Command: `" + context.command + "`  \n";
   md += "Machine: " + context.machine + "\n\n";
   md += "| policy | settings | items | batch | accuracy (" + primary +
-        ") | NFE | TPF until EOS | TPF non-EOS | TPS until EOS | TPS non-EOS | items/s | "
+        ") | 95% CI | NFE | TPF until EOS | TPF non-EOS | TPS until EOS | TPS non-EOS | items/s | "
         "rows/token | peak RSS MB | KV cache MB | Pareto |\n";
-  md += "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
+  md += "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const ResultRow& r = rows[i];
     std::string front;
     if (front_tpf[i]) front = "TPF";
     if (front_tps[i]) front += front.empty() ? "TPS" : ", TPS";
+    const auto [low, high] = WilsonInterval95(r.accuracy(), r.items);
     md += "| " + r.policy + " | " + r.settings + " | " + std::to_string(r.items) + " | " +
           std::to_string(r.batch) + " | " + Fixed(100 * r.accuracy(), 1) + "% | " +
-          Fixed(r.nfe_mean, 1) + " | " + Fixed(r.tpf_until_eos, 2) + " | " +
-          Fixed(r.tpf_non_eos, 2) + " | " + Fixed(r.tps_until_eos, 1) + " | " +
-          Fixed(r.tps_non_eos, 1) + " | " + Fixed(r.items_per_second(), 2) + " | " +
-          Fixed(r.rows_per_token, 0) + " | " + Megabytes(r.peak_rss_bytes) + " | " +
-          Megabytes(r.cache_bytes) + " | " + (front.empty() ? "" : "**" + front + "**") + " |\n";
+          Fixed(100 * low, 1) + "-" + Fixed(100 * high, 1) + " | " + Fixed(r.nfe_mean, 1) + " | " +
+          Fixed(r.tpf_until_eos, 2) + " | " + Fixed(r.tpf_non_eos, 2) + " | " +
+          Fixed(r.tps_until_eos, 1) + " | " + Fixed(r.tps_non_eos, 1) + " | " +
+          Fixed(r.items_per_second(), 2) + " | " + Fixed(r.rows_per_token, 0) + " | " +
+          Megabytes(r.peak_rss_bytes) + " | " + Megabytes(r.cache_bytes) + " | " +
+          (front.empty() ? "" : "**" + front + "**") + " |\n";
   }
   md += "\nPareto: on the accuracy/TPF or accuracy/TPS front (" +
         std::string(ProtocolName(context.protocol)) +
-        " counts). TPF and TPS are ratios of sums over the items, TPS on " +
+        " counts). 95% CI: the Wilson score interval of the accuracy over the items. TPF and TPS "
+        "are ratios of sums over the items, TPS on " +
         (context.clock == Clock::kWall ? std::string("wall-clock") : std::string("process CPU")) +
         " time of decoding, as are items/s; batch = sequences per forward (in a batched run "
         "each forward's time is shared among its sequences in proportion to their rows, so "

@@ -37,6 +37,10 @@ const char* ProtocolName(Protocol protocol);
 double Tpf(const ResultRow& row, Protocol protocol);
 double Tps(const ResultRow& row, Protocol protocol);
 
+// The Wilson score interval, at 95% (z = 1.96), of a proportion p observed over n items:
+// {low, high}, within [0, 1]; {0, 1} when n is 0.
+std::pair<double, double> WilsonInterval95(double p, int64_t n);
+
 // on_front[i]: no other point is at least as good in both coordinates and better in one
 // (both maximised). Equal points are all on the front.
 std::vector<bool> ParetoFront(const std::vector<std::pair<double, double>>& points);
