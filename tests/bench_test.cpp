@@ -1027,16 +1027,18 @@ StepTiming Timed(const std::string& kind, double seconds, int64_t rows = 0) {
 }
 
 TEST(Scale, ExtrapolatesEachStepLayerByLayer) {
-  // 2 s fixed + 3 s a layer (full pass); 1 s + 0.5 s a layer (dual-cache step).
-  const std::vector<StepTiming> at_one = {Timed("full pass", 5, 100),
+  // 2 s fixed + 3 s a layer (full pass); 1 s + 0.5 s a layer (dual-cache step). The full
+  // pass's last layer computes its 8 logit rows alone, the others all 100.
+  const std::vector<StepTiming> at_one = {Timed("full pass", 5, 8),
                                           Timed("dual-cache step", 1.5, 8)};
   const std::vector<StepTiming> at_three = {Timed("dual-cache step", 2.5, 24),
-                                            Timed("full pass", 11, 300)};
+                                            Timed("full pass", 11, 208)};
   const std::vector<StepTiming> at_32 = ExtrapolateLayers(at_one, 1, at_three, 3, 32);
   ASSERT_EQ(at_32.size(), 2u);
   EXPECT_EQ(at_32[0].kind, "full pass");
   EXPECT_DOUBLE_EQ(at_32[0].Median(), 2 + 3 * 32);
-  EXPECT_EQ(at_32[0].rows_computed, 100 * 32);
+  EXPECT_EQ(at_32[0].rows_computed, 31 * 100 + 8);
+  EXPECT_EQ(at_32[1].rows_computed, 32 * 8);
   EXPECT_DOUBLE_EQ(at_32[1].Median(), 1 + 0.5 * 32);
 }
 

@@ -62,8 +62,10 @@ std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, i
     const StepTiming* b = Find(at_b, a.kind);
     if (b == nullptr) continue;
     // t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a): each layer costs the same, and what
-    // does not grow with the layers (embedding, final norm, LM head) stays.
-    StepTiming t{a.kind, a.rows_computed / layers_a * layers, {}};
+    // does not grow with the layers (embedding, final norm, LM head) stays. Rows alike: the
+    // last layer computes only the rows whose outputs are read, the others every row.
+    const int64_t rows_per_layer = (b->rows_computed - a.rows_computed) / (layers_b - layers_a);
+    StepTiming t{a.kind, a.rows_computed + (layers - layers_a) * rows_per_layer, {}};
     const double per_layer = (b->Median() - a.Median()) / double(layers_b - layers_a);
     t.seconds.push_back(std::max(0.0, a.Median() + double(layers - layers_a) * per_layer));
     out.push_back(std::move(t));
