@@ -403,6 +403,58 @@ TEST(TrainerTest, WarmStartsFromAModelFolder) {
   }
 }
 
+// A deeper model grows from a shallower one: source block s lands at s * layers / source
+// layers, the blocks between add nothing (zero output projections), so the grown model's
+// logits are the source's exactly; a shallower target is refused.
+TEST(TrainerTest, GrowsInDepthFromAShallowerRun) {
+  const std::string dir = testing::TempDir();
+  TrainOptions shallow = TinyRun(dir + "/shallow", 5);
+  shallow.layers = 2;
+  Trainer source(shallow);
+  for (int i = 0; i < 3; ++i) source.Step();
+  source.SaveCheckpoint();
+  source.ExportModel();
+  TrainOptions deep = TinyRun(dir + "/deep", 5);
+  deep.layers = 4;
+  deep.init_from = dir + "/shallow";  // a run folder: its checkpoint is another size
+  const Trainer grown(deep);
+
+  const TinyModel& from = source.model();
+  const TinyModel& to = grown.model();
+  auto tensor = [](const TinyModel& m, const std::string& name) {
+    for (const ParamTensor& t : m.tensors()) {
+      if (t.name == name) {
+        return std::vector<float>(m.params().begin() + t.offset,
+                                  m.params().begin() + t.offset + t.size());
+      }
+    }
+    ADD_FAILURE() << "no tensor " << name;
+    return std::vector<float>();
+  };
+  const std::string block = "model.transformer.blocks.";
+  for (const std::string part : {".qkv", ".attn_out.weight", ".gate_up", ".ff_out.weight"}) {
+    EXPECT_EQ(tensor(to, block + "0" + part), tensor(from, block + "0" + part)) << part;
+    EXPECT_EQ(tensor(to, block + "2" + part), tensor(from, block + "1" + part)) << part;
+  }
+  for (const std::string added : {"1", "3"}) {
+    for (float w : tensor(to, block + added + ".attn_out.weight")) ASSERT_EQ(w, 0.0f);
+    for (float w : tensor(to, block + added + ".ff_out.weight")) ASSERT_EQ(w, 0.0f);
+    const std::vector<float> qkv = tensor(to, block + added + ".qkv");
+    EXPECT_GT(std::inner_product(qkv.begin(), qkv.end(), qkv.begin(), 0.0), 0.0);
+  }
+
+  Batch batch = SmallBatch();
+  for (int& token : batch.tokens) token %= from.config().vocab;
+  std::vector<float> expected, ours;
+  TinyModel(from).Run(batch, nullptr, &expected);  // copies: Run keeps its activations
+  TinyModel(to).Run(batch, nullptr, &ours);
+  EXPECT_EQ(ours, expected);
+
+  TrainOptions shallower = TinyRun(dir + "/shallower", 5);
+  shallower.init_from = dir + "/shallow";  // 1 block from 2
+  EXPECT_THROW(Trainer{shallower}, Error);
+}
+
 TEST(TrainerTest, LossFallsOnATinyRun) {
   TrainOptions o = TinyRun(testing::TempDir(), 30);
   o.lr = 1e-2f;

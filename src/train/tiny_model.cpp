@@ -1,5 +1,6 @@
 #include "train/tiny_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -164,10 +165,40 @@ void TinyModel::Import(const std::string& dir) {
   TensorStore store;
   store.set_origin(path);
   ReadSafetensorsFile(path, store);
+  const std::string block_prefix = "model.transformer.blocks.";
+  int source_layers = 0;
+  while (store.Find(block_prefix + std::to_string(source_layers) + ".attn_norm.weight")) {
+    ++source_layers;
+  }
+  if (source_layers == 0 || source_layers > config_.layers) {
+    Fail(path, ": ", source_layers, " blocks; this model has ", config_.layers,
+         " (a warm start takes as many blocks or fewer)");
+  }
+  // A shallower source grows this model in depth: source block s becomes block
+  // s * layers / source_layers, and each block between keeps its initial weights with zero
+  // output projections, so it adds nothing to the residual stream and the grown model
+  // computes the source's function exactly until training moves it.
+  std::vector<int> source_of(size_t(config_.layers), -1);  // [layers] source block or -1
+  for (int s = 0; s < source_layers; ++s) {
+    source_of[size_t(s * config_.layers / source_layers)] = s;
+  }
   ForEachCheckpointTensor([&](const std::string& name, std::vector<int64_t> shape, int64_t offset) {
-    const TensorRef& t = store.Get(name);
+    std::string source_name = name;
+    if (name.starts_with(block_prefix)) {
+      const size_t dot = name.find('.', block_prefix.size());
+      const int layer = std::stoi(name.substr(block_prefix.size(), dot - block_prefix.size()));
+      const int source = source_of[size_t(layer)];
+      if (source < 0) {
+        if (name.ends_with("attn_out.weight") || name.ends_with("ff_out.weight")) {
+          std::fill_n(params_.data() + offset, shape[0] * shape[1], 0.0f);
+        }
+        return;
+      }
+      source_name = block_prefix + std::to_string(source) + name.substr(dot);
+    }
+    const TensorRef& t = store.Get(source_name);
     if (t.dtype != DType::kF32 || t.shape != shape) {
-      Fail(path, ": tensor ", name, " is not an F32 tensor of this model's shape");
+      Fail(path, ": tensor ", source_name, " is not an F32 tensor of this model's shape");
     }
     std::memcpy(params_.data() + offset, t.data, t.bytes);
   });

@@ -66,7 +66,8 @@ class TinyModel {
   void Export(const std::string& dir) const;
   // Reads the parameters back from the model.safetensors that Export wrote (or any LLaDA
   // checkpoint of this shape in F32); throws Error naming the tensor that is missing or of
-  // another shape.
+  // another shape. A source with fewer blocks grows this model in depth (see the .cpp); call
+  // Init first, which the blocks it adds keep.
   void Import(const std::string& dir);
 
   // Forward (and, with grads non-null, backward accumulated into grads[params]).

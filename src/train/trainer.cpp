@@ -170,11 +170,11 @@ Trainer::Trainer(TrainOptions options)
   fs::create_directories(options_.out_dir);
   model_.Init(options_.seed);
   if (!options_.init_from.empty()) {
+    // A run folder's checkpoint holds its latest parameters; a deeper model grows from the
+    // run's exported model instead (TinyModel::Import).
     const fs::path checkpoint = fs::path(options_.init_from) / "checkpoint.safetensors";
-    if (fs::exists(checkpoint)) {
-      LoadParams(checkpoint.string());
-    } else {
-      model_.Import(options_.init_from);
+    if (!fs::exists(checkpoint) || !LoadParams(checkpoint.string())) {
+      model_.Import(WarmStartModelDir(options_));
     }
   }
   grads_.assign(model_.params().size(), 0.0f);
@@ -233,16 +233,15 @@ void Trainer::SaveCheckpoint() const {
                     F32Tensor("adam_v", {n}, adam_v_), I64Tensor("step", {1}, {step_})});
 }
 
-void Trainer::LoadParams(const std::string& path) {
+bool Trainer::LoadParams(const std::string& path) {
   TensorStore store;
   store.set_origin(path);
   ReadSafetensorsFile(path, store);
   const TensorRef& t = store.Get("params");
-  if (t.dtype != DType::kF32 || t.bytes != model_.params().size() * 4) {
-    Fail(path, ": its parameters do not fit this model shape (", t.bytes / 4, " vs ",
-         model_.params().size(), " floats)");
-  }
+  if (t.dtype != DType::kF32) Fail(path, ": its parameters are not F32");
+  if (t.bytes != model_.params().size() * 4) return false;
   std::memcpy(model_.params().data(), t.data, t.bytes);
+  return true;
 }
 
 void Trainer::LoadCheckpoint() {

@@ -89,7 +89,8 @@ class Trainer {
 
  private:
   void LoadCheckpoint();
-  void LoadParams(const std::string& checkpoint_path);
+  // Takes a run checkpoint's parameters; false (nothing taken) when they are of another size.
+  bool LoadParams(const std::string& checkpoint_path);
   void Evaluate(int items);
 
   TrainOptions options_;

@@ -75,7 +75,8 @@ void AddTrainCommand(CLI::App& app) {
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
   cmd->add_option("--init-from", o->init_from,
                   "warm start: parameters and tokenizer of another run folder or of a model "
-                  "folder of the same shape (e.g. models/polestar-tiny), fresh optimiser");
+                  "folder of the same shape (e.g. models/polestar-tiny), fresh optimiser; one "
+                  "with fewer --layers grows in depth (new blocks start as the identity)");
   cmd->callback([o] {
     train::Trainer trainer(*o);
     trainer.Run();
