@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -571,6 +572,57 @@ TEST(Avx2Vector, RmsNormMatchesScalar) {
 // ---------------------------------------------------------------------------------------
 // Attention
 
+// Polestar's drift reads these probabilities: the AVX2 kernel must give the scalar one's bits.
+TEST(Avx2Attention, SideBySideProbabilitiesEqualTheScalarBits) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(16);
+  for (int head_dim : {1, 3, 7, 8, 9, 16, 20, 32, 33, 64, 128}) {
+    for (int64_t l : {1, 7, 8, 9, 15, 16, 17, 63, 200}) {
+      const int64_t kv_stride = 2 * head_dim + 3;
+      const auto q = RandomVector(head_dim, 2.0f, rng);
+      const auto k = RandomVector(l * kv_stride, 2.0f, rng);
+      const float* k_head = k.data() + head_dim + 1;  // a second head's slice of each row
+      std::vector<float> got(static_cast<size_t>(l)), want(static_cast<size_t>(l));
+      avx2::HeadProbabilitiesSideBySide(q.data(), k_head, l, kv_stride, head_dim, got.data());
+      reference::HeadProbabilitiesSideBySide(q.data(), k_head, l, kv_stride, head_dim, want.data());
+      for (int64_t j = 0; j < l; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(j)]), std::bit_cast<uint32_t>(want[size_t(j)]))
+            << "D=" << head_dim << " L=" << l << " j=" << j;
+      }
+    }
+  }
+}
+
+// Polestar's k-means labels read these similarities: the AVX2 kernel must give the bits of
+// the plain loop (sixteen, four and one point at a time, so n covers every path and tail).
+TEST(Avx2Exact, DimensionMajorDotsEqualThePlainLoopsBits) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t d : {1, 7, 128}) {
+    for (int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 64, 96}) {
+      std::vector<double> x(static_cast<size_t>(d * n));  // [d, n]
+      std::vector<double> u(static_cast<size_t>(d));      // [d]
+      for (double& v : x) v = normal(rng);
+      for (double& v : u) v = normal(rng);
+      std::vector<double> got(static_cast<size_t>(n));   // [n]
+      std::vector<double> want(static_cast<size_t>(n));  // [n]
+      avx2::DimensionMajorDots(x.data(), n, d, u.data(), got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        double sum = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          const double product = x[size_t(j * n + i)] * u[size_t(j)];
+          sum += product;  // rounded apart from the product, as without fused multiply-add
+        }
+        want[size_t(i)] = sum;
+      }
+      ASSERT_EQ(got, want) << "d=" << d << " n=" << n;
+      reference::DimensionMajorDots(x.data(), n, d, u.data(), got.data());
+      ASSERT_EQ(got, want) << "d=" << d << " n=" << n;
+    }
+  }
+}
+
 TEST(Avx2Attention, AttendHeadMatchesScalar) {
   SKIP_WITHOUT_AVX2();
   std::mt19937 rng(15);
@@ -889,7 +941,10 @@ TEST(CpuBackend, KlWithKeptLogsHasTheBitsOfTheReference) {
   std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
   std::vector<std::vector<float>> chain(4, std::vector<float>(size_t(kSize)));  // [R, H, L] each
   for (std::vector<float>& probs : chain) {
-    for (float& p : probs) p = uniform(rng) < 0.1f ? 1e-14f : uniform(rng);
+    for (float& p : probs) {  // some entries below the floor, at it and at zero
+      const float u = uniform(rng);
+      p = u < 0.05f ? 1e-14f : u < 0.08f ? 1e-12f : u < 0.1f ? 0.0f : uniform(rng);
+    }
   }
   std::vector<double> before_logs;  // [R, H, L]
   for (size_t t = 1; t < chain.size(); ++t) {

@@ -169,13 +169,15 @@ void CpuBackend::AttentionProbabilities(const float* q, int64_t m, const float* 
   PS_CHECK(kv_heads > 0 && heads % kv_heads == 0);
   const int group = heads / kv_heads;
   const int64_t kv_stride = int64_t(kv_heads) * head_dim;
-  // The scalar kernel on every kernel set: Polestar ranks clusters and gates commits on
-  // these probabilities, and the AVX2 ones (equal but for the last bits) change its traces.
+  // The same bits on every kernel set: Polestar ranks clusters and gates commits on these
+  // probabilities, and AttendHead's (equal but for the last bits) would change its traces.
+  const auto head_probabilities = isa_ >= Isa::kAvx2 ? avx2::HeadProbabilitiesSideBySide
+                                                     : reference::HeadProbabilitiesSideBySide;
   ParallelFor(m * heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t kv_offset = int64_t(int(pair % heads) / group) * head_dim;
-      reference::HeadProbabilitiesSideBySide(q + pair * head_dim, k + kv_offset, l, kv_stride,
-                                             head_dim, probs + pair * l);
+      head_probabilities(q + pair * head_dim, k + kv_offset, l, kv_stride, head_dim,
+                         probs + pair * l);
     }
   });
 }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "ops/ops.h"
 
 namespace polestar {
 
@@ -22,9 +23,9 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
     for (int64_t i = 0; i < n; ++i) result.labels[size_t(i)] = int(i);
     return result;
   }
-  // The unit points widened to double and stored dimension-major, so each similarity loop
-  // runs over points side by side (the compiler's vector lanes): every similarity still sums
-  // its d products in order, so the result is the plain double loop's, bit for bit.
+  // The unit points widened to double and stored dimension-major, so the similarities run
+  // over points side by side (DimensionMajorDots): every similarity still sums its d
+  // products in order, so the result is the plain double loop's, bit for bit.
   std::vector<double> unit_by_dim(static_cast<size_t>(d * n));  // [d, n]
   for (int64_t i = 0; i < n; ++i) {
     const float* row = &points[size_t(i * d)];
@@ -48,13 +49,8 @@ Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, 
       for (int64_t j = 0; j < d; ++j) norm += double(centroid[j]) * centroid[j];
       const float inv = 1.0f / float(std::max(std::sqrt(norm), 1e-12));
       for (int64_t j = 0; j < d; ++j) unit_centroid[size_t(j)] = double(centroid[j] * inv);
-      double* sim = &similarity[size_t(c * n)];
-      std::fill(sim, sim + n, 0.0);
-      for (int64_t j = 0; j < d; ++j) {
-        const double u = unit_centroid[size_t(j)];
-        const double* x = &unit_by_dim[size_t(j * n)];
-        for (int64_t i = 0; i < n; ++i) sim[i] += x[i] * u;
-      }
+      DimensionMajorDots(unit_by_dim.data(), n, d, unit_centroid.data(),
+                         &similarity[size_t(c * n)]);
     }
     for (int64_t i = 0; i < n; ++i) {
       int best = 0;

@@ -20,6 +20,12 @@ void DequantizeRow(const WeightView& w, int64_t n, float* out) {
   }
 }
 
+void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const double* u,
+                        double* out) {
+  static const bool avx2 = IsaSupported(Isa::kAvx2);
+  (avx2 ? avx2::DimensionMajorDots : reference::DimensionMajorDots)(x_by_dim, n, d, u, out);
+}
+
 RopeTable::RopeTable(int head_dim_, int rotary_dim_, int max_positions, float theta)
     : head_dim(head_dim_), rotary_dim(rotary_dim_) {
   PS_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim);

@@ -30,6 +30,11 @@ struct WeightView {
 // Converts row `n` of `w` to floats: out[K] (for loading weights; AVX2 when the CPU has it).
 void DequantizeRow(const WeightView& w, int64_t n, float* out);
 
+// out[n] = the dot products of n points stored dimension-major (x_by_dim[d, n]) with u[d],
+// in double, each summed in order over d with no fused multiply-add: the same bits on every
+// CPU (AVX2 when it has it), as Polestar's k-means labels need (drift/drift.cpp).
+void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const double* u, double* out);
+
 // cos/sin of every (position, frequency) pair, computed once per model as the reference
 // does: angle = float(pos) * inv_freq[i] in fp32, inv_freq[i] = 1 / theta^(2i/R). RoPE turns
 // the first R = rotary_dim dims of each D-dim head (R < D: partial rotary embeddings, as

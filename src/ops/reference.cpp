@@ -150,7 +150,9 @@ double KlDivergence(const float* current, const float* previous, int64_t n, floa
 }
 
 void FlooredLogs(const float* p, int64_t n, double* out, float floor) {
-  for (int64_t i = 0; i < n; ++i) out[i] = std::log(double(std::max(p[i], floor)));
+  // Peaked attention leaves many entries at the floor: their log is taken once.
+  const double floor_log = std::log(double(floor));
+  for (int64_t i = 0; i < n; ++i) out[i] = p[i] < floor ? floor_log : std::log(double(p[i]));
 }
 
 double KlDivergenceFromLogs(const float* current, const double* current_logs,
@@ -160,6 +162,15 @@ double KlDivergenceFromLogs(const float* current, const double* current_logs,
     sum += double(std::max(current[i], floor)) * (current_logs[i] - previous_logs[i]);
   }
   return std::max(sum, 0.0);
+}
+
+void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const double* u,
+                        double* out) {
+  std::fill(out, out + n, 0.0);
+  for (int64_t j = 0; j < d; ++j) {
+    const double* x = x_by_dim + j * n;
+    for (int64_t i = 0; i < n; ++i) out[i] += x[i] * u[j];
+  }
 }
 
 double CosineSimilarity(const float* a, const float* b, int64_t n) {

@@ -56,6 +56,9 @@ void FlooredLogs(const float* p, int64_t n, double* out, float floor = 1e-12f);
 // KlDivergence from both rows' FlooredLogs: the same terms in the same order, the same bits.
 double KlDivergenceFromLogs(const float* current, const double* current_logs,
                             const double* previous_logs, int64_t n, float floor = 1e-12f);
+// out[i] = sum over j < d of x_by_dim[j * n + i] * u[j], for i < n: the dot products of n
+// points stored dimension-major ([d, n]) with u[d], each summed in order of j from 0.
+void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const double* u, double* out);
 // cos(a, b); 0 when either is all zeros.
 double CosineSimilarity(const float* a, const float* b, int64_t n);
 

@@ -34,5 +34,9 @@ void SoftmaxRow(float* x, int64_t n);
 // See reference::AttendHead.
 void AttendHead(const float* q, const float* k, const float* v, int64_t l, int64_t kv_stride,
                 int head_dim, float* probs, float* out);
+// Bit for bit their twins' (ops/avx2/exact.cpp), unlike the kernels above.
+void HeadProbabilitiesSideBySide(const float* q, const float* k, int64_t l, int64_t kv_stride,
+                                 int head_dim, float* probs);
+void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const double* u, double* out);
 
 }  // namespace polestar::avx2
