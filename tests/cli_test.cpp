@@ -196,7 +196,7 @@ TEST(CliErrors, OutOfRangeAndNonFiniteNumbers) {
       {"--factor -1", "--factor must lie in (0, inf) (got -1)"},
       {"--factor 0", "--factor must lie in (0, inf) (got 0)"},
       {"--temperature nan", "--temperature must lie in [0, inf) (got nan)"},
-      {"--cfg-scale nan", "--cfg-scale must lie in [0, inf) (got nan)"},
+      {"--cfg-scale nan", "--cfg-scale must lie in [0, 1000] (got nan)"},
       {"--alpha nan", "--alpha must lie in [0, inf) (got nan)"},
       {"--tau-s nan", "--tau-s must lie in (0, 1] (got nan)"},
       {"--policy polestar --tau-s 2", "--tau-s must lie in (0, 1] (got 2)"},

@@ -681,7 +681,7 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
        std::vector<std::tuple<double DecodeOptions::*, double, std::string>>{
            {&DecodeOptions::temperature, nan, "--temperature must lie in [0, inf) (got nan)"},
            {&DecodeOptions::temperature, -1, "--temperature must lie in [0, inf) (got -1)"},
-           {&DecodeOptions::cfg_scale, nan, "--cfg-scale must lie in [0, inf)"},
+           {&DecodeOptions::cfg_scale, nan, "--cfg-scale must lie in [0, 1000]"},
            {&DecodeOptions::alpha, nan, "--alpha must lie in [0, inf)"},
            {&DecodeOptions::tau_s, 2, "--tau-s must lie in (0, 1] (got 2)"},
            {&DecodeOptions::tau_s, nan, "--tau-s must lie in (0, 1]"},

@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,9 +21,11 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <variant>
 
 #include "base/error.h"
 #include "base/parallel.h"
@@ -479,6 +482,86 @@ TEST(DecodeFields, ValidationErrorsNameTheField) {
       EXPECT_EQ(e.param, "");
     }
   }
+}
+
+// Every numeric decoding field at the edges of its type, alone and with the lengths it
+// multiplies with, through the running server: each request is answered 200 or 400, never a
+// dead server (a size derived from max_tokens and block_length once overflowed and divided by
+// zero here, while generate refused the same values).
+TEST(Server, ExtremeDecodingValuesAreAnsweredNotFatal) {
+  TestServer s(ProbeOptions());  // the probe's context is 128 positions
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  constexpr int64_t kIntMin = std::numeric_limits<int>::min();
+  const std::vector<json> integers = {kIntMin,
+                                      -1,
+                                      0,
+                                      1,
+                                      3,
+                                      127,
+                                      128,
+                                      129,
+                                      kIntMax - 1,
+                                      kIntMax,
+                                      kIntMax + 1,
+                                      int64_t(1) << 53,
+                                      std::numeric_limits<int64_t>::max(),
+                                      1e300,
+                                      2.5};
+  const std::vector<json> reals = {-1e308, -1.0, 0.0, 4.9e-324, 1e-9, 0.5, 1.0, 2.0, 1e308};
+  int answered = 0, accepted = 0;
+  auto ask = [&](const json& fields) {
+    json body = {{"prompt", "A1+2="}, {"max_tokens", 8}};
+    body.update(fields);
+    SCOPED_TRACE(body.dump());
+    const Reply r = s.Post("/v1/completions", body);
+    ASSERT_TRUE(r.status == 200 || r.status == 400) << r.status << " " << r.text;
+    if (r.status == 400) {
+      EXPECT_TRUE(r.body["error"].is_object()) << r.text;
+    }
+    ++answered;
+    accepted += r.status == 200;
+  };
+  for (const OptionSpec& option : OptionSchema()) {
+    const bool integral = std::holds_alternative<int DecodeOptions::*>(option.member) ||
+                          std::holds_alternative<uint64_t DecodeOptions::*>(option.member);
+    const bool real = std::holds_alternative<double DecodeOptions::*>(option.member) ||
+                      std::holds_alternative<std::optional<double> DecodeOptions::*>(option.member);
+    if (!integral && !real) continue;
+    const std::string field = option.http_name ? "max_tokens" : option.name;
+    // Under every policy that reads the field (and vanilla, which reads the shared ones).
+    std::vector<std::string> policies = PoliciesReading(option.name);
+    policies.push_back("vanilla");
+    for (const std::string& policy : policies) {
+      for (const json& value : integral ? integers : reals)
+        ask({{"policy", policy}, {field, value}});
+    }
+  }
+  // The lengths together: the canvas is max_tokens rounded up to block_length's blocks.
+  const std::vector<json> lengths = {kIntMin, -1, 0, 1, 8, 127, 128, 129, kIntMax - 1, kIntMax};
+  for (const json& max_tokens : lengths) {
+    for (const json& block : lengths) {
+      for (const json& steps : {json(nullptr), json(1), json(kIntMax)}) {
+        json fields = {{"max_tokens", max_tokens}, {"block_length", block}};
+        if (!steps.is_null()) fields["steps"] = steps;
+        ask(fields);
+        ask({{"policy", "polestar"},
+             {"max_tokens", max_tokens},
+             {"block_length", block},
+             {"window_prefix_blocks", 128},
+             {"window_suffix_blocks", 128}});
+      }
+    }
+  }
+  EXPECT_GT(accepted, 100) << "the sweep reaches decoding, not only validation";
+  EXPECT_EQ(s.Get("/health").status, 200) << answered << " requests answered";
+  // The same values through the query string of the canvas stream.
+  for (const char* query :
+       {"max_tokens=5&block_length=2147483647", "max_tokens=2147483647&block_length=2147483647",
+        "max_tokens=129&block_length=0", "max_tokens=8&steps=-2147483648"}) {
+    SCOPED_TRACE(query);
+    EXPECT_EQ(s.Get(std::string("/v1/diffusion/stream?prompt=A1%2B2%3D&") + query).status, 400);
+  }
+  EXPECT_EQ(s.Get("/health").status, 200);
 }
 
 // --- endpoints -------------------------------------------------------------------------
@@ -1577,7 +1660,7 @@ TEST(Server, SlowClientsDoNotLockOthersOut) {
   for (int i = 0; i < 40; ++i) {
     slow.push_back(std::make_unique<RawConnection>(s.port()));
     ASSERT_TRUE(slow.back()->connected());
-    ASSERT_TRUE(slow.back()->Send("GET /health HTTP/1.1\r\nHost: x\r\n"));
+    ASSERT_TRUE(slow.back()->Send("GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
   }
   std::this_thread::sleep_for(100ms);
   auto client = s.Client(0.5);
@@ -1638,8 +1721,9 @@ TEST(Server, PipelinedRequestsAreAnsweredInOrder) {
   RawConnection connection(s.port());
   // Three requests in one write; the server must keep the bytes past the first.
   ASSERT_TRUE(
-      connection.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                      "POST /v1/completions HTTP/1.1\r\nContent-Length: " +
+      connection.Send("GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                      "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: " +
                       std::to_string(body.size()) + "\r\n\r\n" + body +
                       "GET /nothing HTTP/1.1\r\nConnection: close\r\n\r\n"));
   const std::string answer = connection.ReadUntilClosed();
@@ -1650,6 +1734,7 @@ TEST(Server, PipelinedRequestsAreAnsweredInOrder) {
   RawConnection expecting(s.port());
   ASSERT_TRUE(
       expecting.Send("POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                     "Content-Type: application/json\r\n"
                      "Connection: close\r\nContent-Length: " +
                      std::to_string(body.size()) + "\r\n\r\n"));
   const std::string interim = expecting.ReadUntilClosed(500ms);
@@ -1671,17 +1756,45 @@ TEST(Server, WrongMethodsAre405WithAllow) {
   EXPECT_EQ(s.Get("/v1/nothing").body["error"]["code"], "unknown_url");
 }
 
-TEST(Server, CorsIsOptIn) {
+std::string HeaderOf(const Reply& r, const char* name) {
+  auto it = r.headers.find(name);
+  return it == r.headers.end() ? std::string() : it->second;
+}
+
+// A page on another origin cannot start work on a local server: cross-origin requests are
+// refused unless --cors lists the origin, the page's own origin is let in, and a POST must say
+// it is JSON (a "simple" cross-origin request, which needs no preflight, cannot).
+TEST(Server, CrossOriginRequestsAreRefusedUnlessAllowed) {
   {
     TestServer s(ProbeOptions());
-    Reply preflight = s.Options("/v1/chat/completions", {{"Origin", "http://app.example"}});
-    EXPECT_EQ(preflight.status, 204);
-    EXPECT_EQ(preflight.headers.count("Access-Control-Allow-Origin"), 0u);
-    Reply models = s.Get("/v1/models", {{"Origin", "http://app.example"}});
-    EXPECT_EQ(models.headers.count("Access-Control-Allow-Origin"), 0u);
+    const std::string self = "http://127.0.0.1:" + std::to_string(s.port());
+    const json body = {{"prompt", "A1+2="}, {"max_tokens", 8}};
+    Reply foreign = s.Post("/v1/completions", body, {{"Origin", "http://evil.example"}});
+    EXPECT_EQ(foreign.status, 403) << foreign.text;
+    EXPECT_EQ(foreign.body["error"]["code"], "origin_not_allowed");
+    EXPECT_TRUE(HeaderOf(foreign, "Access-Control-Allow-Origin").empty());
+    EXPECT_EQ(s.Get("/v1/models", {{"Origin", "null"}}).status, 403);
+    EXPECT_EQ(s.Options("/v1/completions", {{"Origin", "http://evil.example"}}).status, 403);
+    EXPECT_EQ(s.Metric("polestar_forward_passes_total"), 0) << "no work was started";
+    // The page at / calls the API from the server's own origin.
+    EXPECT_EQ(s.Post("/v1/completions", body, {{"Origin", self}}).status, 200);
+    // Not JSON: what a form or a no-preflight fetch sends.
+    for (const char* type : {"text/plain", "application/x-www-form-urlencoded",
+                             "multipart/form-data; boundary=x", ""}) {
+      SCOPED_TRACE(type);
+      auto client = s.Client();
+      auto r = client.Post("/v1/completions", body.dump(), type);
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 415) << r->body;
+      EXPECT_EQ(json::parse(r->body)["error"]["code"], "unsupported_media_type");
+    }
+    auto client = s.Client();
+    auto charset = client.Post("/v1/completions", body.dump(), "Application/JSON; charset=utf-8");
+    ASSERT_TRUE(charset);
+    EXPECT_EQ(charset->status, 200);
   }
   ServerOptions o = ProbeOptions();
-  o.cors_origin = "http://app.example";
+  o.cors_origins = "http://app.example, http://other.example";
   o.api_key = "sekrit";
   TestServer s(o);
   // The preflight carries no key; it must still be answered.
@@ -1690,21 +1803,173 @@ TEST(Server, CorsIsOptIn) {
                                {"Access-Control-Request-Method", "POST"},
                                {"Access-Control-Request-Headers", "authorization, content-type"}});
   EXPECT_EQ(preflight.status, 204);
-  auto header = [](const Reply& r, const char* name) {
-    auto it = r.headers.find(name);
-    return it == r.headers.end() ? std::string() : it->second;
-  };
-  EXPECT_EQ(header(preflight, "Access-Control-Allow-Origin"), "http://app.example");
-  EXPECT_NE(header(preflight, "Access-Control-Allow-Methods").find("POST"), std::string::npos);
-  EXPECT_NE(header(preflight, "Access-Control-Allow-Headers").find("Authorization"),
+  EXPECT_EQ(HeaderOf(preflight, "Access-Control-Allow-Origin"), "http://app.example");
+  EXPECT_NE(HeaderOf(preflight, "Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_NE(HeaderOf(preflight, "Access-Control-Allow-Headers").find("Authorization"),
             std::string::npos);
-  EXPECT_NE(header(preflight, "Access-Control-Allow-Headers").find("Content-Type"),
+  EXPECT_NE(HeaderOf(preflight, "Access-Control-Allow-Headers").find("Content-Type"),
             std::string::npos);
-  Reply models = s.Get("/v1/models", {{"Authorization", "Bearer sekrit"}});
+  const httplib::Headers from_other = {{"Origin", "http://other.example"},
+                                       {"Authorization", "Bearer sekrit"}};
+  Reply models = s.Get("/v1/models", from_other);
   EXPECT_EQ(models.status, 200);
-  EXPECT_EQ(header(models, "Access-Control-Allow-Origin"), "http://app.example");
-  EXPECT_EQ(header(s.Get("/v1/models"), "Access-Control-Allow-Origin"), "http://app.example")
+  EXPECT_EQ(HeaderOf(models, "Access-Control-Allow-Origin"), "http://other.example");
+  Reply unauthorised = s.Get("/v1/models", {{"Origin", "http://app.example"}});
+  EXPECT_EQ(unauthorised.status, 401);
+  EXPECT_EQ(HeaderOf(unauthorised, "Access-Control-Allow-Origin"), "http://app.example")
       << "a 401 is readable by the page too";
+  EXPECT_EQ(
+      s.Get("/v1/models", {{"Origin", "http://evil.example"}, {"Authorization", "Bearer sekrit"}})
+          .status,
+      403);
+  ServerOptions any = ProbeOptions();
+  any.cors_origins = "*";
+  TestServer open(any);
+  Reply anywhere = open.Get("/v1/models", {{"Origin", "http://evil.example"}});
+  EXPECT_EQ(anywhere.status, 200);
+  EXPECT_EQ(HeaderOf(anywhere, "Access-Control-Allow-Origin"), "*");
+}
+
+// DNS rebinding: a page on evil.example whose name later resolves to 127.0.0.1 is same-origin
+// with itself, so only the Host header tells the request apart.
+TEST(Server, HostHeadersOutsideTheAllowListAreRefused) {
+  TestServer s(ProbeOptions());
+  const std::string port = std::to_string(s.port());
+  for (const std::string& host :
+       std::vector<std::string>{"127.0.0.1:" + port, "localhost:" + port, "LocalHost",
+                                "app.localhost:" + port, "[::1]:" + port, "10.1.2.3"}) {
+    SCOPED_TRACE(host);
+    EXPECT_EQ(s.Get("/v1/models", {{"Host", host}}).status, 200);
+  }
+  const json body = {{"prompt", "A1+2="}, {"max_tokens", 8}};
+  for (const std::string& host :
+       std::vector<std::string>{"evil.example:" + port, "evil.example", "localhost.evil.example",
+                                "127.0.0.1.nip.io", "[::1"}) {
+    SCOPED_TRACE(host);
+    Reply r = s.Post("/v1/completions", body, {{"Host", host}, {"Origin", "http://" + host}});
+    EXPECT_EQ(r.status, 403) << r.text;
+    EXPECT_EQ(r.body["error"]["code"], "host_not_allowed");
+  }
+  EXPECT_EQ(s.Metric("polestar_forward_passes_total"), 0);
+  ServerOptions o = ProbeOptions();
+  o.allowed_hosts = "gpu-box, .lab.example";
+  TestServer listed(o);
+  EXPECT_EQ(listed.Get("/v1/models", {{"Host", "GPU-box:8080"}}).status, 200);
+  EXPECT_EQ(listed.Get("/v1/models", {{"Host", "node1.lab.example"}}).status, 200);
+  EXPECT_EQ(listed.Get("/v1/models", {{"Host", "lab.example.evil"}}).status, 403);
+  o.allowed_hosts = "*";
+  TestServer any(o);
+  EXPECT_EQ(any.Get("/v1/models", {{"Host", "evil.example"}}).status, 200);
+}
+
+// Without the key, a request is refused as soon as its head arrives: the body it announces is
+// never waited for nor buffered.
+TEST(Server, TheKeyIsCheckedBeforeTheBodyIsRead) {
+  ServerOptions o = ProbeOptions();
+  o.api_key = "sekrit";
+  TestServer s(o);
+  RawConnection connection(s.port());
+  ASSERT_TRUE(
+      connection.Send("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{"));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string answer = connection.ReadUntilClosed(5s);
+  EXPECT_EQ(Statuses(answer), std::vector<int>{401}) << answer;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_NE(answer.find("\"invalid_api_key\""), std::string::npos) << answer;
+}
+
+// Bodies being received are bounded all together (16 times the largest body): connections
+// that announce large bodies and send them slowly get 503 at once past the bound, and the
+// server keeps answering.
+TEST(Server, BodiesBeingReceivedAreBoundedTogether) {
+  ServerOptions o = ProbeOptions();
+  o.max_body_bytes = 4096;  // 64 KiB of bodies at once
+  TestServer s(o);
+  std::vector<std::unique_ptr<RawConnection>> uploads;
+  int refused = 0;
+  for (int i = 0; i < 24; ++i) {
+    uploads.push_back(std::make_unique<RawConnection>(s.port()));
+    ASSERT_TRUE(uploads.back()->Send(
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        "Content-Length: 3900\r\n\r\n{\"prompt\""));
+    std::this_thread::sleep_for(10ms);
+  }
+  for (auto& upload : uploads) {
+    const std::string answer = upload->ReadUntilClosed(100ms);
+    if (!answer.empty()) {
+      EXPECT_EQ(Statuses(answer), std::vector<int>{503}) << answer;
+      EXPECT_NE(answer.find("retry later"), std::string::npos) << answer;
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 24 - 16) << "16 requests of 4 KiB (head and body) fit in 64 KiB";
+  EXPECT_EQ(s.Get("/health").status, 200);
+  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}}).status, 200);
+}
+
+// More idle connections than the server takes: the oldest idle ones make room, so a new
+// client's /health is answered at once.
+TEST(Server, IdleConnectionsAtTheBoundMakeRoomForNewOnes) {
+  ServerOptions o = ProbeOptions();
+  o.max_connections = 16;
+  TestServer s(o);
+  // Slow requests fill every place, then idle connections arrive: the slow ones make room.
+  std::vector<std::unique_ptr<RawConnection>> slow, idle;
+  for (int i = 0; i < 16; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(s.port()));
+    ASSERT_TRUE(slow.back()->Send("GET /health HTTP/1.1\r\n"));
+  }
+  std::this_thread::sleep_for(100ms);
+  for (int i = 0; i < 24; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(s.port()));
+    ASSERT_TRUE(idle.back()->connected());
+  }
+  std::this_thread::sleep_for(100ms);
+  for (int i = 0; i < 5; ++i) {
+    auto client = s.Client(1);
+    const auto before = std::chrono::steady_clock::now();
+    auto health = client.Get("/health");
+    ASSERT_TRUE(health) << "a new client is answered while idle ones hold every place";
+    EXPECT_EQ(health->status, 200);
+    EXPECT_LT(std::chrono::steady_clock::now() - before, 500ms);
+  }
+  // A slow request that was cut off was told why.
+  std::string told;
+  for (auto& c : slow) {
+    const std::string answer = c->ReadUntilClosed(20ms);
+    if (!answer.empty()) told = answer;
+  }
+  EXPECT_NE(told.find("connection limit"), std::string::npos) << told;
+}
+
+// Generations hold the handler pool while they run or wait; health, models and metrics have
+// threads of their own, and what the pool cannot take is answered at once.
+TEST(Server, HealthIsAnsweredWhileEveryHandlerWaitsOnAGeneration) {
+  ServerOptions o;
+  o.parallel = 1;
+  o.queue = 24;
+  TestServer s(o, "llada-tiny");
+  std::vector<std::thread> clients;
+  std::atomic<int> answered{0}, refused{0};
+  for (int i = 0; i < 40; ++i) {
+    clients.emplace_back([&] {
+      auto client = s.Client(120);
+      auto r = client.Post("/v1/completions", LongRequest(false).dump(), "application/json");
+      if (r && r->status == 200) ++answered;
+      if (r && (r->status == 429 || r->status == 503)) ++refused;
+    });
+  }
+  // One runs, 24 wait in the queue, the other 15 are told at once.
+  ASSERT_TRUE(WaitFor([&] { return refused == 15 && s.Metric("polestar_queue_depth") == 24; }));
+  for (const char* path : {"/health", "/v1/models", "/metrics"}) {
+    SCOPED_TRACE(path);
+    const auto before = std::chrono::steady_clock::now();
+    EXPECT_EQ(s.Get(path).status, 200);
+    EXPECT_LT(std::chrono::steady_clock::now() - before, 500ms);
+  }
+  s.server().Stop();
+  for (std::thread& t : clients) t.join();
 }
 
 TEST(Server, ModelIdsAreNamesAndEachCanBeFetched) {
@@ -1772,6 +2037,58 @@ TEST(Server, PortInUseIsAnError) {
 // handlers' mutex: a handler between its check and its wait could sleep forever. The race
 // is rare: before the fix, 1 of 20 runs of 400 rounds hung here, and a fresh-clone CI run hung
 // in PortInUseIsAnError.) Under ThreadSanitizer too.
+// Out of file descriptors, accept fails again and again while clients wait: the server must
+// neither spin on it nor stop answering. The oldest idle connections make room.
+TEST(HttpServer, OutOfFileDescriptorsNeitherSpinsNorStopsAnswering) {
+  http::ServerOptions options;
+  options.port = 0;
+  http::Server server(options, [](const http::Request&, http::ResponseWriter& writer) {
+    writer.Send(200, "text/plain", "ok");
+  });
+  const int port = server.Start();
+  // Client sockets made while descriptors are plenty; connecting them needs none.
+  std::vector<int> sockets(48);
+  for (int& fd : sockets) fd = socket(AF_INET, SOCK_STREAM, 0);
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  const int last = dup(0);  // the highest descriptor in use, near enough
+  close(last);
+  rlimit scarce = before;
+  scarce.rlim_cur = rlim_t(last + 8);  // room for a few accepted connections only
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &scarce), 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (size_t i = 0; i + 1 < sockets.size(); ++i)
+    connect(sockets[i], reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  std::this_thread::sleep_for(200ms);
+  rusage start{}, end{};
+  getrusage(RUSAGE_SELF, &start);
+  std::this_thread::sleep_for(1s);
+  getrusage(RUSAGE_SELF, &end);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + t.tv_usec / 1e6; };
+  const double cpu = seconds(end.ru_utime) - seconds(start.ru_utime) + seconds(end.ru_stime) -
+                     seconds(start.ru_stime);
+  // A request on the last socket is still answered: idle connections made room.
+  const int fresh = sockets.back();
+  ASSERT_EQ(connect(fresh, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string request = "GET /x HTTP/1.1\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(send(fresh, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
+  std::string answer;
+  char buffer[256];
+  pollfd p{fresh, POLLIN, 0};
+  while (poll(&p, 1, 2000) > 0) {
+    const ssize_t n = recv(fresh, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    answer.append(buffer, size_t(n));
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+  for (int fd : sockets) close(fd);
+  EXPECT_LT(cpu, 0.3) << "seconds of CPU in one second of waiting clients";
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+}
+
 TEST(HttpServer, StopRightAfterStartEndsEveryHandler) {
   for (int round = 0; round < 4000; ++round) {
     http::ServerOptions options;

@@ -97,7 +97,8 @@ std::vector<OptionSpec> BuildSchema() {
        .member = &O::cfg_scale,
        .flags = "--cfg-scale,--diffusion-cfg-scale",
        .help = "classifier-free guidance scale",
-       .range = ValueRange{0, kInf, false, true},
+       // Bounded so that (scale + 1) times a difference of finite logits stays finite.
+       .range = ValueRange{0, 1000},
        .help_shows_default = false},
       {.name = "top_p",
        .member = &O::top_p,

@@ -1,5 +1,8 @@
 #include "decode/options.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "base/error.h"
 #include "decode/option_schema.h"
 #include "decode/policy_registry.h"
@@ -63,6 +66,35 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
     FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),
                " does not apply");
   }
+}
+
+void DecodeOptions::FitCanvasTo(int64_t max_tokens, bool keep_steps,
+                                const DecodeOptions& ratio_from, const ModelConfig& config) {
+  const OptionSpec& block_option = OptionOf(&DecodeOptions::block_length);
+  if (block_length < 0) FailOption(block_option, " must not be negative (got ", block_length, ")");
+  if (max_tokens < 1 || max_tokens > config.max_positions) {
+    Fail("the answer length ", max_tokens, " is not in [1, ", config.max_positions,
+         "], the model's context");
+  }
+  // Both are below 2^31, so their sum cannot overflow 64 bits; the result is bounded by the
+  // context before it is narrowed back to int.
+  const int64_t block = block_length > 0 ? block_length : max_tokens;
+  const int64_t canvas = (max_tokens + block - 1) / block * block;
+  if (canvas > config.max_positions) {
+    FailOption(block_option, " ", block, ": the answer length ", max_tokens,
+               " rounded up to whole blocks is ", canvas,
+               " positions, more than the model's context of ", config.max_positions);
+  }
+  gen_length = int(canvas);
+  if (keep_steps) return;
+  const int64_t blocks = canvas / block;
+  const double per_position =
+      double(std::max(ratio_from.steps, 1)) / double(std::max(ratio_from.gen_length, 1));
+  // At least a step per block, at most the context's worth (the steps option's range), in
+  // whole steps per block.
+  const int64_t most = std::max<int64_t>(blocks, config.max_positions / blocks * blocks);
+  const int64_t wanted = int64_t(std::min(std::ceil(double(canvas) * per_position), double(most)));
+  steps = int(std::clamp((wanted + blocks - 1) / blocks * blocks, blocks, most));
 }
 
 void DecodeOptions::ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const {

@@ -68,6 +68,14 @@ struct DecodeOptions {
   // Throws Error naming the first invalid value or combination (an OptionError naming the
   // options), before any work is done. Call it on the options as given, before Resolved().
   void Validate(const ModelConfig& config, int prompt_length) const;
+  // Sizes the canvas for an answer of up to `max_tokens` tokens (the server's max_tokens):
+  // gen_length becomes max_tokens rounded up to whole blocks (block_length 0: one block),
+  // and unless `keep_steps`, steps keep `ratio_from`'s steps per generated position, rounded
+  // up to whole steps per block. Safe for any values the fields may hold (computed in 64
+  // bits, bounded before narrowing); throws OptionError when block_length is negative or the
+  // rounded canvas exceeds the model's context. Validate checks everything else.
+  void FitCanvasTo(int64_t max_tokens, bool keep_steps, const DecodeOptions& ratio_from,
+                   const ModelConfig& config);
   // The combinations LLaDA 2.x's block diffusion decodes (part of Validate).
   void ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const;
   // The number of blocks and steps per block this configuration decodes with.

@@ -378,8 +378,12 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     block_start_ = context.block.start;
     block_end_ = context.block.end;
     block_rows_ = Range(model_.config().PredictingRow(block_start_), block_end_);
-    window_begin_ = std::max(0, block_start_ - options_.window_prefix_blocks * block_length);
-    window_end_ = std::min(length, block_end_ + options_.window_suffix_blocks * block_length);
+    // In 64 bits: a window of up to the context's worth of blocks overflows int before the
+    // canvas clamps it.
+    window_begin_ = int(
+        std::max<int64_t>(0, block_start_ - int64_t(options_.window_prefix_blocks) * block_length));
+    window_end_ = int(std::min<int64_t>(
+        length, block_end_ + int64_t(options_.window_suffix_blocks) * block_length));
     // Block diffusion: no window (nothing before the block is stale, nothing after it seen).
     const int prefix = block_diffusion_ ? 0 : block_start_ - window_begin_;
     const int suffix = block_diffusion_ ? 0 : window_end_ - block_end_;

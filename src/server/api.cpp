@@ -417,16 +417,13 @@ CompletionRequest ParseCompletionRequest(const json& body, Endpoint endpoint,
                          " tokens",
                      length_field);
   }
-  if (r.options.block_length < 0)
-    throw BadRequest("'block_length' must not be negative", "block_length");
-  const int block = r.options.block_length > 0 ? r.options.block_length : r.max_tokens;
-  r.options.gen_length = (r.max_tokens + block - 1) / block * block;
-  if (!set_options.count(&OptionOf(&DecodeOptions::steps))) {
-    // Keep the server's steps-per-token ratio, on whole steps per block.
-    const int blocks = r.options.gen_length / block;
-    const double ratio = double(defaults.steps) / std::max(defaults.gen_length, 1);
-    const int steps = std::max(1, int(std::ceil(r.options.gen_length * ratio)));
-    r.options.steps = (steps + blocks - 1) / blocks * blocks;
+  try {
+    r.options.FitCanvasTo(r.max_tokens, set_options.count(&OptionOf(&DecodeOptions::steps)) > 0,
+                          defaults, config);
+  } catch (const OptionError& e) {
+    throw BadRequest(e.Message(Vocabulary::kHttp), e.option().name);
+  } catch (const Error& e) {
+    throw BadRequest(e.what(), length_field);
   }
 
   if (endpoint == Endpoint::kCompletions) {

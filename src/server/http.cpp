@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -225,10 +226,9 @@ ParseResult ParseRequest(std::string_view buffer, const Limits& limits) {
   }
   const size_t total = start + head_end + 4 + size_t(length);
   if (buffer.size() < total) {
-    ParseResult waiting;
-    waiting.expects_continue = result.expects_continue;
-    waiting.consumed = total;  // what the request will take once complete
-    return waiting;
+    result.consumed = total;  // what the request will take once complete
+    result.head_complete = true;
+    return result;
   }
   request.body = std::string(buffer.substr(start + head_end + 4, size_t(length)));
   result.state = ParseResult::State::kComplete;
@@ -321,12 +321,16 @@ struct Connection {
   std::string input;           // bytes received and not yet consumed by a request
   Clock::time_point deadline;  // the request being read must be complete by then
   size_t awaited_bytes = 0;    // the head is parsed: the request takes this many bytes
+  size_t reserved_bytes = 0;   // of the server's max_receiving_bytes, for this request
+  bool screened = false;       // the head of the request being read passed the screen
   bool continue_sent = false;  // "100 Continue" went out for this request
   bool draining = false;       // answered with an error; discarding input until closed
 
   ~Connection() {
     if (fd >= 0) close(fd);
   }
+  // Between requests: nothing of the next one has arrived.
+  bool Idle() const { return input.empty() && !draining; }
 };
 
 class ConnectionWriter : public ResponseWriter {
@@ -389,18 +393,25 @@ class ConnectionWriter : public ResponseWriter {
 }  // namespace
 
 struct Server::Impl {
+  // A pool of handler threads and the complete requests waiting for them.
+  struct Pool {
+    std::condition_variable work_ready;
+    std::deque<std::pair<std::unique_ptr<Connection>, Request>> work;  // guarded by `mutex`
+    std::vector<std::thread> threads;
+  };
+
   ServerOptions options;
   Handler handler;
   int listen_fd = -1;
-  int wake_fd = -1;  // eventfd: wakes the reading thread (connection returned, stopping)
+  int wake_fd = -1;   // eventfd: wakes the reading thread (connection returned, stopping)
+  int spare_fd = -1;  // held open so that, out of descriptors, a client can still be told so
   std::atomic<bool> stopping{false};
   std::atomic<int> open_connections{0};
+  size_t receiving_bytes = 0;  // reading thread only: the sum of reserved_bytes
   std::thread reader;
-  std::vector<std::thread> handlers;
 
-  std::mutex mutex;  // guards the two queues
-  std::condition_variable work_ready;
-  std::deque<std::pair<std::unique_ptr<Connection>, Request>> work;  // complete requests
+  std::mutex mutex;  // guards both pools' queues and `returned`
+  Pool handlers, quick;
   std::vector<std::unique_ptr<Connection>> returned;  // answered keep-alive connections
 
   Impl(ServerOptions o, Handler h) : options(std::move(o)), handler(std::move(h)) {}
@@ -410,31 +421,103 @@ struct Server::Impl {
     [[maybe_unused]] ssize_t n = write(wake_fd, &one, sizeof(one));
   }
   void ReadLoop();
-  void HandleLoop();
+  void HandleLoop(Pool& pool);
   // Parses what `c` has received; returns false when `c` left the reading thread's hands
   // (dispatched to a handler).
   bool Advance(std::unique_ptr<Connection>& c);
-  void Reject(Connection& c, int status, const std::string& message);
+  std::string ErrorBody(int status, const std::string& message) const {
+    return options.error_body ? options.error_body(status, message) : message;
+  }
+  // Answers without waiting (an error answer fits in the socket's buffer), then discards the
+  // rest of the request for a moment before closing.
+  Rejection ErrorAnswer(int status, const std::string& message) const {
+    return {status,
+            ErrorBody(status, message),
+            {},
+            options.error_body ? "application/json" : "text/plain"};
+  }
+  void Reject(Connection& c, const Rejection& rejection);
+  void Reject(Connection& c, int status, const std::string& message) {
+    Reject(c, ErrorAnswer(status, message));
+  }
+  // Gives back what `c` reserved of max_receiving_bytes.
+  void Release(Connection& c) {
+    receiving_bytes -= c.reserved_bytes;
+    c.reserved_bytes = 0;
+  }
   void StartReading(Connection& c) {
+    Release(c);
     c.deadline = Clock::now() + options.read_timeout;
     c.awaited_bytes = 0;
+    c.screened = false;
     c.continue_sent = false;
   }
+  // Closes a connection still being read to make room for a new one (`newest`, spared unless
+  // it is the only one); a client cut off mid-request is told why. False when none is read.
+  bool EvictOne(std::list<std::unique_ptr<Connection>>& reading,
+                const Connection* newest = nullptr);
+  // Out of file descriptors with nothing to evict: accepts one waiting client on the spare
+  // descriptor, tells it 503 and closes it, so that clients hear why rather than hang.
+  void ShedOne();
 };
 
-void Server::Impl::Reject(Connection& c, int status, const std::string& message) {
-  const std::string body = options.error_body ? options.error_body(status, message) : message;
+namespace {
+
+// Sends `answer` without waiting: an error answer fits in the socket's buffer.
+void SendNow(int fd, const Rejection& answer) {
   const std::string response =
-      ResponseHead(status, options.error_body ? "application/json" : "text/plain", {}, {}, false) +
-      Cat("Content-Length: ", body.size(), "\r\n\r\n") + body;
-  // Best effort and without waiting: an error answer fits in the socket's buffer.
-  [[maybe_unused]] ssize_t n = send(c.fd, response.data(), response.size(), MSG_NOSIGNAL);
+      ResponseHead(answer.status, answer.content_type, {}, answer.headers, false) +
+      Cat("Content-Length: ", answer.body.size(), "\r\n\r\n") + answer.body;
+  [[maybe_unused]] ssize_t n =
+      send(fd, response.data(), response.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+}  // namespace
+
+void Server::Impl::Reject(Connection& c, const Rejection& rejection) {
+  SendNow(c.fd, rejection);
   // Closing with unread input would reset the connection and could destroy the answer
   // before the client reads it; discard the rest of the request for a moment instead.
   shutdown(c.fd, SHUT_WR);
+  Release(c);
   c.draining = true;
   c.input.clear();
   c.deadline = Clock::now() + std::chrono::seconds(2);
+}
+
+bool Server::Impl::EvictOne(std::list<std::unique_ptr<Connection>>& reading,
+                            const Connection* newest) {
+  // Cheapest loss first: an answered error still draining, an idle keep-alive connection, a
+  // slow request; the connection just accepted only when it is the last one left. Among
+  // equals the oldest, at the front of the list.
+  auto rank = [newest](const std::unique_ptr<Connection>& c) {
+    return c.get() == newest ? 3 : c->draining ? 0 : c->Idle() ? 1 : 2;
+  };
+  auto victim = reading.begin();
+  for (auto it = reading.begin(); it != reading.end(); ++it) {
+    if (rank(*it) < rank(*victim)) victim = it;
+  }
+  if (victim == reading.end()) return false;
+  Connection& c = **victim;
+  if (!c.Idle() && !c.draining) {
+    SendNow(c.fd,
+            ErrorAnswer(503, "the server is at its connection limit; this slow request made room"));
+  }
+  Release(c);
+  reading.erase(victim);
+  --open_connections;
+  return true;
+}
+
+void Server::Impl::ShedOne() {
+  if (spare_fd < 0) return;
+  close(spare_fd);
+  const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    SendNow(fd, ErrorAnswer(503, "the server is out of file descriptors; retry later"));
+    close(fd);
+  }
+  spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 bool Server::Impl::Advance(std::unique_ptr<Connection>& c) {
@@ -444,35 +527,73 @@ bool Server::Impl::Advance(std::unique_ptr<Connection>& c) {
   }
   if (c->input.empty() || (c->awaited_bytes > 0 && c->input.size() < c->awaited_bytes)) return true;
   ParseResult parsed = ParseRequest(c->input, options.limits);
-  switch (parsed.state) {
-    case ParseResult::State::kIncomplete:
-      c->awaited_bytes = parsed.consumed;
-      if (parsed.expects_continue && !c->continue_sent) {
-        c->continue_sent = true;
-        static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-        [[maybe_unused]] ssize_t n = send(c->fd, kContinue.data(), kContinue.size(), MSG_NOSIGNAL);
-      }
-      return true;
-    case ParseResult::State::kError:
-      Reject(*c, parsed.error_status, parsed.error_message);
-      return true;
-    case ParseResult::State::kComplete:
-      c->input.erase(0, parsed.consumed);
-      {
-        std::lock_guard lock(mutex);
-        work.emplace_back(std::move(c), std::move(parsed.request));
-      }
-      work_ready.notify_one();
-      return false;
+  if (parsed.state == ParseResult::State::kError) {
+    Reject(*c, parsed.error_status, parsed.error_message);
+    return true;
   }
-  return true;
+  const bool head = parsed.head_complete || parsed.state == ParseResult::State::kComplete;
+  if (head && !c->screened) {
+    c->screened = true;
+    if (options.screen) {
+      if (std::optional<Rejection> rejection = options.screen(parsed.request)) {
+        Reject(*c, *rejection);
+        return true;
+      }
+    }
+  }
+  if (parsed.state == ParseResult::State::kIncomplete) {
+    if (!parsed.head_complete) return true;
+    if (c->reserved_bytes == 0) {
+      // The body is coming: reserve its bytes, or say at once that there is no room.
+      if (receiving_bytes + parsed.consumed > options.max_receiving_bytes) {
+        Reject(*c, 503,
+               Cat("the server is receiving ", receiving_bytes,
+                   " bytes of request bodies already; retry later"));
+        return true;
+      }
+      c->reserved_bytes = parsed.consumed;
+      receiving_bytes += parsed.consumed;
+    }
+    c->awaited_bytes = parsed.consumed;
+    if (parsed.expects_continue && !c->continue_sent) {
+      c->continue_sent = true;
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      [[maybe_unused]] ssize_t n = send(c->fd, kContinue.data(), kContinue.size(), MSG_NOSIGNAL);
+    }
+    return true;
+  }
+  Pool& pool = options.is_quick && options.is_quick(parsed.request) ? quick : handlers;
+  {
+    std::lock_guard lock(mutex);
+    if (pool.work.size() < options.max_waiting_requests) {
+      c->input.erase(0, parsed.consumed);
+      Release(*c);
+      pool.work.emplace_back(std::move(c), std::move(parsed.request));
+    }
+  }
+  if (c) {  // not queued: the pool's queue is full
+    Reject(*c, 503,
+           Cat("the server is busy: ", options.max_waiting_requests,
+               " requests are waiting for a handler; retry later"));
+    return true;
+  }
+  pool.work_ready.notify_one();
+  return false;
 }
 
 void Server::Impl::ReadLoop() {
-  std::list<std::unique_ptr<Connection>> reading;
+  std::list<std::unique_ptr<Connection>> reading;  // in arrival order
   std::vector<pollfd> fds;
   std::vector<std::list<std::unique_ptr<Connection>>::iterator> polled;
   char chunk[64 << 10];
+  // Out of descriptors with nobody to evict: the listening socket rests until then rather than
+  // waking this loop at once, again and again.
+  Clock::time_point accept_paused_until = Clock::time_point::min();
+  auto drop = [&](std::list<std::unique_ptr<Connection>>::iterator it) {
+    Release(**it);
+    --open_connections;
+    return reading.erase(it);
+  };
   while (!stopping) {
     std::vector<std::unique_ptr<Connection>> back;
     {
@@ -493,7 +614,14 @@ void Server::Impl::ReadLoop() {
       polled.push_back(it);
       next_deadline = std::min(next_deadline, (*it)->deadline);
     }
-    if (open_connections >= options.max_connections) fds[1].events = 0;
+    // At the connection bound with nobody to evict (every connection is being answered), new
+    // clients wait in the listen backlog until a connection closes and wakes this loop.
+    if ((open_connections >= options.max_connections && reading.empty()) ||
+        Clock::now() < accept_paused_until) {
+      fds[1].events = 0;
+      if (Clock::now() < accept_paused_until)
+        next_deadline = std::min(next_deadline, accept_paused_until);
+    }
     const auto wait =
         std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - Clock::now());
     if (poll(fds.data(), fds.size(), int(std::max<int64_t>(wait.count(), 0) + 1)) < 0 &&
@@ -504,10 +632,23 @@ void Server::Impl::ReadLoop() {
       uint64_t count;
       [[maybe_unused]] ssize_t n = read(wake_fd, &count, sizeof(count));
     }
+    // Connections whose turn to be read has passed are recognised by address, since evictions
+    // below may remove any of them.
+    std::vector<Connection*> ready;
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) ready.push_back(polled[i - 2]->get());
+    }
     if (fds[1].revents & POLLIN) {
-      while (open_connections < options.max_connections) {
+      while (open_connections <= options.max_connections) {
         const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE) {
+            if (EvictOne(reading)) continue;
+            ShedOne();
+            accept_paused_until = Clock::now() + std::chrono::milliseconds(100);
+          }
+          break;
+        }
         const int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         auto c = std::make_unique<Connection>();
@@ -515,11 +656,16 @@ void Server::Impl::ReadLoop() {
         ++open_connections;
         StartReading(*c);
         reading.push_back(std::move(c));
+        // Past the bound: a connection still being read makes room (the new one only when
+        // every other is being answered).
+        if (open_connections > options.max_connections) EvictOne(reading, reading.back().get());
       }
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      auto it = polled[i - 2];
+    for (auto it = reading.begin(); it != reading.end();) {
+      if (std::find(ready.begin(), ready.end(), it->get()) == ready.end()) {
+        ++it;
+        continue;
+      }
       std::unique_ptr<Connection>& c = *it;
       bool closed = false;
       for (;;) {
@@ -536,13 +682,10 @@ void Server::Impl::ReadLoop() {
       // A client that closed its side can still have sent a whole request; answer it only
       // if so (the answer may still reach a half-closed client).
       if (!Advance(c)) {
-        reading.erase(it);
+        it = reading.erase(it);
         continue;
       }
-      if (closed) {
-        reading.erase(it);
-        --open_connections;
-      }
+      it = closed ? drop(it) : std::next(it);
     }
     const Clock::time_point now = Clock::now();
     for (auto it = reading.begin(); it != reading.end();) {
@@ -558,33 +701,39 @@ void Server::Impl::ReadLoop() {
         ++it;
         continue;
       }
-      it = reading.erase(it);  // idle keep-alive connection, or done draining
-      --open_connections;
+      it = drop(it);  // idle keep-alive connection, or done draining
     }
   }
+  for (auto& c : reading) Release(*c);
   open_connections -= int(reading.size());
 }
 
-void Server::Impl::HandleLoop() {
+void Server::Impl::HandleLoop(Pool& pool) {
   for (;;) {
     std::unique_ptr<Connection> c;
     Request request;
     {
       std::unique_lock lock(mutex);
-      work_ready.wait(lock, [&] { return !work.empty() || stopping; });
-      if (work.empty()) return;  // stopping, and nothing left to answer
-      c = std::move(work.front().first);
-      request = std::move(work.front().second);
-      work.pop_front();
+      pool.work_ready.wait(lock, [&] { return !pool.work.empty() || stopping; });
+      if (pool.work.empty()) return;  // stopping, and nothing left to answer
+      c = std::move(pool.work.front().first);
+      request = std::move(pool.work.front().second);
+      pool.work.pop_front();
     }
     ConnectionWriter writer(c->fd, request.keep_alive && !stopping, options.write_timeout);
+    // A handler that throws, or forgets to answer, still gives the client an error body of
+    // the server's kind.
     try {
       handler(request, writer);
     } catch (const std::exception& e) {
       if (!writer.responded())
-        writer.Send(500, "text/plain", Cat("internal error: ", e.what()), {});
+        writer.Send(500, "application/json", ErrorBody(500, Cat("internal error: ", e.what())), {});
+    } catch (...) {
+      if (!writer.responded())
+        writer.Send(500, "application/json", ErrorBody(500, "internal error"), {});
     }
-    if (!writer.responded()) writer.Send(500, "text/plain", "internal error: no response", {});
+    if (!writer.responded())
+      writer.Send(500, "application/json", ErrorBody(500, "internal error: no response"), {});
     if (writer.Reusable() && !stopping) {
       {
         std::lock_guard lock(mutex);
@@ -594,6 +743,7 @@ void Server::Impl::HandleLoop() {
     } else {
       c.reset();
       --open_connections;
+      Wake();  // a connection slot is free: the reading thread may accept again
     }
   }
 }
@@ -641,9 +791,19 @@ int Server::Start() {
                        : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   s.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (s.wake_fd < 0) Fail("cannot create an eventfd: ", std::strerror(errno));
+  s.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // Connections beyond the descriptors the process may open would fail in accept; leave a
+  // reserve for the model's files, the threads' pipes and the spare.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const int usable = int(std::min<rlim_t>(files.rlim_cur, 1 << 30)) - 64;
+    s.options.max_connections = std::max(8, std::min(s.options.max_connections, usable));
+  }
   s.reader = std::thread([&s] { s.ReadLoop(); });
   for (int i = 0; i < std::max(1, o.handler_threads); ++i)
-    s.handlers.emplace_back([&s] { s.HandleLoop(); });
+    s.handlers.threads.emplace_back([&s] { s.HandleLoop(s.handlers); });
+  for (int i = 0; i < std::max(1, o.quick_threads); ++i)
+    s.quick.threads.emplace_back([&s] { s.HandleLoop(s.quick); });
   return port;
 }
 
@@ -656,14 +816,18 @@ void Server::Stop() {
     if (s.stopping.exchange(true)) return;
   }
   if (s.wake_fd >= 0) s.Wake();
-  s.work_ready.notify_all();
+  s.handlers.work_ready.notify_all();
+  s.quick.work_ready.notify_all();
   if (s.reader.joinable()) s.reader.join();
-  for (std::thread& t : s.handlers) t.join();
-  s.handlers.clear();
+  for (Impl::Pool* pool : {&s.handlers, &s.quick}) {
+    for (std::thread& t : pool->threads) t.join();
+    pool->threads.clear();
+  }
   s.returned.clear();
-  if (s.listen_fd >= 0) close(s.listen_fd);
-  if (s.wake_fd >= 0) close(s.wake_fd);
-  s.listen_fd = s.wake_fd = -1;
+  for (int* fd : {&s.listen_fd, &s.wake_fd, &s.spare_fd}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
 }
 
 }  // namespace polestar::http

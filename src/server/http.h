@@ -3,13 +3,16 @@
 // no handler thread; complete requests go to a fixed pool of handler threads. Keep-alive
 // with pipelining (bytes past one request are kept for the next), Content-Length request
 // bodies (chunked ones are refused with 411), and responses either whole or chunked through
-// a writer whose every write has a deadline.
+// a writer whose every write has a deadline. A request's head is screened before its body is
+// read; connections, waiting requests and bytes being received are bounded, and what passes
+// a bound is answered at once (503) rather than queued.
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,6 +52,8 @@ struct ParseResult {
   int error_status = 0;  // kError: the status to answer before closing (400, 411, 413, ...)
   std::string error_message;
   bool expects_continue = false;  // kIncomplete with a complete head: "Expect: 100-continue"
+  // kIncomplete: the head has arrived; `request` holds it, without the body.
+  bool head_complete = false;
 };
 
 // Reads one request from `buffer`; kIncomplete until all of it has arrived. Never throws.
@@ -80,11 +85,30 @@ class ResponseWriter {
 
 using Handler = std::function<void(const Request&, ResponseWriter&)>;
 
+// An answer the transport sends itself before a handler sees the request; the connection is
+// closed after it.
+struct Rejection {
+  int status = 0;
+  std::string body;
+  Headers headers;
+  std::string content_type = "application/json";
+};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
   int handler_threads = 8;
-  int max_connections = 1024;  // open at once; further connections are closed at once
+  // Threads for the requests `is_quick` names, which never wait on other work (health,
+  // metrics, model lists): a pool busy with long requests does not starve them.
+  int quick_threads = 2;
+  // Open at once (at most the file-descriptor limit allows, less a reserve). At the bound, or
+  // out of descriptors, the oldest connection still being read (idle first) makes room.
+  int max_connections = 1024;
+  // Complete requests waiting for a handler thread, per pool; past it, 503 at once.
+  size_t max_waiting_requests = 64;
+  // Bytes of request bodies being received, all connections together; a request whose body
+  // would pass it is answered 503 as soon as its head arrives.
+  size_t max_receiving_bytes = 64 << 20;
   Limits limits;
   // A request must arrive whole within this long of its first byte (408 otherwise); an idle
   // keep-alive connection is closed after it.
@@ -93,6 +117,12 @@ struct ServerOptions {
   // The body (application/json) of the errors the transport answers itself before a
   // handler sees the request: 400, 408, 411, 413, 414, 431, 505. Called on the reading thread.
   std::function<std::string(int status, const std::string& message)> error_body;
+  // Called on the reading thread once per request, as soon as its head has arrived and before
+  // its body is buffered (authentication, Host, Origin, Content-Type): a rejection is answered
+  // at once. Must not block.
+  std::function<std::optional<Rejection>(const Request& head)> screen;
+  // Requests for the quick pool (see quick_threads); the others go to the handler pool.
+  std::function<bool(const Request& request)> is_quick;
 };
 
 class Server {

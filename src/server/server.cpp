@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -47,6 +48,80 @@ std::string BearerToken(const std::string& authorization) {
   return begin == std::string::npos ? "" : authorization.substr(begin);
 }
 
+bool EqualsIgnoringCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+bool EndsWith(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() &&
+         EqualsIgnoringCase(text.substr(text.size() - suffix.size()), suffix);
+}
+
+// Calls `visit` with each non-empty element of a comma-separated option, trimmed.
+template <typename Visit>
+void ForEachListed(std::string_view list, Visit visit) {
+  while (!list.empty()) {
+    const size_t comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (!item.empty()) visit(item);
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+}
+
+// The name in a Host header, lowercase, without its port or an IPv6 literal's brackets:
+// "[::1]:8080" -> "::1", "LocalHost:80" -> "localhost".
+std::string HostName(std::string_view host) {
+  std::string_view name = host;
+  if (!name.empty() && name.front() == '[') {
+    const size_t close = name.find(']');
+    name = close == std::string_view::npos ? std::string_view() : name.substr(1, close - 1);
+  } else if (const size_t colon = name.rfind(':'); colon != std::string_view::npos) {
+    name = name.substr(0, colon);
+  }
+  std::string lower(name);
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+// An address rather than a name: DNS rebinding needs a name the attacker controls.
+bool IsIpLiteral(const std::string& name) {
+  unsigned char address[sizeof(in6_addr)];
+  return inet_pton(AF_INET, name.c_str(), address) == 1 ||
+         inet_pton(AF_INET6, name.c_str(), address) == 1;
+}
+
+// The page that sent the request was served by this server (its Origin is this Host's).
+bool SameOrigin(std::string_view origin, std::string_view host) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (origin.size() == scheme.size() + host.size() &&
+        EqualsIgnoringCase(origin.substr(0, scheme.size()), scheme) &&
+        EqualsIgnoringCase(origin.substr(scheme.size()), host)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// "application/json", with or without parameters ("; charset=utf-8").
+bool IsJsonMediaType(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && type.back() == ' ') type.remove_suffix(1);
+  return EqualsIgnoringCase(type, "application/json");
+}
+
+// "models/tiny/" -> "tiny", "/srv/m/llada.gguf" -> "llada.gguf".
+std::string SourceName(const std::string& source) {
+  std::filesystem::path path(source);
+  if (!path.has_filename()) path = path.parent_path();
+  return path.filename().string();
+}
+
 // The id clients name the model by: a GGUF file's general.name (else its file name without
 // .gguf), or the model folder's name. Never a path: clients echo it back in "model".
 std::string ServedModelName(const std::string& source) {
@@ -65,8 +140,7 @@ std::string ServedModelName(const std::string& source) {
     }
     return path.stem().string();
   }
-  if (!path.has_filename()) path = path.parent_path();  // "models/tiny/"
-  return path.filename().string();
+  return SourceName(source);
 }
 
 }  // namespace
@@ -92,33 +166,23 @@ const std::vector<Server::Impl::Route>& Server::Impl::Routes() {
 
 void Server::Impl::Dispatch(const http::Request& req, http::ResponseWriter& writer) {
   const std::string label = EndpointLabel(req.path);
-  if (!options.cors_origin.empty()) {
-    writer.AddHeader("Access-Control-Allow-Origin", options.cors_origin);
-    if (options.cors_origin != "*") writer.AddHeader("Vary", "Origin");
+  const std::string allow_origin = CorsAllowOrigin(req);
+  if (!allow_origin.empty()) {
+    writer.AddHeader("Access-Control-Allow-Origin", allow_origin);
+    if (allow_origin != "*") writer.AddHeader("Vary", "Origin");
   }
   const Route* route = nullptr;
-  std::string allowed;  // the methods of the routes on this path
-  for (const Route& r : Routes()) {
-    const std::string_view path = r.path;
-    const bool prefix = path.size() > 1 && path.back() == '/';
-    const bool matches =
-        prefix ? req.path.size() > path.size() && req.path.rfind(path, 0) == 0 : req.path == path;
-    if (!matches) continue;
-    if (allowed.find(r.method) == std::string::npos)
-      allowed += (allowed.empty() ? "" : ", ") + std::string(r.method);
-    if (req.method == r.method) route = &r;
-  }
+  const std::string allowed = AllowedMethods(req, &route);
   if (allowed.empty()) {
     AnswerError(writer, label,
                 ApiError(404, "invalid_request_error",
                          "no such endpoint: " + req.method + " " + req.path, "", "unknown_url"));
     return;
   }
-  allowed += ", OPTIONS";
   if (req.method == "OPTIONS") {
-    // A CORS preflight carries no credentials, so it is answered before the key check.
+    // A CORS preflight carries no credentials, so it is answered without the key.
     http::Headers headers = {{"Allow", allowed}};
-    if (!options.cors_origin.empty()) {
+    if (!allow_origin.empty()) {
       headers.insert(headers.end(),
                      {{"Access-Control-Allow-Methods", allowed},
                       {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
@@ -137,22 +201,106 @@ void Server::Impl::Dispatch(const http::Request& req, http::ResponseWriter& writ
         {{"Allow", allowed}});
     return;
   }
-  if (!Authorized(req, writer, label)) return;
-  (this->*route->handle)(req, writer);
+  try {
+    (this->*route->handle)(req, writer);
+  } catch (const std::exception& e) {
+    // Whatever a route failed on, the client gets an error of the API's shape.
+    if (!writer.responded())
+      AnswerError(writer, label, ApiError(500, "server_error", Cat("internal error: ", e.what())));
+  }
 }
 
-bool Server::Impl::Authorized(const http::Request& req, http::ResponseWriter& writer,
-                              const std::string& label) {
-  const bool open = req.path == "/health" || req.path == "/v1/health" || req.path == "/";
-  if (options.api_key.empty() || open ||
-      ConstantTimeEquals(BearerToken(req.Header("Authorization")), options.api_key)) {
-    return true;
+std::string Server::Impl::AllowedMethods(const http::Request& req, const Route** route) {
+  std::string allowed;  // the methods of the routes on this path
+  for (const Route& r : Routes()) {
+    const std::string_view path = r.path;
+    const bool prefix = path.size() > 1 && path.back() == '/';
+    const bool matches =
+        prefix ? req.path.size() > path.size() && req.path.rfind(path, 0) == 0 : req.path == path;
+    if (!matches) continue;
+    if (allowed.find(r.method) == std::string::npos)
+      allowed += (allowed.empty() ? "" : ", ") + std::string(r.method);
+    if (req.method == r.method) *route = &r;
   }
-  AnswerError(
-      writer, label,
-      ApiError(401, "authentication_error",
-               "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
-  return false;
+  return allowed.empty() ? allowed : allowed + ", OPTIONS";
+}
+
+bool Server::Impl::Generates(const http::Request& req) {
+  const Route* route = nullptr;
+  AllowedMethods(req, &route);
+  return route != nullptr &&
+         (route->handle == &Impl::Completions || route->handle == &Impl::ChatCompletions ||
+          route->handle == &Impl::DiffusionStream);
+}
+
+std::string Server::Impl::CorsAllowOrigin(const http::Request& req) const {
+  const std::string origin = req.Header("Origin");
+  if (origin.empty()) return "";
+  bool any = false, listed = false;
+  ForEachListed(options.cors_origins, [&](std::string_view allowed) {
+    any = any || allowed == "*";
+    listed = listed || EqualsIgnoringCase(allowed, origin);
+  });
+  return any ? "*" : listed ? origin : "";
+}
+
+std::optional<http::Rejection> Server::Impl::Screen(const http::Request& head) {
+  const std::string label = EndpointLabel(head.path);
+  auto reject = [&](const ApiError& error) {
+    metrics.CountRequest(label, error.status);
+    http::Rejection rejection{error.status, DumpJson(error.Body()), {}};
+    const std::string allow_origin = CorsAllowOrigin(head);
+    if (!allow_origin.empty()) {
+      // The page that was let in may read why it was refused.
+      rejection.headers.push_back({"Access-Control-Allow-Origin", allow_origin});
+      if (allow_origin != "*") rejection.headers.push_back({"Vary", "Origin"});
+    }
+    return std::optional<http::Rejection>(std::move(rejection));
+  };
+  const std::string host = head.Header("Host");
+  if (!host.empty() && !HostAllowed(host)) {
+    return reject(ApiError(403, "invalid_request_error",
+                           Cat("the Host '", host,
+                               "' is not one this server answers to (start it with "
+                               "--allowed-hosts NAME to accept it)"),
+                           "", "host_not_allowed"));
+  }
+  const std::string origin = head.Header("Origin");
+  if (!origin.empty() && !SameOrigin(origin, host) && CorsAllowOrigin(head).empty()) {
+    return reject(ApiError(
+        403, "invalid_request_error",
+        Cat("cross-origin requests from ", origin, " are refused (start the server with --cors ",
+            origin, " to let that page call the API)"),
+        "", "origin_not_allowed"));
+  }
+  if (head.method == "POST" && !IsJsonMediaType(head.Header("Content-Type"))) {
+    return reject(ApiError(415, "invalid_request_error",
+                           "the request body must be sent as Content-Type: application/json", "",
+                           "unsupported_media_type"));
+  }
+  const bool open = head.method == "OPTIONS" || head.path == "/health" ||
+                    head.path == "/v1/health" || head.path == "/";
+  if (!open && !options.api_key.empty() &&
+      !ConstantTimeEquals(BearerToken(head.Header("Authorization")), options.api_key)) {
+    return reject(ApiError(401, "authentication_error",
+                           "invalid or missing API key (Authorization: Bearer KEY)", "",
+                           "invalid_api_key"));
+  }
+  return std::nullopt;
+}
+
+bool Server::Impl::HostAllowed(const std::string& host_header) const {
+  const std::string name = HostName(host_header);
+  if (name.empty()) return false;
+  if (IsIpLiteral(name) || name == "localhost" || EndsWith(name, ".localhost")) return true;
+  if (EqualsIgnoringCase(name, options.host)) return true;
+  bool allowed = false;
+  ForEachListed(options.allowed_hosts, [&](std::string_view entry) {
+    // ".example.com" takes example.com's subdomains.
+    const bool suffix = entry.size() > 1 && entry.front() == '.' && EndsWith(name, entry);
+    allowed = allowed || entry == "*" || EqualsIgnoringCase(entry, name) || suffix;
+  });
+  return allowed;
 }
 
 void Server::Impl::Health(const http::Request& req, http::ResponseWriter& writer) {
@@ -191,7 +339,9 @@ json Server::Impl::ModelEntry() const {
             {"n_params", model->ParameterCount()},
             {"n_ctx", c.max_positions},
             {"mask_id", c.mask_id},
-            {"source", model->source()},
+            // The file or folder name only: a path would tell every client about the
+            // server's file system.
+            {"source", SourceName(model->source())},
             {"defaults", defaults},
             {"policies", policies}}}};
 }
@@ -240,6 +390,20 @@ int64_t KvBudgetBytes(double megabytes) {
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
 }
 
+// The server's decoding defaults pass the checks a request's options pass (a request that
+// names no field gets them), so a bad default fails at start, not in every request.
+void CheckDefaults(const DecodeOptions& defaults, const ModelConfig& config) {
+  DecodeOptions request = defaults;
+  try {
+    // A one-token prompt leaves the rest of the context to the answer.
+    request.FitCanvasTo(std::max(1, std::min(defaults.gen_length, config.max_positions - 1)), false,
+                        defaults, config);
+    request.Validate(config, 1);
+  } catch (const Error& e) {
+    Fail("the server's decoding defaults are invalid for this model: ", e.what());
+  }
+}
+
 }  // namespace
 
 Server::Server(ServerOptions options)
@@ -256,12 +420,18 @@ int Server::Start() {
   // 429s; connections still being read hold none.
   transport.handler_threads = std::clamp(s.options.parallel + s.options.queue + 8, 8, 1024);
   transport.limits.max_body_bytes = s.options.max_body_bytes;
+  transport.max_connections = s.options.max_connections;
+  transport.max_receiving_bytes = 16 * s.options.max_body_bytes;
   transport.read_timeout = std::chrono::milliseconds(
       int64_t(std::clamp(s.options.read_timeout_seconds, 0.001, 1e6) * 1000));
   transport.error_body = [&s](int status, const std::string& message) {
     s.metrics.CountRequest("other", status);
-    return DumpJson(ApiError(status, "invalid_request_error", message).Body());
+    const char* type = status >= 500 ? (status == 503 ? "unavailable_error" : "server_error")
+                                     : "invalid_request_error";
+    return DumpJson(ApiError(status, type, message).Body());
   };
+  transport.screen = [&s](const http::Request& head) { return s.Screen(head); };
+  transport.is_quick = [](const http::Request& request) { return !Impl::Generates(request); };
   s.http = std::make_unique<http::Server>(
       transport,
       [&s](const http::Request& req, http::ResponseWriter& writer) { s.Dispatch(req, writer); });
@@ -277,6 +447,7 @@ void Server::SetModel(std::unique_ptr<Model> model, std::unique_ptr<TextCodec> c
       s.options.max_prompt_tokens > 0 ? s.options.max_prompt_tokens : context;
   s.limits.max_tokens = s.options.max_tokens > 0 ? s.options.max_tokens : context;
   s.limits.max_prompts = s.options.max_prompts;
+  CheckDefaults(s.options.defaults, model->config());
   if (s.options.model_id.empty()) s.options.model_id = ServedModelName(model->source());
   s.model = std::move(model);
   s.codec = std::move(codec);

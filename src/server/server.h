@@ -12,7 +12,11 @@
 // room in the KV budget; the running ones are decoded by continuous batching (scheduler.h).
 // A request whose caches exceed the whole budget is a 400 at once. A request times out after
 // --timeout seconds and is cancelled when its client disconnects. A wrong method on a known path is
-// a 405; OPTIONS is answered on every path, with CORS headers only when cors_origin is set.
+// a 405; OPTIONS is answered on every path, with CORS headers for the origins cors_origins
+// lets in. Before a request's body is read, its head must pass: a Host this server answers to
+// (DNS rebinding), an Origin that is its own or allowed (cross-site pages), a POST body that
+// says it is application/json (so a "simple" cross-origin request cannot start work), and the
+// API key. Health, metrics and model lists have handler threads of their own.
 #pragma once
 
 #include <memory>
@@ -27,21 +31,32 @@ namespace polestar {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                   // 0: any free port
-  int max_batch = 8;                 // sequences in one batched forward
-  int parallel = 0;                  // generations running at once (0: max_batch)
-  int max_batch_rows = 4096;         // input rows of one forward (0: no bound)
-  double kv_budget_mb = 0;           // caches of the running generations (0: half the RAM)
-  int queue = 8;                     // generations waiting beyond the free running places
-  double timeout_seconds = 600;      // a request's whole life, queue included; 0: none
-  std::string api_key;               // when set, "Authorization: Bearer KEY" is required
-  std::string cors_origin;           // Access-Control-Allow-Origin value; "": no CORS headers
+  int port = 8080;               // 0: any free port
+  int max_batch = 8;             // sequences in one batched forward
+  int parallel = 0;              // generations running at once (0: max_batch)
+  int max_batch_rows = 4096;     // input rows of one forward (0: no bound)
+  double kv_budget_mb = 0;       // caches of the running generations (0: half the RAM)
+  int queue = 8;                 // generations waiting beyond the free running places
+  double timeout_seconds = 600;  // a request's whole life, queue included; 0: none
+  std::string api_key;           // when set, "Authorization: Bearer KEY" is required
+  // Browser pages from other origins that may call the API: a comma-separated list of
+  // origins ("http://localhost:3000"), or "*" for any. "": none; a cross-origin request (its
+  // Origin is not this server's own) is refused with 403.
+  std::string cors_origins;
+  // Host header names accepted besides IP literals, localhost (and *.localhost) and --host
+  // itself, which guards a loopback server against DNS rebinding: a comma-separated list
+  // (".example.com" also takes its subdomains), or "*" for any.
+  std::string allowed_hosts;
   double read_timeout_seconds = 30;  // a request's head and body must arrive within it
   int threads = 0;                   // OpenMP threads per forward (0: all cores)
   int max_prompt_tokens = 0;         // 0: the model's context
   int max_tokens = 0;                // 0: the model's context
   int max_prompts = 16;              // prompts in one /v1/completions request
   size_t max_body_bytes = 4 << 20;
+  // Connections open at once (at most the file-descriptor limit less a reserve); at the bound
+  // the oldest idle or slow one makes room. Bodies being received, all together, are bounded
+  // by 16 times max_body_bytes.
+  int max_connections = 1024;
   std::string model_id;    // the name /v1/models shows; "": the model folder or GGUF name
   DecodeOptions defaults;  // decoding of requests that do not say otherwise
 };

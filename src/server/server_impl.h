@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,17 @@ struct Server::Impl {
     AnswerJson(writer, label, error.status, error.Body(), headers);
   }
   void Dispatch(const http::Request& req, http::ResponseWriter& writer);
-  // False (after answering 401) when an API key is required and not given.
-  bool Authorized(const http::Request& req, http::ResponseWriter& writer, const std::string& label);
+  // The methods of the routes on `req`'s path with OPTIONS ("" when none), and in `route`
+  // the one `req`'s method names (unchanged when none does).
+  static std::string AllowedMethods(const http::Request& req, const Route** route);
+  // `req` goes to a generating route (the handler pool); everything else is quick.
+  static bool Generates(const http::Request& req);
+  // The transport's screen of a request head: Host, Origin, Content-Type, then the API key.
+  std::optional<http::Rejection> Screen(const http::Request& head);
+  bool HostAllowed(const std::string& host_header) const;
+  // The Access-Control-Allow-Origin value for `req`'s Origin: "*", the origin, or "" when
+  // cors_origins does not list it.
+  std::string CorsAllowOrigin(const http::Request& req) const;
 
   // The routes (the table is Routes() in server.cpp). server.cpp: health, models, metrics.
   void Health(const http::Request& req, http::ResponseWriter& writer);

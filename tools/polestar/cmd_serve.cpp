@@ -60,9 +60,20 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
                   "seconds a request may take, queue included (0: none)")
       ->check(Within(0, 1e9))
       ->capture_default_str();
+  cmd->add_option("--max-connections", s.max_connections,
+                  "connections open at once (at most the file-descriptor limit allows); at the "
+                  "bound the oldest idle or slow one makes room")
+      ->check(CLI::Range(8, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "require Authorization: Bearer KEY");
-  cmd->add_option("--cors", s.cors_origin,
-                  "let browser pages from ORIGIN (e.g. http://localhost:3000, or *) call the API");
+  cmd->add_option("--cors", s.cors_origins,
+                  "let browser pages from these origins call the API: a comma-separated list "
+                  "(e.g. http://localhost:3000), or * for any (default: none; pages from other "
+                  "origins are refused with 403)");
+  cmd->add_option("--allowed-hosts", s.allowed_hosts,
+                  "Host names accepted besides IP addresses, localhost and --host, against DNS "
+                  "rebinding: a comma-separated list (.example.com takes its subdomains), or * "
+                  "for any");
   cmd->add_option("-a,--alias", s.model_id,
                   "model id shown by /v1/models (default: the folder name or GGUF general.name)");
   cmd->add_option("-t,--threads", s.threads, "CPU threads per forward (0: all)")
