@@ -468,7 +468,7 @@ TEST(Sandbox, WritesOutsideItsOwnFoldersDoNotReachTheHost) {
   const std::vector<std::string> targets = {
       std::string(home != nullptr ? home : "/root") + "/" + name,
       polestar::testing::SourceDir() + "/" + name, (fs::current_path() / name).string(),
-      (fs::temp_directory_path() / name).string()};
+      "/tmp/" + name};
   std::string program = "for path in [";
   for (const std::string& target : targets) program += "'" + target + "', ";
   program +=
@@ -609,6 +609,18 @@ TEST(Sandbox, ExitStatusesAndSignalsReadAsThemselves) {
       RunPython("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n", FastOptions());
   EXPECT_EQ(killed.kind, ExitKind::kSignaled);
   EXPECT_EQ(killed.signal, SIGABRT);
+}
+
+TEST(Sandbox, RunsWithoutPrivileges) {
+  const SandboxResult result = RunPython(
+      "for line in open('/proc/self/status'):\n"
+      "    if line.split(':')[0] in ('Uid', 'CapEff', 'CapPrm', 'NoNewPrivs'):\n"
+      "        print(line.split()[1])\n",
+      FastOptions());
+  // Uid (real), CapPrm, CapEff, NoNewPrivs in /proc's order.
+  const std::string uid = geteuid() == 0 ? "65534" : std::to_string(geteuid());
+  EXPECT_EQ(result.stdout_text, uid + "\n0000000000000000\n0000000000000000\n1\n")
+      << result.stderr_text;
 }
 
 TEST(Sandbox, EndlessOutputStillMeetsTheDeadline) {
