@@ -16,6 +16,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   gnuplot-nox            # benchmark plots, the polestar-tiny loss curve
   jq                     # scripts/polestar_tiny_card.sh (the model card), bench/batch_throughput.sh
+  bubblewrap             # the sandbox around HumanEval/MBPP's model-written code (bwrap; no fallback)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,11 +1,16 @@
 // Graders and suites: answer extraction against hand-picked right and wrong answers, the
 // datasets' own solutions graded as correct, and the code sandbox against programs that pass,
 // fail, hang, crash and leave early.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -434,29 +439,188 @@ TEST(Sandbox, OutputIsCapturedAndTruncated) {
 }
 
 TEST(Sandbox, RunsInAFreshFolderWithAClosedEnvironment) {
-  const SandboxResult result = RunPython(
-      "import os\nprint(os.getcwd())\nprint(os.environ.get('https_proxy'))\n"
-      "print(os.environ.get('POLESTAR_SHARED'))\n",
-      FastOptions());
-  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
-  const std::string cwd = result.stdout_text.substr(0, result.stdout_text.find('\n'));
-  EXPECT_NE(cwd.find("polestar-sandbox-"), std::string::npos);
-  EXPECT_FALSE(fs::exists(cwd));  // removed after the run
-  EXPECT_NE(result.stdout_text.find("\nhttp://127.0.0.1:9\nNone\n"), std::string::npos);
+  const std::string program =
+      "import os\nprint(os.getcwd())\nprint(os.environ.get('POLESTAR_SHARED'))\n"
+      "print(os.path.exists('left-behind'))\nopen('left-behind', 'w').write('x')\n";
+  const SandboxResult first = RunPython(program, FastOptions());
+  EXPECT_EQ(first.stdout_text, "/tmp/polestar-sandbox\nNone\nFalse\n") << first.stderr_text;
+  const SandboxResult second = RunPython(program, FastOptions());
+  EXPECT_EQ(second.stdout_text, first.stdout_text) << second.stderr_text;
 }
 
-TEST(Sandbox, NetworkIsUnreachable) {
+// A unique name for files and processes of one test (a process name keeps 15 characters).
+std::string Marker(const char* what) { return what + std::to_string(getpid()); }
+
+bool ProcessNamedExists(const std::string& name) {
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator("/proc", ignored)) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) return true;
+  }
+  return false;
+}
+
+TEST(Sandbox, WritesOutsideItsOwnFoldersDoNotReachTheHost) {
+  const std::string name = Marker("polestar-escape-");
+  const char* home = std::getenv("HOME");
+  // The user's home, the repository, the build tree (under /work here) and the host's /tmp.
+  const std::vector<std::string> targets = {
+      std::string(home != nullptr ? home : "/root") + "/" + name,
+      polestar::testing::SourceDir() + "/" + name, (fs::current_path() / name).string(),
+      "/tmp/" + name};
+  std::string program = "for path in [";
+  for (const std::string& target : targets) program += "'" + target + "', ";
+  program +=
+      "]:\n"
+      "    try:\n"
+      "        open(path, 'w').write('escaped')\n"
+      "        print('wrote', path)\n"
+      "    except OSError as error:\n"
+      "        print('refused', path, error.errno)\n";
+  const SandboxResult result = RunPython(program, FastOptions());
+  for (const std::string& target : targets) {
+    EXPECT_FALSE(fs::exists(target)) << target << "\n" << result.stdout_text;
+    std::error_code ignored;
+    fs::remove(target, ignored);
+  }
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  // The host's /tmp is the sandbox's private one: the write succeeded there and vanished.
+  EXPECT_NE(result.stdout_text.find("wrote " + targets.back()), std::string::npos)
+      << result.stdout_text;
+}
+
+TEST(Sandbox, HostFilesAreOutOfSight) {
+  const std::string secret = Marker("secret-");
+  const fs::path secret_file = fs::current_path() / (secret + ".txt");
+  std::ofstream(secret_file) << secret;
+  const SandboxResult result = RunPython(
+      "import os\n"
+      "for path in ['" +
+          secret_file.string() + "', '" + polestar::testing::SourceDir() +
+          "/README.md', '/etc/shadow', '/root/.bash_history']:\n"
+          "    try:\n"
+          "        print(path, open(path).read(200))\n"
+          "    except OSError as error:\n"
+          "        print(path, 'unreadable', error.errno)\n"
+          "print(sorted(os.listdir('/')))\n",
+      FastOptions());
+  fs::remove(secret_file);
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_EQ(result.stdout_text.find(secret + "\n"), std::string::npos) << result.stdout_text;
+  EXPECT_EQ(result.stdout_text.find("Polestar"), std::string::npos) << result.stdout_text;
+  EXPECT_NE(result.stdout_text.find(secret_file.string() + " unreadable 2\n"), std::string::npos)
+      << result.stdout_text;
+  // Nothing of the host's top level beyond the system's folders.
+  for (const char* hidden : {"'home'", "'work'", "'run'", "'var'", "'opt'", "'mnt'"}) {
+    EXPECT_EQ(result.stdout_text.find(hidden), std::string::npos) << result.stdout_text;
+  }
+}
+
+TEST(Sandbox, TheHostsLoopbackIsUnreachable) {
+  // A server on the host's loopback, as a local service the program might talk to.
+  const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(server, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(server, 4), 0);
+  ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const std::string port = std::to_string(ntohs(address.sin_port));
   const SandboxResult result = RunPython(
       "import socket\n"
-      "print(open('/proc/self/net/dev').read().count(':'))\n"
-      "socket.create_connection(('1.1.1.1', 53), timeout=1)\n",
+      "for host, port in [('127.0.0.1', " +
+          port +
+          "), ('1.1.1.1', 53)]:\n"
+          "    try:\n"
+          "        socket.create_connection((host, port), timeout=1).sendall(b'secret')\n"
+          "        print('connected', host)\n"
+          "    except OSError:\n"
+          "        print('refused', host)\n",
       FastOptions());
-  EXPECT_NE(result.exit_code, 0);
-  if (result.network_isolated) {
-    EXPECT_EQ(result.stdout_text, "1\n");  // only the (down) loopback interface
-  } else {
-    std::printf("note: network namespaces are not permitted here; isolation is by env only\n");
+  pollfd pending{server, POLLIN, 0};
+  const int ready = poll(&pending, 1, 0);
+  close(server);
+  EXPECT_EQ(ready, 0) << "the program reached the host's listening socket";
+  EXPECT_EQ(result.stdout_text, "refused 127.0.0.1\nrefused 1.1.1.1\n") << result.stderr_text;
+}
+
+TEST(Sandbox, ForkBombStopsAtTheProcessLimit) {
+  SandboxOptions options = FastOptions();
+  options.process_limit = 16;
+  const std::string name = Marker("ps-bomb-");
+  // Bounded at 1000 so that a missing limit fails the test rather than the machine.
+  const SandboxResult result = RunPython(
+      "import os, time\n"
+      "children = 0\n"
+      "try:\n"
+      "    while children < 1000:\n"
+      "        if os.fork() == 0:\n"
+      "            open('/proc/self/comm', 'w').write('" +
+          name +
+          "')\n"
+          "            time.sleep(60)\n"
+          "            os._exit(0)\n"
+          "        children += 1\n"
+          "except OSError:\n"
+          "    pass\n"
+          "print(children)\n",
+      options);
+  ASSERT_EQ(result.exit_code, 0) << result.stderr_text;
+  const int children = std::stoi(result.stdout_text);
+  EXPECT_GE(children, 1);
+  EXPECT_LT(children, options.process_limit);
+  EXPECT_LT(result.wall_seconds, 1.9);     // ended by the program, not the deadline
+  EXPECT_FALSE(ProcessNamedExists(name));  // the sleeping children went with it
+}
+
+TEST(Sandbox, EscapedChildrenDieAtTheDeadline) {
+  SandboxOptions options = FastOptions();
+  options.wall_timeout_s = 1.0;
+  const std::string name = Marker("ps-escape-");
+  // The child leaves the process group and the session; the parent sleeps past the deadline.
+  const SandboxResult result = RunPython(
+      "import os, time\n"
+      "if os.fork() == 0:\n"
+      "    os.setsid()\n"
+      "    open('/proc/self/comm', 'w').write('" +
+          name +
+          "')\n"
+          "    time.sleep(600)\n"
+          "time.sleep(600)\n",
+      options);
+  EXPECT_EQ(result.kind, ExitKind::kTimedOut);
+  EXPECT_LT(result.wall_seconds, 2.5);
+  bool alive = true;
+  for (int tries = 0; tries < 50 && alive; ++tries) {  // the kernel tears the namespace down
+    alive = ProcessNamedExists(name);
+    if (alive) usleep(20000);
   }
+  EXPECT_FALSE(alive);
+}
+
+TEST(Sandbox, ExitStatusesAndSignalsReadAsThemselves) {
+  const SandboxResult exited = RunPython("import sys\nsys.exit(3)\n", FastOptions());
+  EXPECT_EQ(exited.kind, ExitKind::kExited);
+  EXPECT_EQ(exited.exit_code, 3);
+  const SandboxResult killed =
+      RunPython("import os, signal\nos.kill(os.getpid(), signal.SIGABRT)\n", FastOptions());
+  EXPECT_EQ(killed.kind, ExitKind::kSignaled);
+  EXPECT_EQ(killed.signal, SIGABRT);
+}
+
+TEST(Sandbox, RunsWithoutPrivileges) {
+  const SandboxResult result = RunPython(
+      "for line in open('/proc/self/status'):\n"
+      "    if line.split(':')[0] in ('Uid', 'CapEff', 'CapPrm', 'NoNewPrivs'):\n"
+      "        print(line.split()[1])\n",
+      FastOptions());
+  // Uid (real), CapPrm, CapEff, NoNewPrivs in /proc's order.
+  const std::string uid = geteuid() == 0 ? "65534" : std::to_string(geteuid());
+  EXPECT_EQ(result.stdout_text, uid + "\n0000000000000000\n0000000000000000\n1\n")
+      << result.stderr_text;
 }
 
 TEST(Sandbox, EndlessOutputStillMeetsTheDeadline) {
@@ -498,6 +662,38 @@ TEST(Sandbox, MissingInterpreterIsAClearError) {
   options.python = "no-such-python-xyz";
   EXPECT_THAT([&] { RunPython("pass", options); },
               testing::ThrowsErrorContaining({"not found in PATH"}));
+}
+
+// Sets PATH for one scope.
+class ScopedPath {
+ public:
+  explicit ScopedPath(const std::string& path) : saved_(std::getenv("PATH")) {
+    setenv("PATH", path.c_str(), 1);
+  }
+  ~ScopedPath() { setenv("PATH", saved_.c_str(), 1); }
+
+ private:
+  std::string saved_;
+};
+
+TEST(Sandbox, RefusesToRunWithoutBubblewrap) {
+  const std::string folder = polestar::testing::TempDir();
+  SandboxOptions options = FastOptions();
+  options.python = "python3";  // a configuration no earlier test prepared
+  {
+    ScopedPath empty(folder);
+    EXPECT_THAT([&] { RunPython("pass", options); },
+                testing::ThrowsErrorContaining({"bwrap not found", "apt-get install bubblewrap"}));
+  }
+  // A bwrap that fails as it does where namespaces are forbidden.
+  const std::string fake = folder + "/bwrap";
+  std::ofstream(fake) << "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\n"
+                         "exit 1\n";
+  fs::permissions(fake, fs::perms::owner_all);
+  ScopedPath first(folder + ":" + std::getenv("PATH"));
+  EXPECT_THAT([&] { RunPython("pass", options); },
+              testing::ThrowsErrorContaining(
+                  {"No permissions to creating new namespace", "nothing ran", "namespaces"}));
 }
 
 }  // namespace

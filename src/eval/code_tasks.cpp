@@ -140,7 +140,6 @@ GradeResult RunCodeTests(const std::string& program, const std::string& code,
                     {"stdout", ValidUtf8(run.stdout_text)},
                     {"stderr", ValidUtf8(run.stderr_text)},
                     {"output_truncated", run.stdout_truncated || run.stderr_truncated},
-                    {"network_isolated", run.network_isolated},
                     {"program", ValidUtf8(program)}};
   return result;
 }

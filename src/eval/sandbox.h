@@ -1,16 +1,28 @@
-// Runs untrusted Python (model-written code and its tests) in a child process that cannot take
-// the caller down: `python3 -I program.py` in a fresh temporary folder, its own process group,
-// rlimits on CPU time, address space, file size and core dumps, a wall-clock deadline after
-// which the whole process group is killed, stdout/stderr captured and truncated, and no network.
+// Runs untrusted Python (model-written code and its tests) inside bubblewrap (bwrap), so that
+// the program can neither change nor read the machine beyond what it needs, nor take the caller
+// down. What the program gets (README.md, "The code sandbox", says the same for users):
+//   - a read-only view of /usr (with /bin, /lib... as on the host), the interpreter's own
+//     installation prefix, and /etc/{ld.so.cache,ld.so.conf(.d),passwd,group}; nothing else of
+//     the host's files (no /home, /root, /work, /run, /var, the repository or its models);
+//   - a private, size-limited /tmp and /dev/shm, and its working folder /tmp/polestar-sandbox
+//     (holding program.py), all gone when the run ends;
+//   - new network (only its own loopback), PID, IPC and UTS namespaces, a minimal /dev and its
+//     own /proc; no capabilities; a fresh session (setsid), no inherited file descriptors
+//     beyond stdin (/dev/null), stdout, stderr and the status channel (3), and an environment
+//     built from scratch;
+//   - user nobody (65534) when the caller is root; otherwise the caller's user inside a user
+//     namespace that cannot make more of them;
+//   - rlimits on CPU time, address space, file size, core dumps and processes (and threads),
+//     and a wall-clock deadline after which bwrap is killed, which kills every process in the
+//     PID namespace, including those that called setsid().
+// Not isolated: the kernel itself (no seccomp filter), memory across processes (each process has
+// the address-space limit, so a program can use up to process_limit times it), CPU time
+// across processes (each has the CPU limit; the wall deadline bounds them all), and the
+// system's clock and load. As root the process limit counts all of user nobody's processes on
+// the machine, including concurrent runs.
 //
-// Network: the child first tries unshare(CLONE_NEWNET) (works as root or with CAP_SYS_ADMIN),
-// then unshare(CLONE_NEWUSER | CLONE_NEWNET) (unprivileged user namespaces). Inside a new
-// network namespace only a downed loopback exists, so no connection can succeed. When neither
-// is permitted the run still happens, with network_isolated = false in the result; the child
-// environment is then the only guard: it is built from scratch (nothing inherited) with every
-// *_proxy variable pointing at a closed port, which stops proxy-aware libraries but not raw
-// sockets. Not contained either way: fork bombs (RLIMIT_NPROC is per user, so it is not set)
-// and children that leave the process group with setsid() (killed only if they exit).
+// There is no weaker fallback: when bwrap is missing or cannot build its namespaces here,
+// RunPython throws with the reason and the fix, and no model code runs.
 //
 // Thread-safe: the grading loop may run several programs at once.
 #pragma once
@@ -29,16 +41,22 @@ struct SandboxOptions {
   double cpu_limit_s = 10.0;  // RLIMIT_CPU (SIGXCPU); 0 means ceil(wall_timeout_s)
   std::uint64_t memory_limit_bytes = std::uint64_t{2} << 30;      // RLIMIT_AS
   std::uint64_t file_size_limit_bytes = std::uint64_t{64} << 20;  // RLIMIT_FSIZE
+  // The size of each of the program's writable filesystems (/tmp, /dev/shm), in memory.
+  std::uint64_t scratch_limit_bytes = std::uint64_t{256} << 20;
+  // RLIMIT_NPROC: processes and threads the program may have at once (a fork bomb's ceiling).
+  int process_limit = 64;
   std::size_t output_limit_bytes = 8192;  // kept per stream; the rest is read and dropped
-  bool isolate_network = true;
   // The interpreter; empty means python3 from PATH, resolved once to its real executable (so
   // wrapper scripts such as pyenv shims run only for the lookup, not for every program).
   std::string python;
 };
 
 enum class ExitKind {
-  kExited,    // exit_code is valid
-  kSignaled,  // killed by `signal`: a crash, os.kill(...), or SIGXCPU at the CPU limit
+  kExited,  // exit_code is valid
+  // Killed by `signal`: a crash, os.kill(...), or SIGXCPU at the CPU limit. bwrap reports a
+  // signal N as exit status 128 + N, so a program that exits with such a status itself
+  // (sys.exit(139)) reads as signaled too.
+  kSignaled,
   kTimedOut,  // still running at the deadline; the process group was killed
 };
 
@@ -54,17 +72,13 @@ struct SandboxResult {
   // What the program wrote to file descriptor 3 (at most 4 KiB). Graders use it
   // as a side channel that ordinary program output cannot reach by accident.
   std::string status_text;
-  bool network_isolated = false;
 };
 
-// Runs `source` as a Python program. Throws polestar::Error only when the sandbox itself cannot
-// work (no python3, no temporary folder, fork failure); anything the program does, including
-// hanging, crashing or exiting early, is reported in the result.
+// Runs `source` as a Python program in the sandbox. Throws polestar::Error only when the sandbox
+// itself cannot work (no python3, no bwrap, namespaces forbidden, fork failure), saying how to
+// fix it; anything the program does, including hanging, crashing or exiting early, is reported
+// in the result.
 SandboxResult RunPython(const std::string& source, const SandboxOptions& options);
-
-// The interpreter RunPython uses for `configured` (SandboxOptions::python): an absolute path.
-// Throws polestar::Error naming what was searched when none is found.
-std::string ResolvePython(const std::string& configured);
 
 const char* ExitKindName(ExitKind kind);
 

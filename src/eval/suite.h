@@ -66,7 +66,7 @@ struct GradeResult {
   std::vector<MetricScore> metrics;  // every metric of the suite, primary first
   // What a person needs to see why: for code suites {status ("passed", "failed", "timed_out",
   // "signaled", "exited_early"), exit_code, signal, seconds, stdout, stderr (truncated),
-  // output_truncated, network_isolated, program}; gsm8k {reference}; math500 {normalized,
+  // output_truncated, program}; gsm8k {reference}; math500 {normalized,
   // normalized_reference}.
   nlohmann::json details;
 };
