@@ -1,9 +1,18 @@
 // Checkpoint readers on broken input: every case must end in a polestar::Error whose
 // message names the file and the problem, never a crash or a foreign exception. Also a
 // sharded checkpoint (model.safetensors.index.json) that must load exactly like one file.
+// And the atomic writer: what it replaces, what it refuses, and what a signal leaves.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -221,6 +230,139 @@ TEST(AtomicFile, TheDestinationIsTheOldFileOrTheWholeNewOne) {
   EXPECT_EQ(entries, 1u);  // no temporary file left behind
   EXPECT_THAT([&] { AtomicFile(dir + "/missing/out.bin"); },
               testing::ThrowsErrorContaining({dir + "/missing/out.bin", "cannot create"}));
+}
+
+// The names in `dir` (hidden ones too), sorted.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(AtomicFile, WritesThroughALinkAndKeepsIt) {
+  const std::string dir = testing::TempDir();
+  fs::create_directories(dir + "/a");
+  fs::create_directories(dir + "/b");
+  WriteBytes(dir + "/b/real.bin", "old");
+  // A chain of two relative links, across folders: each resolves against its own folder.
+  fs::create_symlink("../b/real.bin", dir + "/a/hop.bin");
+  fs::create_symlink("a/hop.bin", dir + "/link.bin");
+  WriteFileAtomically(dir + "/link.bin", "new");
+  EXPECT_EQ(ReadBytes(dir + "/b/real.bin"), "new");
+  EXPECT_TRUE(fs::is_symlink(dir + "/link.bin"));
+  EXPECT_EQ(fs::read_symlink(dir + "/link.bin"), "a/hop.bin");
+  EXPECT_TRUE(fs::is_symlink(dir + "/a/hop.bin"));
+  EXPECT_EQ(Names(dir + "/b"), std::vector<std::string>{"real.bin"});  // no temporary left
+  // A dangling link's target is created, as a shell's `>` would.
+  fs::create_symlink("b/new.bin", dir + "/dangling.bin");
+  WriteFileAtomically(dir + "/dangling.bin", "created");
+  EXPECT_EQ(ReadBytes(dir + "/b/new.bin"), "created");
+  EXPECT_TRUE(fs::is_symlink(dir + "/dangling.bin"));
+  fs::create_symlink("loop.bin", dir + "/loop.bin");
+  EXPECT_THAT([&] { AtomicFile(dir + "/loop.bin"); },
+              testing::ThrowsErrorContaining({dir + "/loop.bin", "too many levels"}));
+}
+
+// A directory, a FIFO and a device are refused up front: never opened (a FIFO would block),
+// never renamed over or removed.
+TEST(AtomicFile, RefusesWhatIsNotARegularFile) {
+  const std::string dir = testing::TempDir();
+  fs::create_directory(dir + "/folder");
+  EXPECT_THAT([&] { WriteFileAtomically(dir + "/folder", "x"); },
+              testing::ThrowsErrorContaining({dir + "/folder", "is a directory"}));
+  EXPECT_TRUE(fs::is_directory(dir + "/folder"));
+
+  ASSERT_EQ(::mkfifo((dir + "/fifo").c_str(), 0600), 0);
+  EXPECT_THAT([&] { WriteFileAtomically(dir + "/fifo", "x"); },
+              testing::ThrowsErrorContaining({dir + "/fifo", "is a FIFO"}));
+  EXPECT_TRUE(fs::is_fifo(dir + "/fifo"));
+  fs::create_symlink("fifo", dir + "/to-fifo");
+  EXPECT_THAT([&] { WriteFileAtomically(dir + "/to-fifo", "x"); },
+              testing::ThrowsErrorContaining({dir + "/to-fifo", "through links", "is a FIFO"}));
+  EXPECT_TRUE(fs::is_fifo(dir + "/fifo"));
+  EXPECT_TRUE(fs::is_symlink(dir + "/to-fifo"));
+
+  // A character device: /dev/null's twin where we may make one, so that a broken writer
+  // could only harm the test's own node; else /dev/null itself, unless we are root (who could
+  // replace it).
+  std::string device = dir + "/null";
+  if (::mknod(device.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0)
+    device = geteuid() == 0 ? "" : "/dev/null";
+  if (!device.empty()) {
+    EXPECT_THAT([&] { WriteFileAtomically(device, "x"); },
+                testing::ThrowsErrorContaining({device, "is a character device"}));
+    EXPECT_TRUE(fs::is_character_file(device));
+  }
+  for (const std::string& name : Names(dir)) EXPECT_EQ(name.find("polestar-tmp"), name.npos);
+}
+
+TEST(AtomicFile, RemovesTheStaleTemporariesOfItsDestination) {
+  const std::string dir = testing::TempDir();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // reaped: its PID names no process now
+  const std::string dead = Cat(".out.bin.polestar-tmp.", child, ".AbC123");
+  const std::string running = Cat(".out.bin.polestar-tmp.", getpid(), ".AbC123");
+  const std::string other = Cat(".other.bin.polestar-tmp.", child, ".AbC123");
+  for (const std::string& name : {dead, running, other}) WriteBytes(dir + "/" + name, "partial");
+  WriteFileAtomically(dir + "/out.bin", "whole");
+  EXPECT_EQ(ReadBytes(dir + "/out.bin"), "whole");
+  std::vector<std::string> expected = {running, other, "out.bin"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(Names(dir), expected);
+}
+
+// A process killed by SIGINT or SIGTERM in the middle of a write dies of that signal and
+// leaves the destination as it was, without its temporary file.
+TEST(AtomicFile, ASignalMidWriteRemovesTheTemporary) {
+  for (const int signal : {SIGTERM, SIGINT}) {
+    const std::string dir = testing::TempDir();
+    WriteBytes(dir + "/out.bin", "old");
+    int ready[2];
+    ASSERT_EQ(pipe(ready), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // As a command starts: the test runner may have left SIGINT ignored.
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      try {
+        AtomicFile file(dir + "/out.bin");
+        file.Write("the first half of a slow write");
+        const char byte = 1;
+        if (write(ready[1], &byte, 1) != 1) _exit(2);
+        pause();  // the rest of the write never comes
+      } catch (...) {
+      }
+      _exit(1);
+    }
+    close(ready[1]);
+    pollfd wait_ready{ready[0], POLLIN, 0};
+    ASSERT_EQ(poll(&wait_ready, 1, 10000), 1) << "the writer did not start";
+    char byte = 0;
+    ASSERT_EQ(read(ready[0], &byte, 1), 1) << "the writer failed";
+    close(ready[0]);
+    // Mid-write: the temporary is there, named after the destination and the writer.
+    const std::vector<std::string> during = Names(dir);
+    ASSERT_EQ(during.size(), 2u);
+    EXPECT_TRUE(during[0].starts_with(Cat(".out.bin.polestar-tmp.", child, "."))) << during[0];
+    ASSERT_EQ(kill(child, signal), 0);
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(child, SIGKILL);
+        waitpid(child, &status, 0);
+        FAIL() << "the writer outlived signal " << signal;
+      }
+      usleep(1000);
+    }
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == signal) << status;
+    EXPECT_EQ(Names(dir), std::vector<std::string>{"out.bin"}) << "signal " << signal;
+    EXPECT_EQ(ReadBytes(dir + "/out.bin"), "old");
+  }
 }
 
 TEST(AtomicFile, AFailedGgufConversionLeavesNoFile) {

@@ -1,17 +1,22 @@
 // Tests of the trainer: every layer's hand-written backward against central finite
-// differences, the whole model's gradient, exact resume, the tokenizer and the export.
+// differences, the whole model's gradient, exact resume, the tokenizer and the export; and
+// that no run destroys another's work (a refused folder, a bad checkpoint or loss log, a
+// diverged step).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
 #include "base/error.h"
 #include "base/parallel.h"
+#include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "tasks/tasks.h"
@@ -469,6 +474,172 @@ TEST(TrainerTest, LossFallsOnATinyRun) {
   EXPECT_LT(last, 0.7 * first);
 }
 
+namespace fs = std::filesystem;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// Every file under `dir` with its bytes: what a refused command must leave as it was.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) files[entry.path().string()] = ReadText(entry.path().string());
+  }
+  return files;
+}
+
+constexpr const char* kLossHeader = "step,loss,lr,grad_norm,tokens_per_s,elapsed_s\n";
+
+TEST(TrainerTest, AFreshRunRefusesAFolderThatHoldsARunUnlessForced) {
+  const std::string dir = testing::TempDir();
+  for (const std::string name :
+       {"checkpoint.safetensors", "checkpoint.json", "loss.csv", "eval.csv", "model"}) {
+    const std::string run = dir + "/holds-" + name;
+    fs::create_directories(run + (name == "model" ? "/model" : ""));
+    WriteText(run + "/" + (name == "model" ? "model/config.json" : name), "an earlier run");
+    const auto before = Snapshot(run);
+    TrainOptions o = TinyRun(run, 2);
+    EXPECT_THAT([&] { Trainer(o).Run(); },
+                testing::ThrowsErrorContaining({run, name, "--resume", "--force"}));
+    EXPECT_EQ(Snapshot(run), before) << name;
+  }
+
+  // Forced, the earlier run's checkpoint and logs go; what is not the run's stays.
+  const std::string run = dir + "/forced";
+  fs::create_directories(run);
+  for (const char* name : {"checkpoint.safetensors", "checkpoint.json", "loss.csv", "eval.csv"})
+    WriteText(run + "/" + name, "an earlier run");
+  WriteText(run + "/notes.txt", "mine");
+  TrainOptions o = TinyRun(run, 2);
+  o.force = true;
+  o.eval_items = 1;
+  Trainer(o).Run();
+  EXPECT_EQ(ReadText(run + "/notes.txt"), "mine");
+  EXPECT_EQ(ReadText(run + "/eval.csv").find("an earlier run"), std::string::npos);
+  EXPECT_EQ(ReadText(run + "/loss.csv").find("an earlier run"), std::string::npos);
+  o.resume = true;
+  EXPECT_EQ(Trainer(o).step(), 2);  // its own checkpoint
+}
+
+// A checkpoint of TinyRun(dir, 5)'s model: the parameters, the AdamW moments and the step.
+void WriteCheckpoint(const std::string& dir, const std::vector<float>& params,
+                     const std::vector<float>& m, const std::vector<float>& v, int64_t step) {
+  WriteSafetensors(dir + "/checkpoint.safetensors",
+                   {F32Tensor("params", {int64_t(params.size())}, params),
+                    F32Tensor("adam_m", {int64_t(m.size())}, m),
+                    F32Tensor("adam_v", {int64_t(v.size())}, v), I64Tensor("step", {1}, {step})});
+}
+
+// Trains two steps of `o` and saves the checkpoint (and checkpoint.json, the options'
+// fingerprint); returns the parameters.
+std::vector<float> TwoStepsAndACheckpoint(const TrainOptions& o) {
+  Trainer trainer(o);
+  trainer.Step();
+  trainer.Step();
+  trainer.SaveCheckpoint();
+  return trainer.model().params();
+}
+
+TEST(TrainerTest, AResumedCheckpointIsCheckedBeforeAnythingIsWritten) {
+  const std::string dir = testing::TempDir();
+  TrainOptions o = TinyRun(dir, 5);
+  o.eval_items = 1;
+  std::vector<float> params = TwoStepsAndACheckpoint(o);
+  WriteText(dir + "/loss.csv", kLossHeader);
+  const size_t n = params.size();
+  const std::vector<float> m(n, 0.01f), v(n, 1e-4f);
+  o.resume = true;
+  WriteCheckpoint(dir, params, m, v, 2);
+  EXPECT_EQ(Trainer(o).step(), 2);  // the good checkpoint each case breaks in one place
+
+  std::vector<float> nan = params, negative = v, shorter = params;
+  nan[7] = std::nanf("");
+  negative[3] = -1e-6f;
+  shorter.pop_back();
+  const std::string path = dir + "/checkpoint.safetensors";
+  const std::vector<std::pair<std::function<void()>, std::vector<std::string>>> cases = {
+      {[&] { WriteCheckpoint(dir, nan, m, v, 2); }, {"params[7] is nan"}},
+      {[&] { WriteCheckpoint(dir, params, m, negative, 2); }, {"adam_v[3] is negative"}},
+      {[&] { WriteCheckpoint(dir, shorter, m, v, 2); },
+       {"tensor params is F32 of ", Cat(n - 1, " values"), Cat(n, " F32 parameters")}},
+      {[&] { WriteCheckpoint(dir, params, m, v, 6); }, {"step 6 is outside the run's 0..5"}},
+      {[&] { WriteCheckpoint(dir, params, m, v, -1); }, {"step -1 is outside"}},
+      {[&] { WriteCheckpoint(dir, params, m, v, 0); }, {"moments are not zero at step 0"}},
+      {[&] {
+         WriteSafetensors(
+             path, {F32Tensor("params", {int64_t(n)}, params), F32Tensor("adam_v", {int64_t(n)}, v),
+                    I64Tensor("step", {1}, {2})});
+       },
+       {"missing tensor 'adam_m'"}},
+  };
+  for (const auto& [damage, message] : cases) {
+    damage();
+    const auto before = Snapshot(dir);
+    std::vector<std::string> parts = message;
+    parts.push_back(path);
+    EXPECT_THAT([&] { Trainer(o).Run(); }, testing::ThrowsErrorContaining(parts));
+    EXPECT_EQ(Snapshot(dir), before) << message[0];
+  }
+}
+
+// A step whose loss is not finite stops the run before its update: the checkpoint written
+// at every step (--checkpoint-every 1) stays the last good one.
+TEST(TrainerTest, ANonFiniteLossStopsTheRunAndKeepsTheCheckpoint) {
+  const std::string dir = testing::TempDir();
+  TrainOptions o = TinyRun(dir, 5);
+  o.checkpoint_every = 1;
+  std::vector<float> params = TwoStepsAndACheckpoint(o);
+  // Finite, so the checkpoint is valid, but large enough that the forward overflows.
+  for (float& p : params) p *= 1e30f;
+  WriteCheckpoint(dir, params, std::vector<float>(params.size(), 0.01f),
+                  std::vector<float>(params.size(), 1e-4f), 2);
+  const std::string checkpoint = ReadText(dir + "/checkpoint.safetensors");
+  o.resume = true;
+  EXPECT_THAT([&] { Trainer(o).Run(); },
+              testing::ThrowsErrorContaining({"step 3: the loss is", "checkpoint.safetensors"}));
+  EXPECT_EQ(ReadText(dir + "/checkpoint.safetensors"), checkpoint);
+  EXPECT_EQ(ReadText(dir + "/loss.csv"), kLossHeader);  // no row for the diverged step
+}
+
+TEST(TrainerTest, ADamagedLossLogIsAnErrorNamingItsLine) {
+  const std::string dir = testing::TempDir();
+  TrainOptions o = TinyRun(dir, 3);
+  o.eval_items = 1;
+  TwoStepsAndACheckpoint(o);
+  o.resume = true;
+  const std::string path = dir + "/loss.csv";
+  const std::string row1 = "1,5.5,0.001,2.5,1000,0.1\n", row2 = "2,5.25,0.002,2.25,1000,0.2\n";
+  const std::vector<std::pair<std::string, std::string>> damaged = {
+      {"step,loss\n" + row1, ":1: not the loss log's header"},
+      {kLossHeader + row1 + "x,y\n" + row2, ":3: not a row of"},
+      {kLossHeader + row1 + "2,5.25,abc,2.25,1000,0.2\n", ":3: not a row of"},
+      {kLossHeader + row1 + row1 + row2, ":3: not a row of"},  // steps must increase
+      {kLossHeader + row1 + "2,5.25,0.002\n", ":3: not a row of"},
+  };
+  for (const auto& [text, message] : damaged) {
+    WriteText(path, text);
+    const auto before = Snapshot(dir);
+    EXPECT_THAT([&] { Trainer(o).Run(); }, testing::ThrowsErrorContaining({path + message}));
+    EXPECT_EQ(Snapshot(dir), before) << message;
+  }
+  // Rows past the checkpoint's step are dropped unread: the last may be cut short by the
+  // interruption.
+  WriteText(path, kLossHeader + row1 + row2 + "3,5.1");
+  Trainer(o).Run();
+  const std::string log = ReadText(path);
+  ASSERT_TRUE(log.starts_with(kLossHeader + row1 + row2)) << log;
+  const std::string row3 = log.substr((kLossHeader + row1 + row2).size());
+  EXPECT_TRUE(row3.starts_with("3,")) << log;
+  EXPECT_EQ(std::count(row3.begin(), row3.end(), ','), 5) << log;
+  EXPECT_TRUE(row3.ends_with("\n")) << log;
+}
+
 TEST(TrainerTest, RepeatedTasksWeighTheMixture) {
   TrainOptions o = TinyRun(testing::TempDir(), 5);
   o.tasks = {"add", "add", "add", "copy"};
@@ -615,6 +786,17 @@ TEST(TrainCliTest, TrainsExportsAndEvaluates) {
   int lines = 0;
   while (std::getline(csv, line)) ++lines;
   EXPECT_EQ(lines, 4);  // header + 3 steps
+  const std::string loss_log = ReadText(dir + "/loss.csv");
+
+  // The same command again would overwrite the run: refused, with a message and status 1.
+  const std::string again = "train --out " + dir +
+                            " --steps 1 --layers 1 --width 16 --heads 2 --ffn 16 --merges 20 "
+                            "--tasks add --batch 2 --gen-length 64 --eval-items 1 -t 1";
+  EXPECT_EQ(testing::RunCli(again, &out, true), 1) << out;
+  EXPECT_NE(out.find("already holds a run"), std::string::npos) << out;
+  EXPECT_EQ(ReadText(dir + "/loss.csv"), loss_log);
+  ASSERT_EQ(testing::RunCli(again + " --force", &out, true), 0) << out;
+  ASSERT_EQ(testing::RunCli(again + " --resume", &out, true), 0) << out;  // a finished run
 
   ASSERT_EQ(testing::RunCli("tasks-eval -m " + dir +
                                 "/model --tasks add --items 2 "

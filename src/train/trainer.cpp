@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -152,6 +153,74 @@ std::string WarmStartModelDir(const TrainOptions& options) {
   return fs::exists(from / "checkpoint.safetensors") ? (from / "model").string() : from.string();
 }
 
+constexpr std::string_view kLossHeader = "step,loss,lr,grad_norm,tokens_per_s,elapsed_s";
+
+// What a run writes into its folder; model/ is the exported model.
+constexpr const char* kRunFiles[] = {"checkpoint.safetensors", "checkpoint.json", "loss.csv",
+                                     "eval.csv", "model"};
+
+// A fresh run may not mix with, or overwrite, another one: refused unless forced; forced,
+// the old run's checkpoint and logs go (model/ is replaced at the first evaluation).
+void PrepareFreshRunFolder(const TrainOptions& options) {
+  std::string found;
+  for (const char* name : kRunFiles) {
+    std::error_code error;
+    if (fs::exists(fs::symlink_status(fs::path(options.out_dir) / name, error)))
+      found += Cat(found.empty() ? "" : ", ", name);
+  }
+  if (found.empty()) return;
+  if (!options.force) {
+    Fail(options.out_dir, ": already holds a run (", found,
+         "); --resume continues it, --force discards it and starts afresh");
+  }
+  for (const char* name : {"checkpoint.safetensors", "checkpoint.json", "loss.csv", "eval.csv"}) {
+    std::error_code error;
+    fs::remove(fs::path(options.out_dir) / name, error);
+    if (error) Fail(options.out_dir, "/", name, ": cannot remove: ", error.message());
+  }
+}
+
+// A loss.csv row: step, then five numbers.
+bool IsLossRow(const std::string& line, int64_t* step) {
+  const char* const end = line.data() + line.size();
+  const auto [after_step, error] = std::from_chars(line.data(), end, *step);
+  if (error != std::errc()) return false;
+  const char* field = after_step;
+  for (int i = 0; i < 5; ++i) {
+    if (field == end || *field != ',') return false;
+    double value = 0.0;
+    const auto [after, number_error] = std::from_chars(field + 1, end, value);
+    if (number_error != std::errc()) return false;
+    field = after;
+  }
+  return field == end;
+}
+
+// loss.csv's header and rows up to `step` (the checkpoint's): the rows after it are of steps
+// the resumed run redoes, and the last of them may be cut short by the interruption.
+std::string LossLogUpTo(const std::string& path, int64_t step) {
+  std::string kept = Cat(kLossHeader, "\n");
+  std::error_code error;
+  if (!fs::exists(path, error) && !error) return kept;
+  std::ifstream in(path);
+  if (!in) Fail(path, ": cannot read");
+  std::string line;
+  if (std::getline(in, line) && line != kLossHeader) {
+    Fail(path, ":1: not the loss log's header (", kLossHeader, "): ", line);
+  }
+  int64_t previous = 0;
+  for (int number = 2; previous < step && std::getline(in, line); ++number) {
+    int64_t row_step = 0;
+    if (!IsLossRow(line, &row_step) || row_step <= previous) {
+      Fail(path, ":", number, ": not a row of ", kLossHeader, " after step ", previous, ": ", line);
+    }
+    if (row_step > step) break;
+    kept += line + "\n";
+    previous = row_step;
+  }
+  return kept;
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options)
@@ -167,7 +236,9 @@ Trainer::Trainer(TrainOptions options)
   SetThreadCount(options_.threads);
   // Threads split the products in train/layers.cpp; OpenBLAS's own pool would compete.
   openblas_set_num_threads(1);
-  fs::create_directories(options_.out_dir);
+  std::error_code error;
+  fs::create_directories(options_.out_dir, error);
+  if (error) Fail(options_.out_dir, ": cannot create the run folder: ", error.message());
   model_.Init(options_.seed);
   if (!options_.init_from.empty()) {
     // A run folder's checkpoint holds its latest parameters; a deeper model grows from the
@@ -198,6 +269,12 @@ double Trainer::Step() {
   double norm_sq = 0.0;
   for (float g : grads_) norm_sq += double(g) * g;
   const float norm = float(std::sqrt(norm_sq));
+  if (!std::isfinite(loss) || !std::isfinite(norm)) {
+    // Updating would spread the non-finite values into every parameter and the moments.
+    Fail("step ", step_ + 1, ": the loss is ", loss, " and the gradient norm ", norm,
+         "; training diverged and stops, the last checkpoint (", CheckpointPath(),
+         ") is kept as it was");
+  }
   last_grad_norm_ = norm;
   const float clip_scale = norm > options_.clip ? options_.clip / norm : 1.0f;
   const float lr = LearningRate(options_, step_);
@@ -245,28 +322,53 @@ bool Trainer::LoadParams(const std::string& path) {
 }
 
 void Trainer::LoadCheckpoint() {
+  const std::string path = CheckpointPath();
   const std::string meta_path = (fs::path(options_.out_dir) / "checkpoint.json").string();
   const nlohmann::json saved = ReadJsonFile(meta_path);
   if (saved.dump() != nlohmann::json::parse(options_.Fingerprint()).dump()) {
-    Fail(CheckpointPath(), ": the checkpoint was written with other options (", saved.dump(),
+    Fail(path, ": the checkpoint was written with other options (", saved.dump(),
          "); resume with the same flags");
   }
   TensorStore store;
-  store.set_origin(CheckpointPath());
-  ReadSafetensorsFile(CheckpointPath(), store);
-  auto load = [&](const char* name, std::vector<float>& into) {
+  store.set_origin(path);
+  ReadSafetensorsFile(path, store);
+  // Everything is read into copies and checked before the model or the optimiser takes any.
+  const size_t n = model_.params().size();
+  auto floats = [&](const char* name) {
     const TensorRef& t = store.Get(name);
-    if (t.dtype != DType::kF32 || t.bytes != into.size() * 4) {
-      Fail(CheckpointPath(), ": tensor ", name, " does not match the model size");
+    if (t.dtype != DType::kF32 || t.shape != std::vector<int64_t>{int64_t(n)}) {
+      Fail(path, ": tensor ", name, " is ", DTypeName(t.dtype), " of ", t.NumElements(),
+           " values; the model these options make has ", n, " F32 parameters");
     }
-    std::memcpy(into.data(), t.data, t.bytes);
+    std::vector<float> values(n);  // [n]
+    std::memcpy(values.data(), t.data, n * sizeof(float));
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(values[i])) Fail(path, ": tensor ", name, "[", i, "] is ", values[i]);
+    }
+    return values;
   };
-  load("params", model_.params());
-  load("adam_m", adam_m_);
-  load("adam_v", adam_v_);
-  const TensorRef& step = store.Get("step");
-  if (step.dtype != DType::kI64 || step.bytes != 8) Fail(CheckpointPath(), ": bad step tensor");
-  std::memcpy(&step_, step.data, 8);
+  std::vector<float> params = floats("params"), adam_m = floats("adam_m"),
+                     adam_v = floats("adam_v");
+  const TensorRef& step_tensor = store.Get("step");
+  if (step_tensor.dtype != DType::kI64 || step_tensor.NumElements() != 1) {
+    Fail(path, ": tensor step is not one I64 value");
+  }
+  int64_t step = 0;
+  std::memcpy(&step, step_tensor.data, sizeof(step));
+  if (step < 0 || step > options_.steps) {
+    Fail(path, ": step ", step, " is outside the run's 0..", options_.steps);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // The second moment is an average of squares; before any step both moments are zero.
+    if (adam_v[i] < 0.0f) Fail(path, ": tensor adam_v[", i, "] is negative (", adam_v[i], ")");
+    if (step == 0 && (adam_m[i] != 0.0f || adam_v[i] != 0.0f)) {
+      Fail(path, ": the optimiser moments are not zero at step 0 (element ", i, ")");
+    }
+  }
+  model_.params() = std::move(params);
+  adam_m_ = std::move(adam_m);
+  adam_v_ = std::move(adam_v);
+  step_ = step;
 }
 
 void Trainer::ExportModel() const {
@@ -309,21 +411,11 @@ void Trainer::Evaluate(int items) {
 
 void Trainer::Run() {
   const std::string csv_path = (fs::path(options_.out_dir) / "loss.csv").string();
-  // Keep the loss log consistent with the checkpoint: drop lines past the resumed step.
-  std::vector<std::string> kept;
-  if (fs::exists(csv_path)) {
-    std::ifstream in(csv_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.starts_with("step") || (!line.empty() && std::stoll(line) <= step_))
-        kept.push_back(line);
-    }
-  }
-  {
-    std::ofstream out(csv_path, std::ios::trunc);
-    if (kept.empty()) kept.push_back("step,loss,lr,grad_norm,tokens_per_s,elapsed_s");
-    for (const std::string& line : kept) out << line << "\n";
-  }
+  // Everything is checked before anything is written: the folder of a fresh run, the loss log
+  // of a resumed one (kept consistent with the checkpoint: no rows past its step).
+  if (!options_.resume) PrepareFreshRunFolder(options_);
+  WriteFileAtomically(csv_path,
+                      options_.resume ? LossLogUpTo(csv_path, step_) : Cat(kLossHeader, "\n"));
   std::ofstream csv(csv_path, std::ios::app);
   if (!options_.quiet) {
     std::fprintf(stderr, "polestar train: %lld parameters, vocab %d, %zu tasks, step %lld of %d\n",

@@ -43,6 +43,9 @@ struct TrainOptions {
   int log_every = 10;
   int threads = 0;
   bool resume = false;
+  // Start afresh in a folder that holds a run: its checkpoint and logs are discarded. Without
+  // it (and without resume) Run refuses such a folder rather than overwrite the run.
+  bool force = false;
   bool quiet = false;
   // Warm start: parameters and tokenizer from this run folder's checkpoint, or from a model
   // folder (model.safetensors and tokenizer.json, e.g. a bundled model), of the same model
@@ -72,9 +75,13 @@ class Trainer {
  public:
   explicit Trainer(TrainOptions options);  // resumes from out_dir when options.resume
 
-  // One optimiser step; returns the batch loss.
+  // One optimiser step; returns the batch loss. Throws Error, before the update, when the
+  // loss or the gradient is not finite.
   double Step();
-  // Runs to options.steps with logging, checkpoints, evaluation and the final export.
+  // Runs to options.steps with logging, checkpoints, evaluation and the final export. A
+  // fresh run refuses a folder that holds a run unless options.force; a resumed one keeps
+  // loss.csv up to the checkpoint's step. Throws Error, with the last checkpoint kept, when
+  // the loss turns non-finite.
   void Run();
 
   void SaveCheckpoint() const;
@@ -88,6 +95,8 @@ class Trainer {
   void ExportModel() const;
 
  private:
+  // Validates the checkpoint in out_dir against the options (tensor sizes, finite values,
+  // the optimiser's moments and step) before it takes anything; throws Error naming it.
   void LoadCheckpoint();
   // Takes a run checkpoint's parameters; false (nothing taken) when they are of another size.
   bool LoadParams(const std::string& checkpoint_path);

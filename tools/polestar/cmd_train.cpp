@@ -73,6 +73,9 @@ void AddTrainCommand(CLI::App& app) {
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "continue from the checkpoint in --out");
+  cmd->add_flag("--force", o->force,
+                "start afresh in an --out that holds a run, discarding its checkpoint and logs "
+                "(without it, or --resume, such a folder is refused)");
   cmd->add_option("--init-from", o->init_from,
                   "warm start: parameters and tokenizer of another run folder or of a model "
                   "folder of the same shape (e.g. models/polestar-tiny), fresh optimiser; one "
