@@ -417,6 +417,56 @@ TEST(CliGeneratePrompts, BadLinesFailWithTheirLineNumber) {
   EXPECT_THAT(r.output, HasSubstr("--batch requires --prompts"));
 }
 
+// Ids are checked against the vocabulary before narrowing (4294967297 is not id 1), and a
+// line nested deeper than any prompt needs is refused before it is parsed, wherever the
+// nesting is: each error names its line.
+TEST(CliGeneratePrompts, OutOfRangeIdsAndDeepNestingNameTheLine) {
+  const std::string dir = testing::TempDir();
+  const std::string good = "{\"prompt_ids\": [1, 2]}\n";
+  const auto fails = [&](const std::string& line, const std::string& message) {
+    const std::string file = WriteFile(dir + "/hostile.jsonl", good + good + line + "\n");
+    const CliResult r = Polestar("generate -t 1 --prompts " + Quote(file));
+    EXPECT_EQ(r.exit_code, 1) << line.substr(0, 80);
+    EXPECT_THAT(r.output, HasSubstr("hostile.jsonl:3: " + message)) << line.substr(0, 80);
+    EXPECT_THAT(r.output, Not(HasSubstr("\"nfe\""))) << "nothing decoded before the error";
+  };
+  for (const char* id : {"4294967297", "-1", "-4294967295", "18446744073709551615", "2147483648"}) {
+    fails(Cat("{\"prompt_ids\": [1, ", id, "]}"),
+          Cat("prompt id ", id, " lies outside the vocabulary [0, "));
+  }
+  fails("{\"prompt_ids\": [1e30]}", "\"prompt_ids\" must be a list of ids");
+  fails("{\"prompt_ids\": [1.5]}", "\"prompt_ids\" must be a list of ids");
+  const int kDeep = 100000;
+  const std::string deep = std::string(kDeep, '[') + std::string(kDeep, ']');
+  const std::string too_deep = "nests arrays and objects deeper than 64 levels";
+  fails(deep, too_deep);
+  fails("{\"prompt\": \"x\", \"id\": " + deep + "}", too_deep);
+  fails("{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"extra\": " + deep + "}]}",
+        too_deep);
+  fails("{\"prompt_ids\": " + deep + "}", too_deep);
+  fails(std::string(kDeep, '{'), too_deep);  // unclosed, still refused before parsing
+  // Brackets inside strings do not count.
+  const std::string file =
+      WriteFile(dir + "/brackets.jsonl",
+                "{\"prompt_ids\": [1, 2], \"id\": \"" + std::string(1000, '[') + "\"}\n");
+  const CliResult r = Polestar("generate -t 1 --gen-length 8 --prompts " + Quote(file));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// No exception of any kind reaches std::terminate: a library exception that is not a
+// polestar::Error (here std::filesystem's, for a name too long) still ends in one line and
+// status 1, and bad usage in status 2.
+TEST(CliErrors, EveryExceptionEndsInAMessageAndAStatus) {
+  CliResult r = Polestar("inspect -m " + std::string(300, 'a'));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("polestar: error: "));
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  r = Polestar("generate --no-such-flag");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = Polestar("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 // --- the decoding flags, generated from the option schema ------------------------------
 
 using cli::AddDecodeFlags;

@@ -4,6 +4,7 @@
 #include "io/gguf.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,23 +99,22 @@ TEST(GgufWrite, RoundTripsEveryValueTypeAndTensorData) {
   const std::string path = testing::TempDir() + "/all.gguf";
   GgufWriter writer;
   GgufMetadata& m = writer.metadata();
-  m.Add("u8", {GgufType::kU8, GgufType::kU8, uint64_t{200}});
-  m.Add("i8", {GgufType::kI8, GgufType::kU8, int64_t{-100}});
-  m.Add("u16", {GgufType::kU16, GgufType::kU8, uint64_t{60000}});
-  m.Add("i16", {GgufType::kI16, GgufType::kU8, int64_t{-30000}});
+  m.Add("u8", {GgufType::kU8, uint64_t{200}});
+  m.Add("i8", {GgufType::kI8, int64_t{-100}});
+  m.Add("u16", {GgufType::kU16, uint64_t{60000}});
+  m.Add("i16", {GgufType::kI16, int64_t{-30000}});
   m.Add("u32", GgufValue::U32(4000000000u));
   m.Add("i32", GgufValue::I32(-2000000000));
   m.Add("f32", GgufValue::F32(0.1f));
   m.Add("bool", GgufValue::Bool(true));
   m.Add("string", GgufValue::String("h\xC3\xA9llo"));
   m.Add("u64", GgufValue::U64(uint64_t{1} << 60));
-  m.Add("i64", {GgufType::kI64, GgufType::kU8, int64_t{-(int64_t{1} << 60)}});
-  m.Add("f64", {GgufType::kF64, GgufType::kU8, 1.0 / 3});
+  m.Add("i64", {GgufType::kI64, int64_t{-(int64_t{1} << 60)}});
+  m.Add("f64", {GgufType::kF64, 1.0 / 3});
   m.Add("strings", GgufValue::Strings({"a b", "", "c"}));
   m.Add("ints", GgufValue::I32s({1, -2, 3}));
   m.Add("floats", GgufValue::F32s({0.5f, -1.5f}));
-  m.Add("nested", {GgufType::kArray, GgufType::kArray,
-                   std::vector<GgufValue>{GgufValue::I32s({7}), GgufValue::I32s({8, 9})}});
+  m.Add("nested", GgufValue::Arrays({GgufValue::I32s({7}), GgufValue::I32s({8, 9})}));
   std::vector<float> values(2 * 64);
   std::iota(values.begin(), values.end(), -10.0f);
   std::vector<uint8_t> q8(static_cast<size_t>(RowBytes(DType::kQ8_0, 64) * 2));
@@ -294,6 +294,109 @@ TEST(GgufBadFiles, ByteFlipsInTheHeaderNeverCrash) {
       }
     }
   }
+}
+
+// A GGUF file with no tensors and one metadata array, "a": element type, count, then `body`.
+std::vector<uint8_t> OneArrayGguf(GgufType element, uint64_t count, const std::string& body) {
+  std::vector<uint8_t> bytes;
+  const auto put = [&](auto value) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(value));
+  };
+  put(uint32_t{0x46554747});
+  put(uint32_t{3});
+  put(uint64_t{0});  // tensors
+  put(uint64_t{1});  // metadata entries
+  put(uint64_t{1});
+  bytes.push_back('a');
+  put(uint32_t(GgufType::kArray));
+  put(uint32_t(element));
+  put(count);
+  bytes.insert(bytes.end(), body.begin(), body.end());
+  return bytes;
+}
+
+// Heap bytes in use (glibc), to see what parsed metadata holds.
+size_t HeapInUse() {
+  const struct mallinfo2 info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
+TEST(GgufRead, ArraysAreHeldCompactly) {
+  // A million numbers: 4 bytes each, as in the file (each was a 48-byte variant before).
+  const int kNumbers = 1000000;
+  std::vector<int32_t> numbers(kNumbers);
+  std::iota(numbers.begin(), numbers.end(), -500000);
+  std::string packed(reinterpret_cast<const char*>(numbers.data()), numbers.size() * 4);
+  std::vector<uint8_t> bytes = OneArrayGguf(GgufType::kI32, kNumbers, packed);
+  size_t before = HeapInUse();
+  GgufFile file = ParseGguf(bytes.data(), bytes.size(), "numbers.gguf");
+  EXPECT_LT(HeapInUse() - before, size_t{5} * kNumbers);
+  EXPECT_EQ(file.metadata.Find("a")->array().size(), size_t(kNumbers));
+  EXPECT_EQ(file.metadata.GetInts("a"), std::vector<int64_t>(numbers.begin(), numbers.end()));
+
+  // 100,000 strings of 9 bytes: their bytes and one 8-byte end each (48 bytes before).
+  const int kStrings = 100000;
+  std::string body;
+  std::vector<std::string> strings;
+  for (int i = 0; i < kStrings; ++i) {
+    strings.push_back(Cat("s", 1000000 + i, "x"));
+    const uint64_t length = strings.back().size();
+    body.append(reinterpret_cast<const char*>(&length), 8);
+    body += strings.back();
+  }
+  bytes = OneArrayGguf(GgufType::kString, kStrings, body);
+  file.metadata = GgufMetadata();
+  before = HeapInUse();
+  file = ParseGguf(bytes.data(), bytes.size(), "strings.gguf");
+  EXPECT_LT(HeapInUse() - before, size_t{20} * kStrings);
+  EXPECT_EQ(file.metadata.GetStrings("a"), strings);
+
+  // Through the writer and back, every kind, bools read as 0 or 1.
+  bytes = OneArrayGguf(GgufType::kBool, 3, std::string("\0\1\2", 3));
+  file = ParseGguf(bytes.data(), bytes.size(), "bools.gguf");
+  const GgufArray& bools = file.metadata.Find("a")->array();
+  EXPECT_EQ(bools.packed, (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_TRUE(bools.At(2) == GgufValue::Bool(true));
+  const std::string path = testing::TempDir() + "/arrays.gguf";
+  GgufWriter writer;
+  writer.metadata().Add("bools", file.metadata.entries()[0].second);
+  writer.metadata().Add("strings", GgufValue::Strings({"", "a b", "\xC3\xA9", ""}));
+  writer.metadata().Add("floats", GgufValue::F32s({-0.5f, 3.25f}));
+  writer.metadata().Add("empty", GgufValue::I32s({}));
+  writer.metadata().Add("nested", GgufValue::Arrays({GgufValue::Strings({"x"}),
+                                                     GgufValue::Arrays({GgufValue::I32s({9})})}));
+  writer.Open(path);
+  writer.Close();
+  TensorStore store;
+  const GgufFile back = ReadGgufFile(path, store);
+  ASSERT_EQ(back.metadata.entries().size(), writer.metadata().entries().size());
+  for (size_t i = 0; i < back.metadata.entries().size(); ++i) {
+    EXPECT_TRUE(back.metadata.entries()[i] == writer.metadata().entries()[i]) << i;
+  }
+  EXPECT_EQ(back.metadata.GetStrings("strings"),
+            (std::vector<std::string>{"", "a b", "\xC3\xA9", ""}));
+  EXPECT_EQ(back.metadata.GetFloats("floats"), (std::vector<double>{-0.5, 3.25}));
+  EXPECT_TRUE(back.metadata.GetInts("empty").empty());
+  EXPECT_EQ(back.metadata.Find("nested")->array().arrays[1].array().arrays[0].array().At(0),
+            GgufValue::I32(9));
+}
+
+// An array's count is checked against the bytes left before anything is allocated for it, and
+// what is allocated is no more than those bytes.
+TEST(GgufBadFiles, HostileArrayCountsAreRefused) {
+  const std::string sixteen(16, '\0');
+  for (const GgufType element :
+       {GgufType::kU8, GgufType::kBool, GgufType::kU64, GgufType::kString, GgufType::kArray}) {
+    for (const uint64_t count : {uint64_t{17}, uint64_t{1} << 40, ~uint64_t{0}}) {
+      ExpectParseError(OneArrayGguf(element, count, sixteen), "does not fit in the 16 bytes left");
+    }
+  }
+  // A string claiming more bytes than are left.
+  std::string claim(8, '\0');
+  const uint64_t huge = uint64_t{1} << 62;
+  std::memcpy(claim.data(), &huge, 8);
+  ExpectParseError(OneArrayGguf(GgufType::kString, 1, claim + sixteen), "claims");
 }
 
 // Copies a fixture with edits, to check what the model loader says about bad metadata.

@@ -189,6 +189,80 @@ TEST(Jinja, HostileTemplatesFailWithinTheirLimits) {
   }
 }
 
+// The most this process has held resident since the last reset, in bytes (Linux's VmHWM).
+size_t PeakRssSinceReset() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return size_t(std::stoull(line.substr(6))) * 1024;
+  }
+  return 0;
+}
+// Starts a new peak (writing 5 to clear_refs resets VmHWM); false where that is not allowed.
+bool ResetPeakRss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return bool(clear);
+}
+
+// A 2^doublings byte string of x's as ns.s, built by doubling (jinja has no string repeat).
+std::string BuildBigString(int doublings) {
+  return "{% set ns = namespace(s='x', items=[]) %}{% for i in range(" + std::to_string(doublings) +
+         ") %}{% set ns.s = ns.s + ns.s %}{% endfor %}";
+}
+
+TEST(Jinja, TheBytesHeldAtOnceAreBounded) {
+  const size_t kMaxPeak = size_t{256} << 20;
+  const bool measured = ResetPeakRss();
+  // 1000 distinct strings of 1 MiB each, every one under the per-string limit: 1 GiB.
+  EXPECT_THAT(
+      [] {
+        Render(BuildBigString(20) +
+               "{% for i in range(1000) %}{% set ns.items = ns.items + [ns.s ~ i] %}{% endfor %}");
+      },
+      testing::ThrowsErrorContaining({"t:1:", "would hold more than 134217728 bytes at once"}));
+  if (measured) {
+    EXPECT_LT(PeakRssSinceReset(), kMaxPeak);
+  }
+  ResetPeakRss();
+  // Slices of a 16 MiB string: each one a new 16 MiB string, and no table of code points.
+  EXPECT_THAT(
+      [] {
+        Render(BuildBigString(24) +
+               "{% for i in range(100) %}{% set ns.items = ns.items + [ns.s[i:]] %}{% endfor %}");
+      },
+      testing::ThrowsErrorContaining({"would hold more than 134217728 bytes at once"}));
+  if (measured) {
+    EXPECT_LT(PeakRssSinceReset(), kMaxPeak);
+  }
+  // Output buffers count too: each nested loop holds its iteration's text.
+  RenderLimits small;
+  small.max_total_bytes = 1 << 20;
+  std::string nested = BuildBigString(17);  // 128 KiB
+  for (int i = 0; i < 12; ++i) nested += "{% for a in [1] %}{{ ns.s }}";
+  for (int i = 0; i < 12; ++i) nested += "{% endfor %}";
+  EXPECT_THAT([&] { Render(nested, json::object(), small); },
+              testing::ThrowsErrorContaining({"would hold more than 1048576 bytes at once"}));
+  // What is freed is given back: 1000 strings of 1 MiB built, one held at a time.
+  EXPECT_EQ(
+      Render(BuildBigString(20) + "{% for i in range(1000) %}{% set ns.t = ns.s ~ i %}{% endfor %}"
+                                  "{{ ns.t | length }}"),
+      std::to_string((1 << 20) + 3));
+}
+
+TEST(Jinja, StringSlicesAndIndexesWalkCodePoints) {
+  const json s = {{"s", "a\xC3\xA9z\xE2\x82\xAC"}};  // a é z €
+  EXPECT_EQ(Render("{{ s[1:3] }}|{{ s[::-1] }}|{{ s[::2] }}|{{ s[-1:0:-2] }}|{{ s[3:1] }}", s),
+            "\xC3\xA9z|\xE2\x82\xAC"
+            "z\xC3\xA9"
+            "a|az|\xE2\x82\xAC\xC3\xA9|");
+  EXPECT_EQ(Render("{{ s[1] }}{{ s[-1] }}{{ s[9] }}|{{ s | join('-') }}", s),
+            "\xC3\xA9\xE2\x82\xAC|a-\xC3\xA9-z-\xE2\x82\xAC");
+  EXPECT_EQ(Render("{{ s[::-9223372036854775807] }}{{ s[1::9223372036854775807] }}", s),
+            "\xE2\x82\xAC\xC3\xA9");
+}
+
 TEST(Jinja, InvalidUtf8IsReadAsReplacementCharacters) {
   const std::string fffd = "\xEF\xBF\xBD";
   EXPECT_EQ(Render("a\xFF{{ s }}\xC3", {{"s", "\xE2\x82"}}), "a" + fffd + fffd + fffd);

@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +52,22 @@ uint32_t Bits(float value) {
 
 // ---------------------------------------------------------------------------------------
 // Conversions
+
+// An exception leaving an OpenMP region would terminate the process: ParallelFor hands it
+// to its caller once every chunk has ended.
+TEST(ParallelFor, AChunksExceptionReachesTheCaller) {
+  const int threads = ThreadCount();
+  SetThreadCount(4);
+  std::atomic<int64_t> done{0};
+  EXPECT_THROW(ParallelFor(100, 1,
+                           [&](int64_t begin, int64_t end) {
+                             if (begin <= 50 && 50 < end) throw std::runtime_error("chunk");
+                             done += end - begin;
+                           }),
+               std::runtime_error);
+  EXPECT_EQ(done, 75);  // the other three chunks of 25 ran to their end
+  SetThreadCount(threads);
+}
 
 TEST(Bf16, ToF32IsTheHighHalf) {
   EXPECT_EQ(Bf16ToF32(0x3f80), 1.0f);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <exception>
 
 namespace polestar {
 
@@ -21,12 +22,21 @@ void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int
     fn(0, n);
     return;
   }
+  // An exception must not leave an OpenMP region (the process would terminate): the first
+  // one thrown is kept and rethrown here, after every chunk has ended.
+  std::exception_ptr error;
 #pragma omp parallel for num_threads(int(chunks)) schedule(static, 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = n * c / chunks;
     const int64_t end = n * (c + 1) / chunks;
-    fn(begin, end);
+    try {
+      fn(begin, end);
+    } catch (...) {
+#pragma omp critical(polestar_parallel_for_error)
+      if (!error) error = std::current_exception();
+    }
   }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace polestar

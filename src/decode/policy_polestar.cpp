@@ -40,9 +40,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "base/error.h"
 #include "base/parallel.h"
@@ -78,7 +80,7 @@ class Worker {
   ~Worker() {
     {
       std::unique_lock lock(mutex_);
-      Wait(lock);
+      changed_.wait(lock, [this] { return !job_; });  // a job's error goes unread now
       stopping_ = true;
     }
     changed_.notify_all();
@@ -98,8 +100,10 @@ class Worker {
   }
 
  private:
+  // Rethrows what the previous job threw.
   void Wait(std::unique_lock<std::mutex>& lock) {
     changed_.wait(lock, [this] { return !job_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
   void Loop() {
     // The auxiliary work is small: one thread, so it overlaps the forward instead of
@@ -110,8 +114,15 @@ class Worker {
       changed_.wait(lock, [this] { return job_ || stopping_; });
       if (stopping_ && !job_) return;
       lock.unlock();
-      job_();
+      // Kept for the caller's next Wait: an exception leaving this thread would terminate.
+      std::exception_ptr error;
+      try {
+        job_();
+      } catch (...) {
+        error = std::current_exception();
+      }
       lock.lock();
+      error_ = error;
       job_ = nullptr;
       changed_.notify_all();
     }
@@ -120,6 +131,7 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::function<void()> job_;
+  std::exception_ptr error_;  // what the last job threw, until a Wait rethrows it
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -42,12 +43,30 @@ enum class GgufType : uint32_t {
 
 const char* GgufTypeName(GgufType type);
 
-// One metadata value. Integers keep their signedness, floats are widened to double; an
-// array holds its elements (all of `element_type`).
+struct GgufValue;
+
+// The elements of an array, held compactly (a vocabulary is 100,000s of them): numbers and
+// bools packed as the file stores them, strings back to back in one blob, arrays of arrays
+// as values.
+struct GgufArray {
+  GgufType element_type = GgufType::kU8;
+  std::vector<uint8_t> packed;    // numbers, bools: size() x element width, little-endian
+  std::string blob;               // strings: their bytes back to back
+  std::vector<uint64_t> ends;     // strings: where each ends in blob
+  std::vector<GgufValue> arrays;  // arrays
+
+  size_t size() const;
+  // Element i as a value of element_type (a copy).
+  GgufValue At(size_t i) const;
+  std::string_view StringAt(size_t i) const;  // strings only
+
+  bool operator==(const GgufArray& other) const = default;
+};
+
+// One metadata value. Integers keep their signedness, floats are widened to double.
 struct GgufValue {
   GgufType type = GgufType::kU8;
-  GgufType element_type = GgufType::kU8;  // arrays only
-  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<GgufValue>> data;
+  std::variant<uint64_t, int64_t, double, bool, std::string, GgufArray> data;
 
   static GgufValue U32(uint32_t v);
   static GgufValue I32(int32_t v);
@@ -58,9 +77,14 @@ struct GgufValue {
   static GgufValue Strings(const std::vector<std::string>& v);
   static GgufValue I32s(const std::vector<int32_t>& v);
   static GgufValue F32s(const std::vector<float>& v);
+  static GgufValue Arrays(std::vector<GgufValue> v);  // all arrays
 
+  const GgufArray& array() const { return std::get<GgufArray>(data); }
   bool operator==(const GgufValue& other) const = default;
 };
+
+// Bytes of one number or bool of `type` in a file; 0 for strings and arrays.
+size_t GgufScalarBytes(GgufType type);
 
 // Key/value metadata in file order, with typed getters that throw Error naming the file
 // and the key when a key is missing or holds another type.

@@ -1,4 +1,5 @@
 // GGUF's value types, metadata values and their typed getters, and ggml's tensor types.
+#include <cstring>
 #include <iterator>
 #include <limits>
 
@@ -53,31 +54,120 @@ const char* GgufTypeName(GgufType type) {
   return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
-GgufValue GgufValue::U32(uint32_t v) { return {GgufType::kU32, GgufType::kU8, uint64_t{v}}; }
-GgufValue GgufValue::I32(int32_t v) { return {GgufType::kI32, GgufType::kU8, int64_t{v}}; }
-GgufValue GgufValue::U64(uint64_t v) { return {GgufType::kU64, GgufType::kU8, v}; }
-GgufValue GgufValue::F32(float v) { return {GgufType::kF32, GgufType::kU8, double{v}}; }
-GgufValue GgufValue::Bool(bool v) { return {GgufType::kBool, GgufType::kU8, v}; }
-GgufValue GgufValue::String(std::string v) {
-  return {GgufType::kString, GgufType::kU8, std::move(v)};
+size_t GgufScalarBytes(GgufType type) {
+  switch (type) {
+    case GgufType::kU8:
+    case GgufType::kI8:
+    case GgufType::kBool:
+      return 1;
+    case GgufType::kU16:
+    case GgufType::kI16:
+      return 2;
+    case GgufType::kU32:
+    case GgufType::kI32:
+    case GgufType::kF32:
+      return 4;
+    case GgufType::kU64:
+    case GgufType::kI64:
+    case GgufType::kF64:
+      return 8;
+    case GgufType::kString:
+    case GgufType::kArray:
+      return 0;
+  }
+  return 0;
 }
+
+size_t GgufArray::size() const {
+  if (element_type == GgufType::kString) return ends.size();
+  if (element_type == GgufType::kArray) return arrays.size();
+  return packed.size() / GgufScalarBytes(element_type);
+}
+
+std::string_view GgufArray::StringAt(size_t i) const {
+  PS_CHECK(element_type == GgufType::kString && i < ends.size());
+  const size_t begin = i == 0 ? 0 : size_t(ends[i - 1]);
+  return std::string_view(blob).substr(begin, size_t(ends[i]) - begin);
+}
+
+namespace {
+
+template <typename T>
+T Unpack(const std::vector<uint8_t>& packed, size_t i) {
+  T value;
+  std::memcpy(&value, packed.data() + i * sizeof(T), sizeof(T));
+  return value;
+}
+
+template <typename T>
+GgufValue PackedArray(GgufType element_type, const std::vector<T>& values) {
+  GgufArray array;
+  array.element_type = element_type;
+  array.packed.resize(values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(array.packed.data(), values.data(), array.packed.size());
+  return {GgufType::kArray, std::move(array)};
+}
+
+}  // namespace
+
+GgufValue GgufArray::At(size_t i) const {
+  PS_CHECK(i < size());
+  switch (element_type) {
+    case GgufType::kU8:
+      return {element_type, uint64_t{Unpack<uint8_t>(packed, i)}};
+    case GgufType::kU16:
+      return {element_type, uint64_t{Unpack<uint16_t>(packed, i)}};
+    case GgufType::kU32:
+      return {element_type, uint64_t{Unpack<uint32_t>(packed, i)}};
+    case GgufType::kU64:
+      return {element_type, Unpack<uint64_t>(packed, i)};
+    case GgufType::kI8:
+      return {element_type, int64_t{Unpack<int8_t>(packed, i)}};
+    case GgufType::kI16:
+      return {element_type, int64_t{Unpack<int16_t>(packed, i)}};
+    case GgufType::kI32:
+      return {element_type, int64_t{Unpack<int32_t>(packed, i)}};
+    case GgufType::kI64:
+      return {element_type, Unpack<int64_t>(packed, i)};
+    case GgufType::kF32:
+      return {element_type, double{Unpack<float>(packed, i)}};
+    case GgufType::kF64:
+      return {element_type, Unpack<double>(packed, i)};
+    case GgufType::kBool:
+      return {element_type, packed[i] != 0};
+    case GgufType::kString:
+      return GgufValue::String(std::string(StringAt(i)));
+    case GgufType::kArray:
+      return arrays[i];
+  }
+  PS_CHECK(false);
+  return {};
+}
+
+GgufValue GgufValue::U32(uint32_t v) { return {GgufType::kU32, uint64_t{v}}; }
+GgufValue GgufValue::I32(int32_t v) { return {GgufType::kI32, int64_t{v}}; }
+GgufValue GgufValue::U64(uint64_t v) { return {GgufType::kU64, v}; }
+GgufValue GgufValue::F32(float v) { return {GgufType::kF32, double{v}}; }
+GgufValue GgufValue::Bool(bool v) { return {GgufType::kBool, v}; }
+GgufValue GgufValue::String(std::string v) { return {GgufType::kString, std::move(v)}; }
 GgufValue GgufValue::Strings(const std::vector<std::string>& v) {
-  std::vector<GgufValue> elements;
-  elements.reserve(v.size());
-  for (const std::string& s : v) elements.push_back(String(s));
-  return {GgufType::kArray, GgufType::kString, std::move(elements)};
+  GgufArray array;
+  array.element_type = GgufType::kString;
+  array.ends.reserve(v.size());
+  for (const std::string& s : v) {
+    array.blob += s;
+    array.ends.push_back(array.blob.size());
+  }
+  return {GgufType::kArray, std::move(array)};
 }
-GgufValue GgufValue::I32s(const std::vector<int32_t>& v) {
-  std::vector<GgufValue> elements;
-  elements.reserve(v.size());
-  for (int32_t x : v) elements.push_back(I32(x));
-  return {GgufType::kArray, GgufType::kI32, std::move(elements)};
-}
-GgufValue GgufValue::F32s(const std::vector<float>& v) {
-  std::vector<GgufValue> elements;
-  elements.reserve(v.size());
-  for (float x : v) elements.push_back(F32(x));
-  return {GgufType::kArray, GgufType::kF32, std::move(elements)};
+GgufValue GgufValue::I32s(const std::vector<int32_t>& v) { return PackedArray(GgufType::kI32, v); }
+GgufValue GgufValue::F32s(const std::vector<float>& v) { return PackedArray(GgufType::kF32, v); }
+GgufValue GgufValue::Arrays(std::vector<GgufValue> v) {
+  GgufArray array;
+  array.element_type = GgufType::kArray;
+  for (const GgufValue& e : v) PS_CHECK(e.type == GgufType::kArray);
+  array.arrays = std::move(v);
+  return {GgufType::kArray, std::move(array)};
 }
 
 const GgufValue* GgufMetadata::Find(const std::string& key) const {
@@ -138,26 +228,28 @@ const std::string& GgufMetadata::GetString(const std::string& key) const {
 
 std::vector<std::string> GgufMetadata::GetStrings(const std::string& key) const {
   const GgufValue& v = Get(key, "an array of strings");
-  if (v.type != GgufType::kArray || v.element_type != GgufType::kString) {
+  if (v.type != GgufType::kArray || v.array().element_type != GgufType::kString) {
     Fail(origin_, ": metadata key '", key, "' is not an array of strings");
   }
+  const GgufArray& array = v.array();
   std::vector<std::string> out;
-  for (const GgufValue& e : std::get<std::vector<GgufValue>>(v.data)) {
-    out.push_back(std::get<std::string>(e.data));
-  }
+  out.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) out.emplace_back(array.StringAt(i));
   return out;
 }
 
 std::vector<int64_t> GgufMetadata::GetInts(const std::string& key) const {
   const GgufValue& v = Get(key, "an array of integers");
-  const bool integer = v.element_type != GgufType::kF32 && v.element_type != GgufType::kF64 &&
-                       v.element_type != GgufType::kBool && v.element_type != GgufType::kString &&
-                       v.element_type != GgufType::kArray;
-  if (v.type != GgufType::kArray || !integer) {
-    Fail(origin_, ": metadata key '", key, "' is not an array of integers");
-  }
+  const GgufType element = v.type == GgufType::kArray ? v.array().element_type : GgufType::kArray;
+  const bool integer = element != GgufType::kF32 && element != GgufType::kF64 &&
+                       element != GgufType::kBool && element != GgufType::kString &&
+                       element != GgufType::kArray;
+  if (!integer) Fail(origin_, ": metadata key '", key, "' is not an array of integers");
+  const GgufArray& array = v.array();
   std::vector<int64_t> out;
-  for (const GgufValue& e : std::get<std::vector<GgufValue>>(v.data)) {
+  out.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const GgufValue e = array.At(i);
     if (const auto* u = std::get_if<uint64_t>(&e.data)) {
       if (*u > uint64_t(std::numeric_limits<int64_t>::max())) {
         Fail(origin_, ": metadata key '", key, "' holds the out-of-range value ", *u);
@@ -172,12 +264,15 @@ std::vector<int64_t> GgufMetadata::GetInts(const std::string& key) const {
 
 std::vector<double> GgufMetadata::GetFloats(const std::string& key) const {
   const GgufValue& v = Get(key, "an array of numbers");
-  if (v.type != GgufType::kArray || v.element_type == GgufType::kBool ||
-      v.element_type == GgufType::kString || v.element_type == GgufType::kArray) {
+  const GgufType element = v.type == GgufType::kArray ? v.array().element_type : GgufType::kArray;
+  if (element == GgufType::kBool || element == GgufType::kString || element == GgufType::kArray) {
     Fail(origin_, ": metadata key '", key, "' is not an array of numbers");
   }
+  const GgufArray& array = v.array();
   std::vector<double> out;
-  for (const GgufValue& e : std::get<std::vector<GgufValue>>(v.data)) {
+  out.reserve(array.size());
+  for (size_t i = 0; i < array.size(); ++i) {
+    const GgufValue e = array.At(i);
     if (const auto* d = std::get_if<double>(&e.data)) {
       out.push_back(*d);
     } else if (const auto* u = std::get_if<uint64_t>(&e.data)) {

@@ -36,15 +36,23 @@ class Cursor {
     return value;
   }
 
-  std::string ReadString(const std::string& what) {
+  // The bytes of a string, in the file.
+  std::string_view ReadStringView(const std::string& what) {
     const uint64_t length = Read<uint64_t>(what + " length");
     if (length > remaining()) {
       Fail(origin_, ": ", what, " at byte ", position_ - 8, " claims ", length, " bytes, ",
            remaining(), " left in the file");
     }
-    std::string text(reinterpret_cast<const char*>(data_ + position_), size_t(length));
-    position_ += size_t(length);
-    return text;
+    return {reinterpret_cast<const char*>(ReadBytes(size_t(length))), size_t(length)};
+  }
+  std::string ReadString(const std::string& what) { return std::string(ReadStringView(what)); }
+
+  // `bytes` the caller has checked are left.
+  const uint8_t* ReadBytes(size_t bytes) {
+    PS_CHECK(bytes <= remaining());
+    const uint8_t* at = data_ + position_;
+    position_ += bytes;
+    return at;
   }
 
  private:
@@ -58,27 +66,9 @@ bool IsKnownValueType(uint32_t type) { return type <= uint32_t(GgufType::kF64); 
 
 // Smallest encoding of one value of `type`, to bound array counts by the bytes left.
 size_t MinValueBytes(GgufType type) {
-  switch (type) {
-    case GgufType::kU8:
-    case GgufType::kI8:
-    case GgufType::kBool:
-      return 1;
-    case GgufType::kU16:
-    case GgufType::kI16:
-      return 2;
-    case GgufType::kU32:
-    case GgufType::kI32:
-    case GgufType::kF32:
-      return 4;
-    case GgufType::kString:
-    case GgufType::kU64:
-    case GgufType::kI64:
-    case GgufType::kF64:
-      return 8;
-    case GgufType::kArray:
-      return 12;
-  }
-  return 1;
+  if (type == GgufType::kString) return 8;  // the length
+  if (type == GgufType::kArray) return 12;  // element type and count
+  return GgufScalarBytes(type);
 }
 
 GgufValue ReadValue(Cursor& in, GgufType type, const std::string& key, int depth,
@@ -123,25 +113,43 @@ GgufValue ReadValue(Cursor& in, GgufType type, const std::string& key, int depth
       value.data = in.ReadString("value of " + key);
       break;
     case GgufType::kArray: {
+      GgufArray array;
       const uint32_t element = in.Read<uint32_t>("element type of " + key);
       if (!IsKnownValueType(element)) {
         Fail(origin, ": key '", key, "': unknown array element type ", element);
       }
-      value.element_type = GgufType(element);
-      if (value.element_type == GgufType::kArray && depth >= kMaxArrayDepth) {
+      array.element_type = GgufType(element);
+      if (array.element_type == GgufType::kArray && depth >= kMaxArrayDepth) {
         Fail(origin, ": key '", key, "': arrays nested deeper than ", kMaxArrayDepth);
       }
       const uint64_t count = in.Read<uint64_t>("element count of " + key);
-      if (count > in.remaining() / MinValueBytes(value.element_type)) {
-        Fail(origin, ": key '", key, "': array of ", count, " ", GgufTypeName(value.element_type),
+      if (count > in.remaining() / MinValueBytes(array.element_type)) {
+        Fail(origin, ": key '", key, "': array of ", count, " ", GgufTypeName(array.element_type),
              " values does not fit in the ", in.remaining(), " bytes left");
       }
-      std::vector<GgufValue> elements;
-      elements.reserve(size_t(count));
-      for (uint64_t i = 0; i < count; ++i) {
-        elements.push_back(ReadValue(in, value.element_type, key, depth + 1, origin));
+      // Numbers and strings then take no more memory than their bytes in the file; an array
+      // of arrays, at most sizeof(GgufValue) for each 12 bytes.
+      if (const size_t width = GgufScalarBytes(array.element_type); width > 0) {
+        const uint8_t* packed = in.ReadBytes(size_t(count) * width);
+        array.packed.assign(packed, packed + size_t(count) * width);
+        if (array.element_type == GgufType::kBool) {
+          for (uint8_t& b : array.packed) b = b != 0;
+        }
+      } else if (array.element_type == GgufType::kString) {
+        const std::string what = "value of " + key;
+        array.ends.reserve(size_t(count));
+        for (uint64_t i = 0; i < count; ++i) {
+          array.blob += in.ReadStringView(what);
+          array.ends.push_back(array.blob.size());
+        }
+        array.blob.shrink_to_fit();
+      } else {
+        array.arrays.reserve(size_t(count));
+        for (uint64_t i = 0; i < count; ++i) {
+          array.arrays.push_back(ReadValue(in, array.element_type, key, depth + 1, origin));
+        }
       }
-      value.data = std::move(elements);
+      value.data = std::move(array);
       break;
     }
   }

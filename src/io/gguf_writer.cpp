@@ -16,7 +16,7 @@ void AppendScalar(std::string& out, T value) {
   Append(out, &value, sizeof(T));
 }
 
-void AppendString(std::string& out, const std::string& text) {
+void AppendString(std::string& out, std::string_view text) {
   AppendScalar<uint64_t>(out, text.size());
   out += text;
 }
@@ -62,10 +62,16 @@ void AppendValue(std::string& out, const GgufValue& v) {
       AppendString(out, std::get<std::string>(v.data));
       break;
     case GgufType::kArray: {
-      const auto& elements = std::get<std::vector<GgufValue>>(v.data);
-      AppendScalar(out, uint32_t(v.element_type));
-      AppendScalar<uint64_t>(out, elements.size());
-      for (const GgufValue& e : elements) AppendValue(out, e);
+      const GgufArray& array = v.array();
+      AppendScalar(out, uint32_t(array.element_type));
+      AppendScalar<uint64_t>(out, array.size());
+      if (array.element_type == GgufType::kString) {
+        for (size_t i = 0; i < array.size(); ++i) AppendString(out, array.StringAt(i));
+      } else if (array.element_type == GgufType::kArray) {
+        for (const GgufValue& e : array.arrays) AppendValue(out, e);
+      } else {
+        Append(out, array.packed.data(), array.packed.size());
+      }
       break;
     }
   }

@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "base/error.h"
+#include "base/json_nesting.h"
 #include "decode/option_schema.h"
 #include "server/utf8.h"
 
@@ -309,30 +310,9 @@ json ApiError::Body() const {
 }
 
 json ParseJsonBody(std::string_view text) {
-  // nlohmann's parser is iterative, but copying, comparing and dumping a value recurse once
-  // per level: a small body nested 100,000 deep would overflow the stack. The depth is
-  // counted before parsing, skipping brackets inside strings.
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;  // the escaped character cannot end the string
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) {
-        throw ApiError(
-            400, "invalid_request_error",
-            Cat("the body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+  if (JsonNestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    throw ApiError(400, "invalid_request_error",
+                   Cat("the body nests arrays and objects deeper than ", kMaxJsonDepth, " levels"));
   }
   try {
     return json::parse(text);

@@ -11,6 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -62,6 +63,17 @@ std::string_view TrimEnd(std::string_view text) {
 }
 
 std::string_view Trim(std::string_view text) { return TrimEnd(TrimStart(text)); }
+
+// Calls visit(piece) for each code point of `text` in order (an invalid byte is one piece),
+// without building a table of them: a string may be as large as the render's budget.
+template <typename Visit>
+void ForEachCodePoint(std::string_view text, Visit&& visit) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t length = unicode::DecodeUtf8(text, at).length;
+    visit(text.substr(at, length));
+    at += length;
+  }
+}
 
 // JavaScript's String length: UTF-16 code units.
 int64_t Utf16Length(std::string_view text) {
@@ -1325,9 +1337,63 @@ struct LoopControl {
   bool is_break;
 };
 
+// The bytes a render holds at once (RenderLimits::max_total_bytes). Every string, list and
+// dict a value owns and every output buffer is charged while it lives and given back when it
+// is freed, so the budget counts what is live, not what was ever built. It outlives every
+// value of the render.
+struct MemoryBudget {
+  size_t limit;
+  size_t held = 0;
+};
+
+// The bytes one heap object is charged; given back when the object is freed.
+class Charge {
+ public:
+  Charge(MemoryBudget& budget, size_t bytes) : budget_(budget), bytes_(bytes) {}
+  Charge(const Charge&) = delete;
+  Charge& operator=(const Charge&) = delete;
+  ~Charge() { budget_.held -= bytes_; }
+
+  size_t bytes() const { return bytes_; }
+  // After Interpreter::Reserve has charged `more`.
+  void Grow(size_t more) { bytes_ += more; }
+  void GiveBack() {
+    budget_.held -= bytes_;
+    bytes_ = 0;
+  }
+
+ private:
+  MemoryBudget& budget_;
+  size_t bytes_;
+};
+
+// A value's heap object and its charge, freed together.
+template <typename T>
+struct Charged {
+  Charged(T object, MemoryBudget& budget, size_t bytes)
+      : object(std::move(object)), charge(budget, bytes) {}
+  T object;
+  Charge charge;
+};
+
+// Text being rendered (the output, a loop iteration's, a {% set %} block's), charged by its
+// capacity as it grows.
+struct Output {
+  explicit Output(MemoryBudget& budget) : charge(budget, 0) {}
+  // The text, its charge given back: a value made of it is charged anew.
+  std::string Take() {
+    charge.GiveBack();
+    return std::move(text);
+  }
+
+  std::string text;
+  Charge charge;
+};
+
 struct Interpreter {
   const Source& source;
   const RenderLimits& limits;
+  MemoryBudget& budget;
   uint64_t steps = 0;
 
   [[noreturn]] void Throw(size_t at, const std::string& message) const {
@@ -1339,17 +1405,54 @@ struct Interpreter {
       Throw(at, Cat("rendering took more than ", limits.max_steps, " steps"));
     }
   }
-  void CheckSize(size_t bytes, size_t at) const {
+  [[noreturn]] void ThrowOverBudget(size_t at) const {
+    Throw(at, Cat("rendering would hold more than ", limits.max_total_bytes, " bytes at once"));
+  }
+  void CheckLength(size_t bytes, size_t at) const {
     if (bytes > limits.max_string_bytes) {
       Throw(at, Cat("a string grew beyond ", limits.max_string_bytes, " bytes"));
     }
+  }
+  // A string being built of `bytes`: within the per-string limit, and within what the
+  // budget has left, as it is not yet charged.
+  void CheckSize(size_t bytes, size_t at) const {
+    CheckLength(bytes, at);
+    if (bytes > budget.limit - budget.held) ThrowOverBudget(at);
+  }
+  void Reserve(size_t bytes, size_t at) const {
+    if (bytes > budget.limit - budget.held) ThrowOverBudget(at);
+    budget.held += bytes;
+  }
+
+  // `object` on the heap, charged `bytes` (its own heap memory) besides its holder.
+  template <typename T>
+  std::shared_ptr<T> Hold(std::remove_const_t<T> object, size_t bytes, size_t at) const {
+    using Holder = Charged<std::remove_const_t<T>>;
+    Reserve(sizeof(Holder) + bytes, at);
+    const auto holder = std::make_shared<Holder>(std::move(object), budget, sizeof(Holder) + bytes);
+    return std::shared_ptr<T>(holder, &holder->object);
+  }
+
+  // Appends to rendered text, charging its growth.
+  void Write(Output& out, std::string_view text, size_t at) const {
+    const size_t size = out.text.size() + text.size();
+    CheckLength(size, at);
+    if (size > out.text.capacity()) {
+      const size_t capacity =
+          std::max(size, std::min(2 * out.text.capacity(), limits.max_string_bytes));
+      Reserve(capacity - out.charge.bytes(), at);
+      out.charge.Grow(capacity - out.charge.bytes());
+      out.text.reserve(capacity);
+    }
+    out.text += text;
   }
 
   Value String(std::string text, size_t at) const {
     CheckSize(text.size(), at);
     Value v;
     v.kind = Kind::kString;
-    v.string = std::make_shared<const std::string>(std::move(text));
+    const size_t bytes = text.capacity();
+    v.string = Hold<const std::string>(std::move(text), bytes, at);
     return v;
   }
 
@@ -1364,7 +1467,8 @@ struct Interpreter {
       v.holds_namespace |= item.holds_namespace;
     }
     if (v.depth > kMaxNesting) Throw(at, Cat("lists nested deeper than ", kMaxNesting, " levels"));
-    v.list = std::make_shared<const List>(std::move(items));
+    const size_t bytes = items.capacity() * sizeof(Value);
+    v.list = Hold<const List>(std::move(items), bytes, at);
     return v;
   }
 
@@ -1377,7 +1481,13 @@ struct Interpreter {
       v.holds_namespace |= item.holds_namespace;
     }
     if (v.depth > kMaxNesting) Throw(at, Cat("dicts nested deeper than ", kMaxNesting, " levels"));
-    v.dict = std::make_shared<Dict>(std::move(dict));
+    // Each key is held twice (entries and index); a namespace's later attributes are few,
+    // one per `ns.name` the template spells, so they are not charged.
+    size_t bytes = dict.entries.capacity() * sizeof(dict.entries[0]) +
+                   dict.index.bucket_count() * sizeof(void*) +
+                   dict.index.size() * (sizeof(*dict.index.begin()) + 2 * sizeof(void*));
+    for (const auto& [key, item] : dict.entries) bytes += 2 * key.capacity();
+    v.dict = Hold<Dict>(std::move(dict), bytes, at);
     return v;
   }
 
@@ -1543,22 +1653,20 @@ struct Interpreter {
 
   // ---- Statements
 
-  void Execute(const std::vector<NodePtr>& block, Scope& scope, std::string& out) {
+  void Execute(const std::vector<NodePtr>& block, Scope& scope, Output& out) {
     for (const NodePtr& node : block) Execute(*node, scope, out);
   }
 
-  void Emit(std::string& out, const Value& value, size_t at) const {
+  void Emit(Output& out, const Value& value, size_t at) const {
     if (value.kind == Kind::kNone || value.kind == Kind::kUndefined) return;
-    out += Display(value, at);
-    CheckSize(out.size(), at);
+    Write(out, Display(value, at), at);
   }
 
-  void Execute(const Node& node, Scope& scope, std::string& out) {
+  void Execute(const Node& node, Scope& scope, Output& out) {
     Step(node.at);
     switch (node.type) {
       case NodeType::kText:
-        out += node.text;
-        CheckSize(out.size(), node.at);
+        Write(out, node.text, node.at);
         return;
       case NodeType::kOutput:
         Emit(out, Evaluate(*node.a, scope), node.a->at);
@@ -1608,9 +1716,9 @@ struct Interpreter {
     if (node.b) {
       value = Evaluate(*node.b, scope);
     } else {
-      std::string text;
+      Output text(budget);
       Execute(node.body, scope, text);
-      value = String(std::move(text), node.at);
+      value = String(text.Take(), node.at);
     }
     if (node.a->type != NodeType::kMember) {
       Assign(*node.a, value, scope, "assign");
@@ -1629,7 +1737,7 @@ struct Interpreter {
     object.dict->Set(member.b->text, value);
   }
 
-  void ExecuteFor(const Node& node, Scope& outer, std::string& out) {
+  void ExecuteFor(const Node& node, Scope& outer, Output& out) {
     Scope scope{&outer, {}};
     Value iterable = Evaluate(*node.b, scope);
     if (iterable.kind == Kind::kDict) {
@@ -1640,17 +1748,17 @@ struct Interpreter {
     if (iterable.kind != Kind::kList) {
       Throw(node.b->at, Cat("cannot loop over a ", KindName(iterable.kind)));
     }
-    List items;
     if (node.c) {
+      List kept;
       for (const Value& item : *iterable.list) {
         Step(node.at);
         Scope test_scope{&scope, {}};
         Assign(*node.a, item, test_scope, "unpack");
-        if (Truthy(Evaluate(*node.c, test_scope))) items.push_back(item);
+        if (Truthy(Evaluate(*node.c, test_scope))) kept.push_back(item);
       }
-    } else {
-      items = *iterable.list;
+      iterable = MakeList(std::move(kept), node.at);
     }
+    const List& items = *iterable.list;
     bool iterated = false;
     const int64_t n = int64_t(items.size());
     for (int64_t i = 0; i < n; ++i) {
@@ -1669,7 +1777,7 @@ struct Interpreter {
       Assign(*node.a, items[size_t(i)], scope, "unpack");
       // A break or continue ends the iteration before it counts, as in @huggingface/jinja:
       // a loop whose every iteration breaks or continues renders its else block.
-      std::string body;
+      Output body(budget);
       try {
         Execute(node.body, scope, body);
       } catch (const LoopControl& control) {
@@ -1677,8 +1785,7 @@ struct Interpreter {
         if (control.is_break) break;
         continue;
       }
-      out += body;
-      CheckSize(out.size(), node.at);
+      Write(out, body.text, node.at);
       iterated = true;
     }
     if (!iterated) Execute(node.alternate, scope, out);
@@ -1826,12 +1933,19 @@ struct Interpreter {
   // One UTF-16 unit of JavaScript's string.at(): code points here; a character beyond the
   // Basic Multilingual Plane, which JavaScript splits in two, is an error.
   Value StringIndex(const std::string& text, int64_t index, size_t at) const {
-    const std::vector<std::string_view> points = unicode::CodePoints(text);
-    if (int64_t(points.size()) != Utf16Length(text)) {
+    size_t count = 0;
+    ForEachCodePoint(text, [&](std::string_view) { ++count; });
+    if (int64_t(count) != Utf16Length(text)) {
       Throw(at, "indexing a string with characters beyond U+FFFF is not supported");
     }
-    const auto i = At(index, points.size());
-    return i ? String(std::string(points[*i]), at) : Undefined();
+    const auto i = At(index, count);
+    if (!i) return Undefined();
+    std::string point;
+    size_t n = 0;
+    ForEachCodePoint(text, [&](std::string_view piece) {
+      if (n++ == *i) point = piece;
+    });
+    return String(std::move(point), at);
   }
 
   Value Slice(const Node& node, const Value& object, Scope& scope) {
@@ -1845,36 +1959,71 @@ struct Interpreter {
       if (v.kind != Kind::kInt) Throw(parts[i]->at, "slice bounds must be integers");
       bounds[i] = v.integer;
     }
-    const auto pick = [&](int64_t length, const std::function<void(int64_t)>& take) {
-      const int64_t step = bounds[2].value_or(1);
-      int64_t start, stop;
-      if (step >= 0) {
-        start = bounds[0].value_or(0);
-        start = start < 0 ? std::max(length + start, int64_t{0}) : std::min(start, length);
-        stop = bounds[1].value_or(length);
-        stop = stop < 0 ? std::max(length + stop, int64_t{0}) : std::min(stop, length);
-      } else {
-        start = bounds[0].value_or(length - 1);
-        start = start < 0 ? std::max(length + start, int64_t{-1}) : std::min(start, length - 1);
-        stop = bounds[1].value_or(-1);
-        stop = stop < -1 ? std::max(length + stop, int64_t{-1}) : std::min(stop, length - 1);
-      }
-      const int64_t direction = step > 0 ? 1 : step < 0 ? -1 : 0;
-      for (int64_t i = start; direction * i < direction * stop;) {
-        take(i);
-        if (__builtin_add_overflow(i, step, &i)) break;
+    // Python's slice of a sequence of `length`: the indices start, start + step, ... short
+    // of stop.
+    struct Range {
+      int64_t start, stop, step;
+      bool Has(int64_t i) const {
+        if (step > 0) return i >= start && i < stop && (i - start) % step == 0;
+        // start - i cannot overflow (both are in [-1, length)); -step can, so it is unsigned.
+        if (step < 0) return i <= start && i > stop && uint64_t(start - i) % -uint64_t(step) == 0;
+        return false;
       }
     };
+    const auto range = [&](int64_t length) {
+      Range r{0, 0, bounds[2].value_or(1)};
+      if (r.step >= 0) {
+        r.start = bounds[0].value_or(0);
+        r.start = r.start < 0 ? std::max(length + r.start, int64_t{0}) : std::min(r.start, length);
+        r.stop = bounds[1].value_or(length);
+        r.stop = r.stop < 0 ? std::max(length + r.stop, int64_t{0}) : std::min(r.stop, length);
+      } else {
+        r.start = bounds[0].value_or(length - 1);
+        r.start =
+            r.start < 0 ? std::max(length + r.start, int64_t{-1}) : std::min(r.start, length - 1);
+        r.stop = bounds[1].value_or(-1);
+        r.stop =
+            r.stop < -1 ? std::max(length + r.stop, int64_t{-1}) : std::min(r.stop, length - 1);
+      }
+      return r;
+    };
     if (object.kind == Kind::kList) {
+      const Range r = range(int64_t(object.list->size()));
+      const int64_t direction = r.step > 0 ? 1 : r.step < 0 ? -1 : 0;
       List items;
-      pick(int64_t(object.list->size()),
-           [&](int64_t i) { items.push_back((*object.list)[size_t(i)]); });
+      for (int64_t i = r.start; direction * i < direction * r.stop;) {
+        items.push_back((*object.list)[size_t(i)]);
+        if (__builtin_add_overflow(i, r.step, &i)) break;
+      }
       return MakeList(std::move(items), node.at);
     }
     if (object.kind == Kind::kString) {
-      const std::vector<std::string_view> points = unicode::CodePoints(object.str());
+      // The code points are walked, not tabulated: a table would take 16 bytes for each.
+      const std::string& source = object.str();
+      int64_t length = 0;
+      ForEachCodePoint(source, [&](std::string_view) { ++length; });
+      const Range r = range(length);
       std::string text;
-      pick(int64_t(points.size()), [&](int64_t i) { text += points[size_t(i)]; });
+      int64_t i = 0;
+      if (r.step >= 0) {
+        ForEachCodePoint(source, [&](std::string_view piece) {
+          if (r.Has(i++)) text += piece;
+        });
+        return String(std::move(text), node.at);
+      }
+      // Backwards: the picked code points, met in forward order, fill the text from its end.
+      size_t bytes = 0;
+      ForEachCodePoint(source, [&](std::string_view piece) {
+        if (r.Has(i++)) bytes += piece.size();
+      });
+      CheckSize(bytes, node.at);
+      text.resize(bytes);
+      i = 0;
+      ForEachCodePoint(source, [&](std::string_view piece) {
+        if (!r.Has(i++)) return;
+        bytes -= piece.size();
+        text.replace(bytes, piece.size(), piece);
+      });
       return String(std::move(text), node.at);
     }
     Throw(node.at, Cat("cannot slice a ", KindName(object.kind)));
@@ -2544,8 +2693,8 @@ struct Interpreter {
       CheckSize(out.size(), at);
     };
     if (operand.kind == Kind::kString) {
-      const std::vector<std::string_view> points = unicode::CodePoints(operand.str());
-      for (size_t i = 0; i < points.size(); ++i) add(i, points[i]);
+      size_t i = 0;
+      ForEachCodePoint(operand.str(), [&](std::string_view piece) { add(i++, piece); });
     } else if (operand.kind == Kind::kList) {
       // Array.join of the raw values: null and undefined join as empty strings.
       for (size_t i = 0; i < operand.list->size(); ++i) {
@@ -2746,20 +2895,21 @@ Template& Template::operator=(Template&&) noexcept = default;
 std::string Template::Render(const nlohmann::ordered_json& context,
                              const RenderLimits& limits) const {
   if (!context.is_object()) Fail(program_->source.where, ": the variables must be a JSON object");
-  Interpreter interpreter{program_->source, limits};
+  MemoryBudget budget{limits.max_total_bytes};
+  Interpreter interpreter{program_->source, limits, budget};
   Scope globals;
   interpreter.AddGlobals(globals);
   for (const auto& [key, value] : context.items()) {
     globals.variables[unicode::ToValidUtf8(key)] = interpreter.FromJson(value, 0);
   }
   Scope scope{&globals, {}};
-  std::string out;
+  Output out(budget);
   try {
     interpreter.Execute(program_->body, scope, out);
   } catch (const LoopControl&) {
     Fail(program_->source.where, ": {% break %} or {% continue %} outside a loop");
   }
-  return out;
+  return out.Take();
 }
 
 }  // namespace polestar::jinja

@@ -20,9 +20,9 @@
 //
 // Errors (malformed or unsupported templates, raise_exception, a type error while
 // rendering) throw polestar::Error naming the template, line and column. Hostile templates
-// are bounded: nesting depth, output and string sizes, list lengths and evaluation steps
-// all have limits that fail with an Error. Invalid UTF-8, in the template or in the
-// variables, is read as U+FFFD.
+// are bounded: nesting depth, output and string sizes, list lengths, evaluation steps and
+// the bytes the render holds at once all have limits that fail with an Error. Invalid UTF-8, in the
+// template or in the variables, is read as U+FFFD.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +38,9 @@ struct RenderLimits {
   size_t max_string_bytes = size_t{32} << 20;  // the output and every string built
   size_t max_list_items = size_t{1} << 16;
   uint64_t max_steps = 2'000'000;  // expressions evaluated and loop iterations
+  // All the strings, lists, dicts and output held at once: values each under the limits
+  // above cannot add up to more.
+  size_t max_total_bytes = size_t{128} << 20;
 };
 
 class Template {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/json_nesting.h"
 #include "base/parallel.h"
 #include "commands.h"
 #include "decode/generate.h"
@@ -108,10 +109,15 @@ struct PromptLine {
   std::vector<int> prompt;
 };
 
+// Deepest nesting of arrays and objects a --prompts line may have.
+constexpr int kMaxPromptLineDepth = 64;
+
 // Reads a JSONL file of prompts ("-": stdin): an object a line with "prompt" (text, as -p),
-// "messages" (a chat: [{"role", "content"}, ...], the template applied) or "prompt_ids", and
-// optionally "id". Blank lines are skipped. Throws Error naming the line of a bad one.
-std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* tokenizer) {
+// "messages" (a chat: [{"role", "content"}, ...], the template applied) or "prompt_ids"
+// (each in [0, vocab)), and optionally "id". Blank lines are skipped. Throws Error naming the
+// line of a bad one.
+std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* tokenizer,
+                                    int vocab) {
   std::ifstream file;
   if (args.prompts_file != "-") {
     file.open(args.prompts_file, std::ios::binary);
@@ -125,6 +131,9 @@ std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* t
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = Cat(name, ":", number);
     if (!unicode::IsValidUtf8(text)) Fail(where, ": the line is not valid UTF-8");
+    if (JsonNestingDepth(text, kMaxPromptLineDepth) > kMaxPromptLineDepth) {
+      Fail(where, ": nests arrays and objects deeper than ", kMaxPromptLineDepth, " levels");
+    }
     nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_discarded()) Fail(where, ": invalid JSON");
     if (!j.is_object()) Fail(where, ": expected a JSON object");
@@ -136,6 +145,10 @@ std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* t
       if (!j["prompt_ids"].is_array()) Fail(where, ": \"prompt_ids\" must be a list of ids");
       for (const nlohmann::json& id : j["prompt_ids"]) {
         if (!id.is_number_integer()) Fail(where, ": \"prompt_ids\" must be a list of ids");
+        // Checked before narrowing: 4294967297 must not become id 1.
+        if (!id.is_number_unsigned() || id.get<uint64_t>() >= uint64_t(vocab)) {
+          Fail(where, ": prompt id ", id.dump(), " lies outside the vocabulary [0, ", vocab, ")");
+        }
         p.prompt.push_back(id.get<int>());
       }
       prompts.push_back(std::move(p));
@@ -171,7 +184,7 @@ std::vector<PromptLine> ReadPrompts(const GenerateArgs& args, const Tokenizer* t
 
 // --prompts: every line decoded through GenerateBatch, one JSON line out per prompt in order.
 void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Tokenizer* tokenizer) {
-  const std::vector<PromptLine> prompts = ReadPrompts(args, tokenizer);
+  const std::vector<PromptLine> prompts = ReadPrompts(args, tokenizer, model.config().vocab);
   std::vector<GenerationRequest> requests;
   for (const PromptLine& p : prompts) requests.push_back({p.prompt, args.options});
   const auto started = std::chrono::steady_clock::now();
