@@ -40,7 +40,7 @@ elif [[ $# -eq 1 && -f "$1/CMakeLists.txt" ]]; then
   echo "== building $TOOLS from $SRC ($(git -C "$SRC" describe --tags --always 2> /dev/null ||
     echo 'not a git checkout')) in $BUILD"
   cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
     "${launcher[@]}" > "$BUILD.cmake.log" 2>&1 || { cat "$BUILD.cmake.log"; exit 1; }
   # shellcheck disable=SC2086  # TOOLS is a list of targets
   cmake --build "$BUILD" -j "${JOBS:-2}" --target $TOOLS
