@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -15,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "ops/quant.h"
+#include "tokenizer/tokenizer_json.h"
 
 namespace polestar {
 namespace {
@@ -24,6 +23,8 @@ namespace fs = std::filesystem;
 // llama.cpp's llama_ftype values, written as general.file_type.
 uint32_t FileTypeId(GgufFileType type) {
   switch (type) {
+    case GgufFileType::kF32:
+      return 0;
     case GgufFileType::kF16:
       return 1;
     case GgufFileType::kBF16:
@@ -129,116 +130,112 @@ void AddMoeMetadata(GgufMetadata& meta, const Architecture& architecture, const 
   meta.Add(arch + ".expert_group_used_count", GgufValue::U32(uint32_t(moe.top_groups)));
 }
 
-std::string MergeText(const nlohmann::json& merge, const std::string& path) {
-  if (merge.is_string()) return merge.get<std::string>();
-  if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-    return merge[0].get<std::string>() + " " + merge[1].get<std::string>();
-  }
-  Fail(path, ": a merge is neither \"a b\" nor [\"a\", \"b\"]");
-}
-
-struct Vocabulary {
-  std::vector<std::string> tokens;  // [V]
-  std::vector<int32_t> types;       // [V]: 1 normal, 3 control, 4 user-defined, 5 unused
-  std::vector<std::string> merges;
-};
-
-// tokenizer.json (byte-level BPE) as llama.cpp's gpt2 vocabulary path writes it: ids the
-// tokenizer does not use become "[PAD<id>]" of type UNUSED.
-Vocabulary ReadTokenizerJson(const std::string& path, int64_t vocab) {
-  Vocabulary v{std::vector<std::string>(static_cast<size_t>(vocab)),
-               std::vector<int32_t>(static_cast<size_t>(vocab), 5),
-               {}};
-  try {
-    const nlohmann::json tok = ReadJsonFile(path);
-    if (!tok.contains("model") || tok["model"].value("type", "") != "BPE" ||
-        !tok["model"].contains("vocab") || !tok["model"]["vocab"].is_object()) {
-      Fail(path, ": only BPE tokenizers with a vocab object are supported");
-    }
-    std::vector<bool> seen(static_cast<size_t>(vocab), false);
-    auto place = [&](const std::string& text, const nlohmann::json& id, int32_t type) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
-        Fail(path, ": token '", text, "' has an id outside the model's vocabulary of ", vocab);
-      }
-      v.tokens[id.get<size_t>()] = text;
-      v.types[id.get<size_t>()] = type;
-      seen[id.get<size_t>()] = true;
-    };
-    for (const auto& [text, id] : tok["model"]["vocab"].items()) place(text, id, 1);
-    for (const auto& added : tok.value("added_tokens", nlohmann::json::array())) {
-      if (!added.contains("content") || !added["content"].is_string() || !added.contains("id")) {
-        Fail(path, ": added_tokens entry without content and id");
-      }
-      place(added["content"].get<std::string>(), added["id"],
-            added.value("special", false) ? 3 : 4);
-    }
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (!seen[size_t(i)]) v.tokens[size_t(i)] = Cat("[PAD", i, "]");
-    }
-    for (const auto& merge : tok["model"].value("merges", nlohmann::json::array())) {
-      v.merges.push_back(MergeText(merge, path));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    Fail(path, ": unexpected structure: ", e.what());
-  }
-  return v;
-}
-
-// tokenizer.ggml.* from tokenizer.json; without one, a placeholder vocabulary <t0>, <t1>, ...
-// with the config's special ids marked as control tokens.
-void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const ModelConfig& c) {
-  const fs::path tokenizer_path = fs::path(hf_dir) / "tokenizer.json";
-  Vocabulary v;
-  std::string pre = "default";
-  if (fs::exists(tokenizer_path)) {
-    v = ReadTokenizerJson(tokenizer_path.string(), c.vocab);
-    pre = c.arch->gguf.tokenizer_pre;
-  } else {
-    for (int i = 0; i < c.vocab; ++i) v.tokens.push_back(Cat("<t", i, ">"));
-    v.types.assign(static_cast<size_t>(c.vocab), 1);
-    for (int id : {c.mask_id, c.eos_id, c.pad_id, c.bos_id, c.eot_id}) {
-      if (id >= 0 && id < c.vocab) v.types[size_t(id)] = 3;
-    }
-  }
-  meta.Add("tokenizer.ggml.model", GgufValue::String("gpt2"));
-  meta.Add("tokenizer.ggml.pre", GgufValue::String(pre));
-  meta.Add("tokenizer.ggml.tokens", GgufValue::Strings(v.tokens));
-  meta.Add("tokenizer.ggml.token_type", GgufValue::I32s(v.types));
-  if (!v.merges.empty()) meta.Add("tokenizer.ggml.merges", GgufValue::Strings(v.merges));
+// The special ids: config.json's, which decoding uses (EOS and end of turn stop it, the mask
+// is what it fills), so the file decodes as the folder does; the tokenizer's BOS where
+// config.json has none (chat templates write bos_token). llama.cpp's vocabulary-less model
+// ignores them; polestar's reader takes the model's ids from them either way.
+void AddSpecialIds(GgufMetadata& meta, const ModelConfig& c, int tokenizer_bos) {
   auto add_id = [&](const char* key, int id) {
     if (id >= 0) meta.Add(key, GgufValue::U32(uint32_t(id)));
   };
-  add_id("tokenizer.ggml.bos_token_id", c.bos_id);
+  add_id("tokenizer.ggml.bos_token_id", c.bos_id >= 0 ? c.bos_id : tokenizer_bos);
   add_id("tokenizer.ggml.eos_token_id", c.eos_id);
   add_id("tokenizer.ggml.eot_token_id", c.eot_id);
   add_id("tokenizer.ggml.padding_token_id", c.pad_id);
   add_id("tokenizer.ggml.mask_token_id", c.mask_id);
-  if (c.arch->gguf.adds_bos_token) meta.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
-  std::string chat_template;
-  const fs::path template_file = fs::path(hf_dir) / "chat_template.jinja";
-  const fs::path tokenizer_config = fs::path(hf_dir) / "tokenizer_config.json";
-  if (fs::exists(tokenizer_config)) {
-    const nlohmann::json config = ReadJsonFile(tokenizer_config.string());
-    if (config.contains("chat_template") && config["chat_template"].is_string()) {
-      chat_template = config["chat_template"].get<std::string>();
-    }
+}
+
+// tokenizer.ggml.* and tokenizer.chat_template from the folder's tokenizer files, read as
+// polestar reads them for the folder (so both tokenize alike), written as llama.cpp's gpt2
+// vocabulary path writes them: ids the tokenizer does not use become "[PAD<id>]" of type
+// UNUSED, added tokens CONTROL (special) or USER_DEFINED. Without a tokenizer.json, llama.cpp's
+// vocabulary-less model ("none", with {arch}.vocab_size): a vocabulary of placeholders would
+// be one llama.cpp refuses (a gpt2 model needs merges) and would tokenize text into nonsense.
+void AddTokenizer(GgufMetadata& meta, const std::string& hf_dir, const Architecture& arch,
+                  const ModelConfig& c, std::vector<std::string>& warnings) {
+  if (!fs::exists(fs::path(hf_dir) / "tokenizer.json")) {
+    meta.Add("tokenizer.ggml.model", GgufValue::String("none"));
+    if (!arch.gguf.writes_vocab_size)
+      meta.Add(arch.name + ".vocab_size", GgufValue::U32(uint32_t(c.vocab)));
+    AddSpecialIds(meta, c, -1);
+    return;
   }
-  if (chat_template.empty() && fs::exists(template_file)) {
-    std::ifstream in(template_file, std::ios::binary);
-    chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  const TokenizerSpec spec = ReadTokenizerFiles(hf_dir, c.vocab);
+  constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
+  std::vector<std::string> tokens(size_t(c.vocab));      // [V]
+  std::vector<int32_t> types(size_t(c.vocab), kUnused);  // [V]
+  for (size_t id = 0; id < spec.vocab.size(); ++id) {
+    if (spec.vocab[id].empty()) continue;
+    tokens[id] = spec.vocab[id];
+    types[id] = kNormal;
   }
-  if (!chat_template.empty()) meta.Add("tokenizer.chat_template", GgufValue::String(chat_template));
+  for (const AddedToken& added : spec.added_tokens) {
+    tokens[size_t(added.id)] = added.content;
+    types[size_t(added.id)] = added.special ? kControl : kUserDefined;
+  }
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (types[id] == kUnused) tokens[id] = Cat("[PAD", id, "]");
+  }
+  std::vector<std::string> merges;
+  for (const auto& [left, right] : spec.merges) merges.push_back(left + " " + right);
+  std::string pre = GgufPreTokenizerName(spec, arch.gguf.tokenizer_pre);
+  if (pre.empty()) {
+    pre = arch.gguf.tokenizer_pre;
+    warnings.push_back(Cat(spec.source,
+                           ": the pre-tokenizer is none polestar can name for llama.cpp; wrote ",
+                           arch.name, "'s \"", pre, "\", which may split text differently"));
+  }
+  meta.Add("tokenizer.ggml.model", GgufValue::String("gpt2"));
+  meta.Add("tokenizer.ggml.pre", GgufValue::String(pre));
+  meta.Add("tokenizer.ggml.tokens", GgufValue::Strings(tokens));
+  meta.Add("tokenizer.ggml.token_type", GgufValue::I32s(types));
+  // llama.cpp refuses a gpt2 vocabulary without the key, even when there are no merges.
+  meta.Add("tokenizer.ggml.merges", GgufValue::Strings(merges));
+  const auto bos = std::find(tokens.begin(), tokens.end(), spec.bos_token);
+  AddSpecialIds(meta, c,
+                spec.bos_token.empty() || bos == tokens.end() ? -1 : int(bos - tokens.begin()));
+  // tokenizer_config.json's flags; without them, what the architecture's tokenizer does.
+  bool add_bos = arch.gguf.adds_bos_token, add_eos = false;
+  const fs::path config_path = fs::path(hf_dir) / "tokenizer_config.json";
+  if (fs::exists(config_path)) {
+    const nlohmann::json config = ReadJsonFile(config_path.string());
+    auto flag = [&](const char* key, bool& value) {
+      if (!config.contains(key) || config[key].is_null()) return;
+      if (!config[key].is_boolean())
+        Fail(config_path.string(), ": \"", key, "\" must be true or false");
+      value = config[key].get<bool>();
+    };
+    flag("add_bos_token", add_bos);
+    flag("add_eos_token", add_eos);
+  }
+  meta.Add("tokenizer.ggml.add_bos_token", GgufValue::Bool(add_bos));
+  meta.Add("tokenizer.ggml.add_eos_token", GgufValue::Bool(add_eos));
+  meta.Add(kGgufCleanUpSpacesKey, GgufValue::Bool(spec.clean_up_tokenization_spaces));
+  if (!spec.chat_template.empty())
+    meta.Add("tokenizer.chat_template", GgufValue::String(spec.chat_template));
+}
+
+// generation_config.json as JSON text under kGgufGenerationConfigKey: polestar reads it back
+// as it reads the folder's file (llama.cpp's general.sampling.* keys have no place for a
+// diffusion model's lengths, steps and thresholds).
+void AddGenerationConfig(GgufMetadata& meta, const std::string& hf_dir) {
+  const fs::path path = fs::path(hf_dir) / "generation_config.json";
+  if (!fs::exists(path)) return;
+  const nlohmann::json config = ReadJsonFile(path.string());
+  if (!config.is_object()) Fail(path.string(), ": not a JSON object");
+  meta.Add(kGgufGenerationConfigKey, GgufValue::String(config.dump()));
 }
 
 }  // namespace
 
 GgufFileType ParseGgufFileType(const std::string& name) {
+  if (name == "f32") return GgufFileType::kF32;
   if (name == "f16") return GgufFileType::kF16;
   if (name == "bf16") return GgufFileType::kBF16;
   if (name == "q8_0") return GgufFileType::kQ8_0;
   if (name == "q4_0") return GgufFileType::kQ4_0;
   if (name == "q4_k_m") return GgufFileType::kQ4_K_M;
-  Fail("unknown GGUF type '", name, "' (f16, bf16, q8_0, q4_0, q4_k_m)");
+  Fail("unknown GGUF type '", name, "' (f32, f16, bf16, q8_0, q4_0, q4_k_m)");
 }
 
 DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t width,
@@ -252,6 +249,8 @@ DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t wi
     return fits(DType::kQ8_0) ? DType::kQ8_0 : DType::kF16;
   };
   switch (file_type) {
+    case GgufFileType::kF32:
+      return DType::kF32;
     case GgufFileType::kF16:
       return DType::kF16;
     case GgufFileType::kBF16:
@@ -274,8 +273,9 @@ DType GgufTensorType(GgufFileType file_type, const std::string& name, int64_t wi
   return DType::kF32;
 }
 
-void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufFileType type,
-                   const std::function<void(const std::string&)>& log) {
+std::vector<std::string> ConvertToGguf(const std::string& hf_dir, const std::string& out_path,
+                                       GgufFileType type,
+                                       const std::function<void(const std::string&)>& log) {
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (!fs::exists(config_path)) Fail(hf_dir, ": no config.json");
   // Every file of the checkpoint folder is read (weights, config, tokenizer).
@@ -326,7 +326,9 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
     meta.Add("diffusion.shift_logits", GgufValue::Bool(c.shift_logits));
   if (c.moe.experts > 0) AddMoeMetadata(meta, architecture, c, config_path);
   meta.Add("general.quantization_version", GgufValue::U32(2));
-  AddTokenizer(meta, hf_dir, c);
+  std::vector<std::string> warnings;
+  AddTokenizer(meta, hf_dir, architecture, c, warnings);
+  AddGenerationConfig(meta, hf_dir);
 
   const std::vector<TensorPlan> plan = PlanTensors(architecture, c);
   std::vector<DType> out_types;
@@ -385,6 +387,7 @@ void ConvertToGguf(const std::string& hf_dir, const std::string& out_path, GgufF
     }
   }
   writer.Close();
+  return warnings;
 }
 
 }  // namespace polestar

@@ -202,8 +202,7 @@ std::string TokenizerCodec::TokenLabel(int token) const {
 
 std::unique_ptr<TextCodec> LoadTextCodec(const std::string& model_path, const ModelConfig& config) {
   namespace fs = std::filesystem;
-  if (fs::is_directory(model_path) ? fs::exists(fs::path(model_path) / "tokenizer.json")
-                                   : fs::is_regular_file(model_path)) {
+  if (ModelHasTokenizer(model_path)) {
     return std::make_unique<TokenizerCodec>(LoadModelTokenizer(model_path));
   }
   const fs::path vocab = fs::path(model_path) / "vocab.json";

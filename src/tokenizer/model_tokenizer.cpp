@@ -32,6 +32,13 @@ int ModelVocabSize(const fs::path& folder) {
   return kMaxTokenIds;
 }
 
+// llama.cpp's vocabulary-less models say "none" (or the older "no_vocab").
+bool GgufHasVocabulary(const GgufMetadata& m) {
+  if (!m.Has("tokenizer.ggml.model")) return m.Has("tokenizer.ggml.tokens");
+  const std::string& model = m.GetString("tokenizer.ggml.model");
+  return model != "none" && model != "no_vocab";
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> LoadModelTokenizer(const std::string& model_path) {
@@ -44,7 +51,21 @@ std::unique_ptr<Tokenizer> LoadModelTokenizer(const std::string& model_path) {
   // A GGUF vocabulary is a list: its ids are the list's indices.
   TensorStore store;
   const GgufFile file = ReadGgufFile(model_path, store);
-  return std::make_unique<Tokenizer>(SpecFromGguf(ReadGgufVocab(file.metadata), model_path));
+  const GgufMetadata& m = file.metadata;
+  if (!GgufHasVocabulary(m)) {
+    Fail(model_path,
+         ": no vocabulary in tokenizer.ggml.* (pass token ids with --prompt-ids instead)");
+  }
+  TokenizerSpec spec = SpecFromGguf(ReadGgufVocab(m), model_path);
+  if (m.Has(kGgufCleanUpSpacesKey))
+    spec.clean_up_tokenization_spaces = m.GetBool(kGgufCleanUpSpacesKey);
+  return std::make_unique<Tokenizer>(std::move(spec));
+}
+
+bool ModelHasTokenizer(const std::string& model_path) {
+  if (fs::is_directory(model_path)) return fs::exists(fs::path(model_path) / "tokenizer.json");
+  TensorStore store;
+  return GgufHasVocabulary(ReadGgufFile(model_path, store).metadata);
 }
 
 }  // namespace polestar

@@ -13,4 +13,8 @@ namespace polestar {
 // token id is outside the model's vocabulary (config.json's vocab_size).
 std::unique_ptr<Tokenizer> LoadModelTokenizer(const std::string& model_path);
 
+// Whether LoadModelTokenizer finds a tokenizer: a folder's tokenizer.json, or a GGUF file's
+// vocabulary (not llama.cpp's vocabulary-less "none"). Throws Error for a damaged GGUF file.
+bool ModelHasTokenizer(const std::string& model_path);
+
 }  // namespace polestar

@@ -58,6 +58,8 @@ struct PreTokenizerStep {
   // kByteLevel
   bool add_prefix_space = false;
   bool use_regex = true;  // split with the GPT-2 pattern before mapping bytes to characters
+
+  bool operator==(const PreTokenizerStep& other) const = default;
 };
 
 // Everything a Tokenizer is built from; filled from tokenizer.json + tokenizer_config.json

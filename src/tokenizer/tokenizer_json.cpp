@@ -353,7 +353,7 @@ void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSp
   } else if (pre == "bailingmoe" || pre == "bailingmoe2" || pre == "llada-moe") {
     // llama.cpp reads LLaDA-MoE's and LLaDA 2.x's names as Ling's BailingMoE pre-tokenizer.
     split.pattern = kBailingPattern;
-  } else if (pre == "gpt2" || pre == "default") {
+  } else if (pre == "gpt-2" || pre == "gpt2" || pre == "default") {
     spec.clean_up_tokenization_spaces = true;
     byte_level.use_regex = true;
     spec.pre_tokenizers = {byte_level};
@@ -361,7 +361,7 @@ void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSp
   } else {
     Fail(where, ": GGUF pre-tokenizer \"", pre,
          "\" is not supported (supported: qwen2, llama-bpe, bailingmoe, bailingmoe2, llada-moe, "
-         "gpt2)");
+         "gpt-2)");
   }
   spec.pre_tokenizers = {split, byte_level};
 }
@@ -408,6 +408,23 @@ TokenizerSpec SpecFromGguf(const GgufVocab& gguf, const std::string& where) {
   spec.mask_token = name(gguf.mask_id, "mask");
   spec.chat_template = gguf.chat_template;
   return spec;
+}
+
+std::string GgufPreTokenizerName(const TokenizerSpec& spec, std::string_view preferred) {
+  // llama.cpp's converter names the pre-tokenizer by hashing a probe tokenisation; here it is
+  // the name whose pipeline, as SetGgufPipeline builds it, is the tokenizer's own.
+  for (std::string_view name : {preferred, std::string_view("gpt-2"), std::string_view("llama-bpe"),
+                                std::string_view("qwen2"), std::string_view("bailingmoe")}) {
+    if (name.empty()) continue;
+    TokenizerSpec candidate;
+    SetGgufPipeline(name, spec.source, candidate);
+    if (candidate.normalizers == spec.normalizers &&
+        candidate.pre_tokenizers == spec.pre_tokenizers &&
+        candidate.ignore_merges == spec.ignore_merges) {
+      return std::string(name);
+    }
+  }
+  return "";
 }
 
 }  // namespace polestar

@@ -32,6 +32,10 @@ void ApplyTokenizerConfig(const nlohmann::json& config, const std::string& where
 // read when present) or a tokenizer.json file.
 TokenizerSpec ReadTokenizerFiles(const std::string& path, int id_limit = kMaxTokenIds);
 
+// A bool GGUF key of polestar's own: the folder's clean_up_tokenization_spaces, which llama.cpp
+// instead derives from tokenizer.ggml.pre (SetGgufPipeline sets llama.cpp's value).
+inline constexpr char kGgufCleanUpSpacesKey[] = "polestar.tokenizer.clean_up_tokenization_spaces";
+
 // A tokenizer from a GGUF file's tokenizer.ggml.* keys (model "gpt2", i.e. byte-level BPE);
 // `where` names the file in messages.
 TokenizerSpec SpecFromGguf(const GgufVocab& vocab, const std::string& where);
@@ -39,5 +43,10 @@ TokenizerSpec SpecFromGguf(const GgufVocab& vocab, const std::string& where);
 // Normalizers and pre-tokenizers of the Hugging Face tokenizer that llama.cpp's pre-tokenizer
 // name stands for; throws Error for names not known here.
 void SetGgufPipeline(std::string_view pre, const std::string& where, TokenizerSpec& spec);
+
+// The llama.cpp pre-tokenizer name (tokenizer.ggml.pre) whose pipeline is `spec`'s own:
+// `preferred` when it fits, else the first of gpt-2, llama-bpe, qwen2, bailingmoe that does;
+// "" when none does.
+std::string GgufPreTokenizerName(const TokenizerSpec& spec, std::string_view preferred);
 
 }  // namespace polestar

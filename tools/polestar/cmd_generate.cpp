@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -271,10 +270,7 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
       tokenizer = LoadModelTokenizer(model_path);
       prompt_ids = EncodeTextPrompt(*tokenizer, *args, args->prompt);
     } else {
-      if (std::filesystem::is_directory(model_path) &&
-          std::filesystem::exists(std::filesystem::path(model_path) / "tokenizer.json")) {
-        tokenizer = LoadModelTokenizer(model_path);
-      }
+      if (ModelHasTokenizer(model_path)) tokenizer = LoadModelTokenizer(model_path);
       if (prompts->count() > 0) return GeneratePromptFile(*args, *model, tokenizer.get());
       prompt_ids = ParseIdList(args->prompt_ids, "--prompt-ids");
     }

@@ -1,5 +1,7 @@
-// polestar tokenize -m DIR: text -> token ids (--text, --input-jsonl) and ids -> text (--decode).
+// polestar tokenize -m DIR|FILE.gguf: text -> token ids (--text, --input-jsonl) and ids -> text
+// (--decode).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "commands.h"
 #include "decode_flags.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/model_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace polestar::cli {
@@ -55,7 +58,7 @@ void AddTokenizeCommand(CLI::App& app) {
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("-m,--model", args->model,
-                  "model folder with tokenizer.json, or a tokenizer.json")
+                  "model folder with tokenizer.json, a tokenizer.json or a .gguf file")
       ->required();
   auto* text =
       cmd->add_option("--text", args->text, "text to encode; prints the ids")->check(Utf8Text());
@@ -76,7 +79,10 @@ void AddTokenizeCommand(CLI::App& app) {
     if (text->count() + jsonl->count() + decode->count() == 0) {
       Fail("tokenize: give --text, --input-jsonl or --decode");
     }
-    auto tokenizer = Tokenizer::Load(args->model);
+    // A .gguf file is a model as generate takes it; anything else the tokenizer files.
+    auto tokenizer = std::filesystem::path(args->model).extension() == ".gguf"
+                         ? LoadModelTokenizer(args->model)
+                         : Tokenizer::Load(args->model);
     const bool chat = args->chat || !args->chat_template.empty();
     auto encode = [&](const std::string& input) {
       if (!chat) return tokenizer->Encode(input);

@@ -7,7 +7,9 @@
 #include "base/error.h"
 #include "decode/option_schema.h"
 #include "decode/policy_registry.h"
+#include "io/gguf.h"
 #include "io/json_file.h"
+#include "model/gguf_convert.h"
 #include "tokenizer/unicode.h"
 
 namespace polestar::cli {
@@ -84,28 +86,54 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
   });
 }
 
-DecodeOptions ModelDecodeDefaults(const std::string& model_path) {
+namespace {
+
+// The model's generation_config.json: the folder's file, or the copy `convert` put in a GGUF
+// file's kGgufGenerationConfigKey; null when there is none. `where` names it for messages.
+nlohmann::json GenerationConfig(const std::string& model_path, std::string& where) {
   namespace fs = std::filesystem;
-  DecodeOptions options;
-  const fs::path path = fs::path(model_path) / "generation_config.json";
   std::error_code ec;
-  if (!fs::is_directory(model_path, ec) || !fs::exists(path, ec)) return options;
-  const nlohmann::json config = ReadJsonFile(path.string());
-  if (!config.is_object()) Fail(path.string(), ": not a JSON object");
+  if (fs::is_directory(model_path, ec)) {
+    const fs::path path = fs::path(model_path) / "generation_config.json";
+    if (!fs::exists(path, ec)) return nullptr;
+    where = path.string();
+    return ReadJsonFile(where);
+  }
+  if (fs::path(model_path).extension() != ".gguf" || !fs::is_regular_file(model_path, ec))
+    return nullptr;
+  TensorStore store;
+  const GgufFile file = ReadGgufFile(model_path, store);
+  if (!file.metadata.Has(kGgufGenerationConfigKey)) return nullptr;
+  where = Cat(model_path, " (", kGgufGenerationConfigKey, ")");
+  try {
+    return nlohmann::json::parse(file.metadata.GetString(kGgufGenerationConfigKey));
+  } catch (const nlohmann::json::parse_error& e) {
+    Fail(where, ": not JSON: ", e.what());
+  }
+}
+
+}  // namespace
+
+DecodeOptions ModelDecodeDefaults(const std::string& model_path) {
+  DecodeOptions options;
+  std::string where;
+  const nlohmann::json config = GenerationConfig(model_path, where);
+  if (config.is_null()) return options;
+  if (!config.is_object()) Fail(where, ": not a JSON object");
   if (config.contains("max_new_tokens") && config.contains("gen_length")) {
-    Fail(path.string(), ": give gen_length or max_new_tokens, not both");
+    Fail(where, ": give gen_length or max_new_tokens, not both");
   }
   for (const auto& [key, value] : config.items()) {
     const OptionSpec* option = FindOption(key == "max_new_tokens" ? "gen_length" : key);
     if (value.is_null() || option == nullptr) continue;
     if (value.is_object() || value.is_array()) {
-      Fail(path.string(), ": '", key, "' must be a number, a string or a boolean");
+      Fail(where, ": '", key, "' must be a number, a string or a boolean");
     }
     try {
       SetDecodeOption(options, CanonicalFlag(*option),
                       value.is_string() ? value.get<std::string>() : value.dump());
     } catch (const Error& e) {
-      Fail(path.string(), ": '", key, "': ", e.what());
+      Fail(where, ": '", key, "': ", e.what());
     }
   }
   return options;

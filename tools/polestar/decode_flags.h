@@ -28,7 +28,8 @@ CLI::Option* AddUint64Option(CLI::App* cmd, const std::string& names, uint64_t& 
 void AddDecodeFlags(CLI::App* cmd, DecodeOptions& options);
 
 // The decoding defaults of a model: the built-in ones, overridden by the model folder's
-// generation_config.json (Hugging Face's file for generation defaults) where it names a
+// generation_config.json (Hugging Face's file for generation defaults; in a GGUF file written
+// by `convert`, its copy in polestar.generation_config) where it names a
 // decoding option by any of its names ("gen_length", "block_length", "steps",
 // "threshold", ...; "max_new_tokens" as gen_length). Other keys (bos_token_id,
 // transformers_version, ...) belong to Hugging Face and are ignored, as are null values.
