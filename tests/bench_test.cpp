@@ -467,13 +467,14 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_TRUE(suite.grade(0, generated).grade.correct);
   generated[0] = generated[0] == '9' ? '8' : '9';
   EXPECT_FALSE(suite.grade(0, generated).grade.correct);
-  // --limit and --shard apply after --per-task.
+  // --limit and --shard apply after --per-task; --limit takes each task's first item in turn
+  // (the first items of tasks 0-4), the second shard the last three of those.
   options.limit = 5;
   options.shard_index = 1;
   options.shard_count = 2;
   const BenchSuite part = LoadBenchSuite(options, model->config());
   ASSERT_EQ(part.items.size(), 3u);
-  EXPECT_EQ(part.items[0].id, "sub/0");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(part.items[i].id, TaskNames()[2 + i] + "/0");
   EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
