@@ -602,7 +602,7 @@ TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
   EXPECT_NE(out.find("2 points x 120 items"), std::string::npos) << out;
 }
 
-// A grid over the probe suite into `dir`: its first 8 items (or one shard of them), one
+// A grid over the probe suite into `dir`: 8 of its items (or one shard of them), one
 // engine thread, no plot.
 BenchOutcome RunProbeGrid(const Model& model, const std::string& dir, const std::string& grid,
                           int shard_index = 0, int shard_count = 1, int batch = 1) {
@@ -665,8 +665,9 @@ TEST(Bench, BatchedRunsGiveTheResultsOfOneAtATimeAndRecordTheBatch) {
   const std::vector<nlohmann::json> b = JsonLines(fs::path(four) / "items.jsonl");
   ASSERT_EQ(a.size(), 32u);
   ASSERT_EQ(b.size(), 32u);
+  const BenchSuite suite = ProbeSuite(*model, 8);
   for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(b[i]["id"], Cat("probe/", i % 8)) << i;
+    EXPECT_EQ(b[i]["id"], suite.items[i % 8].id) << i;
     EXPECT_EQ(b[i]["completion"], a[i]["completion"]) << i;
     EXPECT_EQ(b[i]["nfe"], a[i]["nfe"]) << i;
   }

@@ -266,7 +266,8 @@ void DrawFrame(std::span<const Lane> lanes, std::span<const GenerationResult> re
     panels.push_back(std::move(panel));
   }
   const int gaps = 3 * int(lanes.size() - 1);  // " | " between columns
-  const int width = (TerminalColumns() - gaps) / int(lanes.size());
+  // One column spare: a line filling the terminal would wrap early on some terminals.
+  const int width = (TerminalColumns() - 1 - gaps) / int(lanes.size());
   std::string frame;
   if (*drawn_lines > 0) frame = Cat("\r\x1b[", *drawn_lines, "A\x1b[J");
   const std::vector<std::string> lines = LayOutPanels(panels, width, /*colour=*/true);
@@ -295,7 +296,6 @@ std::vector<GenerationResult> DecodeVisually(const GenerateArgs& args, const Mod
     lane.policy = policies[i];
     DecodeOptions options = args.options;
     options.policy = lane.policy;
-    lane.generated.assign(size_t(options.gen_length), config.mask_id);
     lane.progress = "step 0";
     auto on_step = [&lane, tty, prompt_length](const StepEvent& e) {
       lane.generated.assign(e.canvas.begin() + prompt_length, e.canvas.end());
@@ -309,6 +309,7 @@ std::vector<GenerationResult> DecodeVisually(const GenerateArgs& args, const Mod
       return true;
     };
     lane.sequence = std::make_unique<Sequence>(model, prompt, options, on_step, args.trace);
+    lane.generated.assign(size_t(options.gen_length), config.mask_id);  // valid: checked above
   }
   using Clock = std::chrono::steady_clock;
   const auto frame_interval = std::chrono::milliseconds(150);
