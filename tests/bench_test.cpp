@@ -467,13 +467,14 @@ TEST(Suite, TinySuiteIsTheTaskTestSplitInTheChatTemplate) {
   EXPECT_TRUE(suite.grade(0, generated).grade.correct);
   generated[0] = generated[0] == '9' ? '8' : '9';
   EXPECT_FALSE(suite.grade(0, generated).grade.correct);
-  // --limit and --shard apply after --per-task.
+  // --limit and --shard apply after --per-task; --limit takes each task's first item in turn
+  // (the first items of tasks 0-4), the second shard the last three of those.
   options.limit = 5;
   options.shard_index = 1;
   options.shard_count = 2;
   const BenchSuite part = LoadBenchSuite(options, model->config());
   ASSERT_EQ(part.items.size(), 3u);
-  EXPECT_EQ(part.items[0].id, "sub/0");
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(part.items[i].id, TaskNames()[2 + i] + "/0");
   EXPECT_EQ(part.grade(0, std::vector<int>{}).grade.correct, false);
 }
 
@@ -601,7 +602,7 @@ TEST(Bench, CliRunsAGridAndWritesEveryOutput) {
   EXPECT_NE(out.find("2 points x 120 items"), std::string::npos) << out;
 }
 
-// A grid over the probe suite into `dir`: its first 8 items (or one shard of them), one
+// A grid over the probe suite into `dir`: 8 of its items (or one shard of them), one
 // engine thread, no plot.
 BenchOutcome RunProbeGrid(const Model& model, const std::string& dir, const std::string& grid,
                           int shard_index = 0, int shard_count = 1, int batch = 1) {
@@ -664,8 +665,9 @@ TEST(Bench, BatchedRunsGiveTheResultsOfOneAtATimeAndRecordTheBatch) {
   const std::vector<nlohmann::json> b = JsonLines(fs::path(four) / "items.jsonl");
   ASSERT_EQ(a.size(), 32u);
   ASSERT_EQ(b.size(), 32u);
+  const BenchSuite suite = ProbeSuite(*model, 8);
   for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(b[i]["id"], Cat("probe/", i % 8)) << i;
+    EXPECT_EQ(b[i]["id"], suite.items[i % 8].id) << i;
     EXPECT_EQ(b[i]["completion"], a[i]["completion"]) << i;
     EXPECT_EQ(b[i]["nfe"], a[i]["nfe"]) << i;
   }

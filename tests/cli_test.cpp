@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/dtype.h"
+#include "canvas_view.h"
 #include "decode/option_schema.h"
 #include "decode/policy_registry.h"
 #include "decode_flags.h"
@@ -465,6 +466,75 @@ TEST(CliErrors, EveryExceptionEndsInAMessageAndAStatus) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   r = Polestar("--help");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// --- generate --visual: two policies side by side ---------------------------------------
+
+cli::CanvasCell Chip(const std::string& text,
+                     cli::CanvasCell::Kind kind = cli::CanvasCell::Kind::kToken) {
+  return {kind, text};
+}
+
+TEST(CliVisual, PanelsLieSideBySideWithCanvasAndStatusRowsAligned) {
+  using Kind = cli::CanvasCell::Kind;
+  const std::vector<cli::CanvasPanel> panels = {
+      {"dual",
+       {Chip("ab"), Chip("cde"), Chip("", Kind::kMask), Chip("", Kind::kMask),
+        Chip("", Kind::kEnd)},
+       {"step 1"}},
+      {"polestar", {Chip("x\n"), Chip("yy")}, {"done: nfe 2", "TPF 1.00 until EOS"}}};
+  // Column 1 is padded to 12 columns, then the bar; status lines wider than 12 wrap.
+  const std::vector<std::string> expected = {
+      "dual         \u2502 polestar", "abcde\u2592\u2592\u220e     \u2502 x\u21b5yy",
+      "step 1       \u2502 done: nfe 2", "             \u2502 TPF 1.00 unt",
+      "             \u2502 il EOS"};
+  EXPECT_EQ(cli::LayOutPanels(panels, 12, /*colour=*/false), expected);
+  EXPECT_EQ(cli::DisplayWidth("\u2592a\u21b5"), 3);
+}
+
+TEST(CliVisual, ChipsWrapWholeUnlessWiderThanTheColumn) {
+  using Kind = cli::CanvasCell::Kind;
+  const std::vector<cli::CanvasPanel> one = {
+      {"t", {Chip("ab"), Chip("cde"), Chip("f"), Chip("ghijk"), Chip("\tl")}, {}}};
+  EXPECT_EQ(cli::LayOutPanels(one, 4, false),
+            (std::vector<std::string>{"t", "ab", "cdef", "ghij", "k\u2192l"}));
+  // Colour escapes take no columns: the bar stays where it was.
+  const std::vector<cli::CanvasPanel> two = {
+      {"a", {Chip("ab", Kind::kFresh), Chip("", Kind::kEnd)}, {}}, {"b", {Chip("c")}, {}}};
+  EXPECT_EQ(cli::LayOutPanels(two, 4, true),
+            (std::vector<std::string>{"a    \u2502 b",
+                                      "\x1b[1;32mab\x1b[0m\x1b[2m\u220e\x1b[0m  \u2502 c"}));
+}
+
+// Piped, --visual --compare prints each policy's steps, then each one's text and numbers,
+// the same as each policy decoding alone.
+TEST(CliVisual, CompareDecodesBothPoliciesAsEachAlone) {
+  const std::string flags = " -p 'Compute 362 + 376.' -t 1 --gen-length 32 --block-length 8";
+  auto alone = [&](const std::string& policy) {
+    const CliResult r = Polestar("generate --json --policy " + policy + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(0, r.output.find('\n')));
+  };
+  const nlohmann::json dual = alone("fast-dllm-dual"), polestar = alone("polestar");
+  const CliResult r =
+      Polestar("generate --visual --policy fast-dllm-dual --compare polestar" + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("fast-dllm-dual step 1: committed"));
+  EXPECT_THAT(r.output, HasSubstr("polestar step 1: committed"));
+  EXPECT_THAT(r.output, Not(HasSubstr("\x1b[")));  // no frames into a pipe
+  for (const auto& [policy, result] :
+       {std::pair{"fast-dllm-dual", dual}, std::pair{"polestar", polestar}}) {
+    char line[160];
+    std::snprintf(line, sizeof(line), "%s\n[%s: TPF %.2f until EOS, %.2f non-EOS, nfe %d,",
+                  result["text"].get<std::string>().c_str(), policy,
+                  result["tpf"]["until_eos"].get<double>(), result["tpf"]["non_eos"].get<double>(),
+                  result["nfe"].get<int>());
+    EXPECT_THAT(r.output, HasSubstr(line)) << policy;
+  }
+  EXPECT_LT(r.output.find("[fast-dllm-dual: "), r.output.find("[polestar: "));
+
+  EXPECT_THAT(Polestar("generate --compare nope" + flags).output, HasSubstr("unknown policy"));
+  EXPECT_NE(Polestar("generate --compare polestar --json" + flags).exit_code, 0);
 }
 
 // --- the decoding flags, generated from the option schema ------------------------------

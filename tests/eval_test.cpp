@@ -265,6 +265,30 @@ TEST(Suites, LimitAndShardSplitTheRunIntoDisjointSlices) {
   }
 }
 
+// --limit N samples every task: the tasks take turns giving their next item, kept in order.
+TEST(Suites, LimitTakesItemsFromEveryTaskInTurn) {
+  const std::vector<std::string> grouped = {"a", "a", "a", "b", "c", "c"};
+  EXPECT_EQ(LimitedIndices(grouped, 4), (std::vector<std::size_t>{0, 1, 3, 4}));
+  EXPECT_EQ(LimitedIndices(grouped, 2), (std::vector<std::size_t>{0, 3}));
+  EXPECT_EQ(LimitedIndices(grouped, 5), (std::vector<std::size_t>{0, 1, 3, 4, 5}));
+  EXPECT_EQ(LimitedIndices(grouped, 0), (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(LimitedIndices(grouped, 9), (std::vector<std::size_t>{0, 1, 2, 3, 4, 5}));
+  const std::vector<std::string> mixed = {"x", "y", "x", "x", "y"};
+  EXPECT_EQ(LimitedIndices(mixed, 3), (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(LimitedIndices(mixed, 4), (std::vector<std::size_t>{0, 1, 2, 4}));
+
+  // Through LimitAndShard: the limited items, then the shard of them.
+  std::vector<std::string> items = {"a/0", "a/1", "a/2", "b/0", "c/0", "c/1"};
+  LoadOptions options;
+  options.limit = 4;
+  auto task_of = [](const std::string& id) { return id.substr(0, 1); };
+  EXPECT_EQ(LimitAndShard(items, options, task_of),
+            (std::vector<std::string>{"a/0", "a/1", "b/0", "c/0"}));
+  options.shard_index = 1;
+  options.shard_count = 2;
+  EXPECT_EQ(LimitAndShard(items, options, task_of), (std::vector<std::string>{"b/0", "c/0"}));
+}
+
 TEST(Suites, BadNamesAndFilesAreClearErrors) {
   EXPECT_THAT([] { LoadSuite("tiny", RepoData()); },
               testing::ThrowsErrorContaining({"known: gsm8k, math500"}));

@@ -267,7 +267,10 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
                                       "  output: document.getElementById('output').textContent, "
                                       "nfe: polestar.finish && polestar.finish.timings.nfe,"
                                       "  status: document.getElementById('status').textContent, "
-                                      "shownNfe: document.getElementById('nfe').textContent})");
+                                      "shownNfe: document.getElementById('nfe').textContent,"
+                                      "  shownTpf: document.getElementById('tpf').textContent,"
+                                      "  apiTpf: polestar.finish && "
+                                      "polestar.finish.timings.tpf.toFixed(2)})");
   ASSERT_EQ(state["phase"], "done") << state.dump();
 
   // The same request through the API, without streaming.
@@ -288,6 +291,12 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
   EXPECT_EQ(state["text"], answer);
   EXPECT_EQ(state["steps"], api_body["timings"]["nfe"]) << "one canvas frame per forward";
   EXPECT_EQ(state["shownNfe"], std::to_string(api_body["timings"]["nfe"].get<int>()));
+  // TPF counts the answer's tokens before the end of text, as the API's timings do.
+  char tpf[32];
+  std::snprintf(tpf, sizeof(tpf), "%.2f",
+                double(answer.size()) / api_body["timings"]["nfe"].get<double>());
+  EXPECT_EQ(state["shownTpf"], tpf);
+  EXPECT_EQ(state["apiTpf"], tpf);
 
   // Half-way through: masks and tokens side by side, the step's commits highlighted.
   const int half = state["steps"].get<int>() / 2;
@@ -304,6 +313,24 @@ TEST(ServerPage, ShowsTheDenoisingAndEndsWithTheApisAnswer) {
   const std::string half_png = browser.Screenshot(page);
   browser.Evaluate(page, "polestar.showStep(polestar.steps.length)");
   EXPECT_EQ(browser.Evaluate(page, "document.querySelectorAll('#canvas .cell.mask').length"), 0);
+  // The probe pads its answer with end tokens: they start right after the answer, as end
+  // chips that look nothing like masks (the legend's mask chip is a canvas mask's twin).
+  const json end = browser.Evaluate(
+      page,
+      "(() => { const all = [...document.querySelectorAll('#canvas .cell')];"
+      "  const eos = document.querySelector('#canvas .cell.eos');"
+      "  const mask = document.querySelector('.legend .cell.mask');"
+      "  if (!eos) return {first: -1};"
+      "  const look = (e) => { const s = getComputedStyle(e);"
+      "    return [s.backgroundColor, s.color, s.outlineStyle].join(' '); };"
+      "  return {first: all.findIndex((c) => c.classList.contains('eos')),"
+      "          eosLook: look(eos), maskLook: look(mask), text: eos.textContent,"
+      "          eosAlsoMask: all.some((c) => c.classList.contains('eos') &&"
+      "                                       c.classList.contains('mask'))}; })()");
+  EXPECT_EQ(end["first"], int(answer.size())) << end.dump();
+  EXPECT_NE(end["eosLook"], end["maskLook"]) << end.dump();
+  EXPECT_EQ(end["text"], "end");
+  EXPECT_EQ(end["eosAlsoMask"], false);
   const std::string done_png = browser.Screenshot(page);
   for (const auto& [name, png] :
        {std::pair{"half_finished.png", half_png}, std::pair{"finished.png", done_png}}) {

@@ -32,6 +32,12 @@ eval::LoadOptions SliceOf(const SuiteOptions& options) {
   return load;
 }
 
+// The task of a suite's item, for --limit to take items from every task.
+template <typename Item>
+std::string TaskOf(const Item& item) {
+  return item.task;
+}
+
 // The grade of a suite with one right-or-wrong metric.
 ItemGrade SingleMetricGrade(std::string completion, bool correct, const char* metric) {
   ItemGrade result;
@@ -70,7 +76,7 @@ BenchSuite LoadProbeSuite(const SuiteOptions& options, const ModelConfig& config
   BenchSuite suite;
   suite.name = "probe";
   suite.full_size = items.size();
-  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
+  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options), TaskOf<BenchItem>);
   suite.metric_names = {"exact_match"};
   suite.gen_length = reference.value("gen_length", 32);
   suite.block_length = reference.value("block_length", 8);
@@ -113,9 +119,9 @@ BenchSuite LoadTaskSuite(const SuiteOptions& options, const ModelConfig& config,
   BenchSuite suite;
   suite.name = name;
   suite.full_size = items.size();
-  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options));
+  suite.items = eval::LimitAndShard(std::move(items), SliceOf(options), TaskOf<BenchItem>);
   auto selected = std::make_shared<std::vector<TaskItem>>(
-      eval::LimitAndShard(std::move(tasks), SliceOf(options)));
+      eval::LimitAndShard(std::move(tasks), SliceOf(options), TaskOf<TaskItem>));
   suite.metric_names = {"correct"};
   suite.gen_length = family == TaskFamily::kTiny ? 32 : 128;
   suite.block_length = family == TaskFamily::kTiny ? 8 : 32;
@@ -273,6 +279,8 @@ BenchSuite LoadBenchSuite(const SuiteOptions& options, const ModelConfig& config
       {"shard", Cat(options.shard_index, "/", options.shard_count)},
       {"prompt_format", PromptFormatName(options.prompt_format)}};
   if (!options.tasks.empty()) suite.selection["tasks"] = options.tasks;
+  // Limited runs once kept the first items; a run key from then must not match one from now.
+  if (options.limit > 0) suite.selection["limit_takes"] = "every task in turn";
   return suite;
 }
 

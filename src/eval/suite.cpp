@@ -270,13 +270,39 @@ Suite LoadSuite(std::string_view name, const std::string& data_dir, const LoadOp
     Fail("unknown evaluation suite '", name, "' (known: ", Join(SuiteNames(), ", "), ")");
   }
   suite.full_size = suite.items.size();
-  suite.items = LimitAndShard(std::move(suite.items), options);
+  // Each of these suites is one task.
+  suite.items =
+      LimitAndShard(std::move(suite.items), options, [](const EvalItem&) { return std::string(); });
   return suite;
 }
 
 std::string DefaultDataDir() {
   const char* env = std::getenv("POLESTAR_DATA");
   return env != nullptr && *env != 0 ? env : POLESTAR_DATA_DIR;
+}
+
+std::vector<std::size_t> LimitedIndices(std::span<const std::string> tasks, std::size_t limit) {
+  // Each task's item indices in order, the tasks in order of first appearance.
+  std::vector<std::string> names;
+  std::vector<std::vector<std::size_t>> by_task;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const auto found = std::find(names.begin(), names.end(), tasks[i]);
+    if (found == names.end()) {
+      names.push_back(tasks[i]);
+      by_task.push_back({i});
+    } else {
+      by_task[std::size_t(found - names.begin())].push_back(i);
+    }
+  }
+  if (limit == 0) limit = tasks.size();
+  std::vector<std::size_t> kept;
+  for (std::size_t turn = 0; kept.size() < limit && kept.size() < tasks.size(); ++turn) {
+    for (const std::vector<std::size_t>& indices : by_task) {
+      if (turn < indices.size() && kept.size() < limit) kept.push_back(indices[turn]);
+    }
+  }
+  std::sort(kept.begin(), kept.end());
+  return kept;
 }
 
 void CheckShard(int shard_index, int shard_count) {

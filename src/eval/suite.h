@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -88,7 +89,9 @@ struct Suite {
 };
 
 struct LoadOptions {
-  std::size_t limit = 0;  // keep only the first `limit` items of the test split; 0 keeps all
+  // Keep `limit` items of the test split, taken from every task in turn (LimitedIndices); 0
+  // keeps all.
+  std::size_t limit = 0;
   // Then keep the shard_index-th of shard_count contiguous slices (sizes differ by at most 1),
   // so the shards of one run are disjoint and together cover it, in order.
   int shard_index = 0;
@@ -111,10 +114,16 @@ std::string DefaultDataDir();
 // Parses "--shard i/n" (0 <= i < n) into *index and *count; throws polestar::Error otherwise.
 void ParseShard(std::string_view spec, int* index, int* count);
 
-// Applies LoadOptions::limit and the shard to a list (the tiny suite, built elsewhere, can use
-// the same rule). Throws polestar::Error for a shard outside 0 <= index < count.
-template <typename T>
-std::vector<T> LimitAndShard(std::vector<T> items, const LoadOptions& options);
+// The indices of the `limit` items a limited run keeps, given each item's task, in their
+// order: the tasks (in order of first appearance) take turns giving their next item, so every
+// task is sampled, each by its first items. All indices when limit is 0 or not below the count.
+std::vector<std::size_t> LimitedIndices(std::span<const std::string> tasks, std::size_t limit);
+
+// Applies LoadOptions::limit and the shard to a list whose item i belongs to task_of(item i)
+// (the suites built elsewhere use the same rule). Throws polestar::Error for a shard outside
+// 0 <= index < count.
+template <typename T, typename TaskOf>
+std::vector<T> LimitAndShard(std::vector<T> items, const LoadOptions& options, TaskOf task_of);
 
 // Cuts `text` at the earliest occurrence of any stop sequence.
 std::string_view TruncateAtStop(std::string_view text, const std::vector<std::string>& stops);
@@ -138,10 +147,17 @@ class ScoreBoard {
 
 void CheckShard(int shard_index, int shard_count);
 
-template <typename T>
-std::vector<T> LimitAndShard(std::vector<T> items, const LoadOptions& options) {
+template <typename T, typename TaskOf>
+std::vector<T> LimitAndShard(std::vector<T> items, const LoadOptions& options, TaskOf task_of) {
   CheckShard(options.shard_index, options.shard_count);
-  if (options.limit > 0 && options.limit < items.size()) items.resize(options.limit);
+  if (options.limit > 0 && options.limit < items.size()) {
+    std::vector<std::string> tasks;
+    for (const T& item : items) tasks.push_back(task_of(item));
+    std::vector<T> kept;
+    for (const std::size_t i : LimitedIndices(tasks, options.limit))
+      kept.push_back(std::move(items[i]));
+    items = std::move(kept);
+  }
   const std::size_t n = items.size();
   const auto count = static_cast<std::size_t>(options.shard_count);
   const auto index = static_cast<std::size_t>(options.shard_index);

@@ -21,7 +21,7 @@ struct EvalArgs {
 };
 
 void PrintTotalsLine(const char* name, const bench::Totals& t, const std::string& metric) {
-  std::printf("%-12s %6lld  %7.1f%%  %7.1f  %8.2f  %8.2f  %8.1f  %8.1f\n", name,
+  std::printf("%-12s %6lld  %7.1f%%  %7.1f  %13.2f  %11.2f  %13.1f  %11.1f\n", name,
               static_cast<long long>(t.items), 100 * t.Accuracy(metric), t.MeanNfe(),
               t.TpfUntilEos(), t.TpfNonEos(), t.TpsUntilEos(), t.TpsNonEos());
 }
@@ -87,8 +87,9 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     const std::string& metric = suite.metric_names.at(0);
     std::printf("%s on %s, policy %s (%s)\n", suite.name.c_str(), model_dir.c_str(),
                 options.policy.c_str(), metric.c_str());
-    std::printf("%-12s %6s  %8s  %7s  %8s  %8s  %8s  %8s\n", "task", "items", "accuracy", "NFE",
-                "TPF<eos", "TPF!eos", "TPS<eos", "TPS!eos");
+    // Both counting protocols: tokens before the first EOS (Fast-dLLM's), all non-EOS tokens.
+    std::printf("%-12s %6s  %8s  %7s  %13s  %11s  %13s  %11s\n", "task", "items", "accuracy", "NFE",
+                "TPF until EOS", "TPF non-EOS", "TPS until EOS", "TPS non-EOS");
     for (const auto& [task, totals] : summary.per_task)
       PrintTotalsLine(task.c_str(), totals, metric);
     if (summary.per_task.size() > 1) PrintTotalsLine("overall", summary.overall, metric);

@@ -1,5 +1,6 @@
 // polestar generate: decode a prompt with any policy; text, JSON, or a live canvas; or a file
 // of prompts, batched, JSONL in and out.
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,12 +9,15 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/error.h"
 #include "base/json_nesting.h"
 #include "base/parallel.h"
+#include "canvas_view.h"
 #include "commands.h"
 #include "decode/generate.h"
+#include "decode/policy_registry.h"
 #include "decode_flags.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/model_tokenizer.h"
@@ -24,6 +28,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, prompts_file, chat_template, system;
+  std::string compare;  // a second policy decoding the same prompt
   int batch = 1;
   DecodeOptions options;
   bool raw = false, json = false, trace = false, visual = false;
@@ -31,22 +36,41 @@ struct GenerateArgs {
   int threads = 0;
 };
 
-// The canvas as text: committed tokens decoded one by one, masks as a shaded block.
-std::string RenderCanvas(const Tokenizer* tokenizer, std::span<const int> generated, int mask_id,
-                         std::span<const int> fresh) {
-  std::string text;
+// The canvas as chips: committed tokens decoded one by one (ids without a tokenizer), masks,
+// end tokens; `fresh` (canvas positions) are this step's commits.
+std::vector<CanvasCell> CanvasCells(const Tokenizer* tokenizer, const ModelConfig& config,
+                                    std::span<const int> generated, std::span<const int> fresh) {
+  std::vector<CanvasCell> cells;
   for (size_t i = 0; i < generated.size(); ++i) {
     const int id = generated[i];
-    if (id == mask_id) {
-      text += "\u2592";
-      continue;
+    if (id == config.mask_id) {
+      cells.push_back({CanvasCell::Kind::kMask, ""});
+    } else if (IsEndToken(config, id)) {
+      cells.push_back({CanvasCell::Kind::kEnd, ""});
+    } else {
+      const bool is_new = std::find(fresh.begin(), fresh.end(), int(i)) != fresh.end();
+      cells.push_back({is_new ? CanvasCell::Kind::kFresh : CanvasCell::Kind::kToken,
+                       tokenizer != nullptr ? tokenizer->Decode(std::span<const int>(&id, 1))
+                                            : std::to_string(id) + " "});
     }
-    std::string piece = tokenizer != nullptr ? tokenizer->Decode(std::span<const int>(&id, 1))
-                                             : std::to_string(id) + " ";
-    const bool is_new = std::find(fresh.begin(), fresh.end(), int(i)) != fresh.end();
-    text += is_new ? "\x1b[1;32m" + piece + "\x1b[0m" : piece;
   }
+  return cells;
+}
+
+// Tokens per forward under both counting protocols, each named.
+std::string TpfText(const GenerationResult& r) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "TPF %.2f until EOS, %.2f non-EOS", r.TpfUntilEos(),
+                r.TpfNonEos());
   return text;
+}
+
+// The line each finished generation ends with on stderr.
+std::string StatsLine(const std::string& policy, const GenerationResult& r) {
+  char text[128];
+  std::snprintf(text, sizeof(text), "nfe %d, %.1f tokens/s until EOS, %.2f s", r.nfe,
+                r.TpsUntilEos(), r.seconds);
+  return "[" + policy + ": " + TpfText(r) + ", " + text + "]";
 }
 
 // Generated ids up to (not including) the first end token, when stopping at EOS.
@@ -216,9 +240,119 @@ void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Toke
     std::printf("%s\n", out.dump().c_str());
     tokens += r.tokens_until_eos;
   }
-  std::fprintf(stderr, "[%s: %zu prompts, batch %d: %.2f s, %.2f prompts/s, %.1f tokens/s]\n",
+  std::fprintf(stderr,
+               "[%s: %zu prompts, batch %d: %.2f s, %.2f prompts/s, %.1f tokens/s until EOS]\n",
                args.options.policy.c_str(), prompts.size(), args.batch, seconds,
                double(prompts.size()) / seconds, double(tokens) / seconds);
+}
+
+// One policy's decoding in a --visual run: its sequence and its canvas after its latest step.
+struct Lane {
+  std::string policy;
+  std::unique_ptr<Sequence> sequence;
+  std::vector<int> generated, fresh;  // [gen_length]; this step's commits, canvas positions
+  std::string progress;               // "step 3, 12 masks left"
+  double seconds = 0;                 // in its own steps; drawing and pacing left out
+};
+
+// Columns of the terminal on stderr (80 when it does not say).
+int TerminalColumns() {
+  winsize size{};
+  return ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : 80;
+}
+
+// Draws the lanes side by side over the previous frame (`*drawn_lines` high), leaving
+// what the terminal showed before the first frame in place.
+void DrawFrame(std::span<const Lane> lanes, std::span<const GenerationResult> results,
+               const Tokenizer* tokenizer, const ModelConfig& config, int* drawn_lines) {
+  std::vector<CanvasPanel> panels;
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const Lane& lane = lanes[i];
+    CanvasPanel panel{
+        lane.policy, CanvasCells(tokenizer, config, lane.generated, lane.fresh), {lane.progress}};
+    if (i < results.size()) {
+      char done[64];
+      std::snprintf(done, sizeof(done), "done: nfe %d, %.2f s", results[i].nfe, lane.seconds);
+      panel.status = {done, TpfText(results[i])};
+    }
+    panels.push_back(std::move(panel));
+  }
+  const int gaps = 3 * int(lanes.size() - 1);  // " | " between columns
+  // One column spare: a line filling the terminal would wrap early on some terminals.
+  const int width = (TerminalColumns() - 1 - gaps) / int(lanes.size());
+  std::string frame;
+  if (*drawn_lines > 0) frame = Cat("\r\x1b[", *drawn_lines, "A\x1b[J");
+  const std::vector<std::string> lines = LayOutPanels(panels, width, /*colour=*/true);
+  for (const std::string& line : lines) frame += line + "\n";
+  frame += Cat("\x1b[2m", kMaskGlyph, " mask  ", kEndGlyph,
+               " end of text  \x1b[0;1;32mgreen\x1b[0;2m: committed this step\x1b[0m\n");
+  *drawn_lines = int(lines.size()) + 1;
+  std::fputs(frame.c_str(), stderr);
+  std::fflush(stderr);
+}
+
+// --visual: the policies take their steps in turn, one forward each, and after each round a
+// terminal on stderr shows their canvases side by side as they fill in (elsewhere a line per
+// step). Frames come at most every 150 ms, so that a small model's steps can be followed; the
+// results' seconds count each policy's own steps only.
+std::vector<GenerationResult> DecodeVisually(const GenerateArgs& args, const Model& model,
+                                             const Tokenizer* tokenizer,
+                                             std::span<const int> prompt,
+                                             std::span<const std::string> policies) {
+  const ModelConfig& config = model.config();
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const int prompt_length = int(prompt.size());
+  std::vector<Lane> lanes(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) {
+    Lane& lane = lanes[i];
+    lane.policy = policies[i];
+    DecodeOptions options = args.options;
+    options.policy = lane.policy;
+    lane.progress = "step 0";
+    auto on_step = [&lane, tty, prompt_length](const StepEvent& e) {
+      lane.generated.assign(e.canvas.begin() + prompt_length, e.canvas.end());
+      lane.fresh.clear();
+      for (int p : e.committed) lane.fresh.push_back(p - prompt_length);
+      lane.progress = Cat("step ", e.nfe, ", ", e.masks_left, " masks left");
+      if (!tty) {
+        std::fprintf(stderr, "%s step %d: committed %zu, masks left %d\n", lane.policy.c_str(),
+                     e.nfe, e.committed.size(), e.masks_left);
+      }
+      return true;
+    };
+    lane.sequence = std::make_unique<Sequence>(model, prompt, options, on_step, args.trace);
+    lane.generated.assign(size_t(options.gen_length), config.mask_id);  // valid: checked above
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto frame_interval = std::chrono::milliseconds(150);
+  auto last_frame = Clock::now() - frame_interval;
+  int drawn_lines = 0;
+  auto running = [&] {
+    return std::any_of(lanes.begin(), lanes.end(),
+                       [](const Lane& l) { return !l.sequence->done(); });
+  };
+  while (running()) {
+    for (Lane& lane : lanes) {
+      if (lane.sequence->done()) continue;
+      Sequence* const batch[] = {lane.sequence.get()};
+      const auto started = Clock::now();
+      StepBatch(batch);
+      lane.seconds += std::chrono::duration<double>(Clock::now() - started).count();
+    }
+    if (!tty) continue;
+    std::this_thread::sleep_until(last_frame + frame_interval);
+    last_frame = Clock::now();
+    DrawFrame(lanes, {}, tokenizer, config, &drawn_lines);
+  }
+  std::vector<GenerationResult> results;
+  for (Lane& lane : lanes) {
+    lane.sequence->RethrowFailure();
+    results.push_back(lane.sequence->TakeResult());
+    results.back().seconds = lane.seconds;
+    lane.fresh.clear();
+  }
+  if (tty) DrawFrame(lanes, results, tokenizer, config, &drawn_lines);
+  return results;
 }
 
 }  // namespace
@@ -253,11 +387,23 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->add_flag("--trace", args->trace, "with --json: every step's commits and policy statistics");
   cmd->add_flag("--visual,--diffusion-visual", args->visual, "show the canvas as it fills")
       ->excludes(prompts);
+  auto* compare =
+      cmd->add_option("--compare", args->compare,
+                      "a second policy to decode the same prompt with the same flags: with "
+                      "--visual the two canvases fill in side by side; each policy's text and "
+                      "statistics follow in turn")
+          ->check(CLI::Validator(
+              [](const std::string& name) {
+                return IsKnownPolicy(name) ? "" : Cat("unknown policy (", KnownPolicies(), ")");
+              },
+              "POLICY"))
+          ->excludes(prompts)
+          ->excludes("--json");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
   args->options = defaults;
   AddDecodeFlags(cmd, args->options);
-  cmd->callback([args, prompt, ids, prompts] {
+  cmd->callback([args, prompt, ids, prompts, compare] {
     SetThreadCount(args->threads);
     if (prompt->count() == 0 && ids->count() == 0 && prompts->count() == 0)
       Fail("give a prompt with -p TEXT, --prompt-ids 1,2,3 or --prompts FILE.jsonl");
@@ -274,40 +420,36 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
       if (prompts->count() > 0) return GeneratePromptFile(*args, *model, tokenizer.get());
       prompt_ids = ParseIdList(args->prompt_ids, "--prompt-ids");
     }
-    const bool tty = isatty(STDERR_FILENO) != 0;
-    StepCallback on_step;
+    std::vector<std::string> policies = {args->options.policy};
+    if (compare->count() > 0) policies.push_back(args->compare);
+    std::vector<GenerationResult> results;
     if (args->visual) {
-      on_step = [&](const StepEvent& e) {
-        std::span<const int> generated = e.canvas.subspan(prompt_ids.size());
-        std::vector<int> fresh;
-        for (int p : e.committed) fresh.push_back(p - int(prompt_ids.size()));
-        if (tty) {
-          std::fprintf(stderr, "\x1b[2J\x1b[H%s\n\n\x1b[2mstep %d  masks left %d  %.1f s\x1b[0m\n",
-                       RenderCanvas(tokenizer.get(), generated, config.mask_id, fresh).c_str(),
-                       e.nfe, e.masks_left, e.seconds);
-        } else {
-          std::fprintf(stderr, "step %d: committed %zu, masks left %d\n", e.nfe, e.committed.size(),
-                       e.masks_left);
-        }
-        return true;
-      };
-    }
-    const GenerationResult r = Generate(*model, prompt_ids, args->options, on_step, args->trace);
-    const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
-    const std::string text = VisibleText(tokenizer.get(), visible);
-    if (args->json) {
-      std::printf("%s\n", ResultJson(r, tokenizer.get(), text, args->trace).dump().c_str());
-      return;
-    }
-    if (tokenizer != nullptr) {
-      std::printf("%s\n", text.c_str());
+      results = DecodeVisually(*args, *model, tokenizer.get(), prompt_ids, policies);
     } else {
-      std::string list;
-      for (int t : visible) list += (list.empty() ? "" : ",") + std::to_string(t);
-      std::printf("%s\n", list.c_str());
+      for (const std::string& policy : policies) {
+        DecodeOptions options = args->options;
+        options.policy = policy;
+        results.push_back(Generate(*model, prompt_ids, options, nullptr, args->trace));
+      }
     }
-    std::fprintf(stderr, "[%s: nfe %d, %.2f tokens/forward, %.1f tokens/s, %.2f s]\n",
-                 args->options.policy.c_str(), r.nfe, r.TpfUntilEos(), r.TpsUntilEos(), r.seconds);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const GenerationResult& r = results[i];
+      const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
+      const std::string text = VisibleText(tokenizer.get(), visible);
+      if (args->json) {
+        std::printf("%s\n", ResultJson(r, tokenizer.get(), text, args->trace).dump().c_str());
+        continue;
+      }
+      if (tokenizer != nullptr) {
+        std::printf("%s\n", text.c_str());
+      } else {
+        std::string list;
+        for (int t : visible) list += (list.empty() ? "" : ",") + std::to_string(t);
+        std::printf("%s\n", list.c_str());
+      }
+      std::fflush(stdout);  // each text right above its statistics on a terminal
+      std::fprintf(stderr, "%s\n", StatsLine(policies[i], r).c_str());
+    }
   });
 }
 

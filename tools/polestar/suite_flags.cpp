@@ -12,7 +12,8 @@ void AddSuiteFlags(CLI::App* cmd, SuiteFlags& flags) {
   // Item counts have long names only: -n is the generation length everywhere.
   cmd->add_option("--per-task", flags.per_task, "tiny, long: test items per task (default 50 / 84)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--limit", flags.limit, "only the first N items (after --per-task)")
+  cmd->add_option("--limit", flags.limit,
+                  "N items, taken from every task in turn (after --per-task)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--shard", flags.shard, "i/n: the i-th of n contiguous slices (0-based)");
   cmd->add_option("--data", flags.data_dir,
