@@ -668,22 +668,26 @@ void Server::Impl::ReadLoop() {
       }
       std::unique_ptr<Connection>& c = *it;
       bool closed = false;
-      for (;;) {
-        const ssize_t n = recv(c->fd, chunk, sizeof(chunk), 0);
-        if (n > 0) {
-          if (!c->draining) c->input.append(chunk, size_t(n));
-          if (size_t(n) < sizeof(chunk)) break;
+      try {
+        for (;;) {
+          const ssize_t n = recv(c->fd, chunk, sizeof(chunk), 0);
+          if (n > 0) {
+            if (!c->draining) c->input.append(chunk, size_t(n));
+            if (size_t(n) < sizeof(chunk)) break;
+            continue;
+          }
+          if (n < 0 && errno == EINTR) continue;
+          closed = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+          break;
+        }
+        // A client that closed its side can still have sent a whole request; answer it only
+        // if so (the answer may still reach a half-closed client).
+        if (!Advance(c)) {
+          it = reading.erase(it);
           continue;
         }
-        if (n < 0 && errno == EINTR) continue;
-        closed = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-        break;
-      }
-      // A client that closed its side can still have sent a whole request; answer it only
-      // if so (the answer may still reach a half-closed client).
-      if (!Advance(c)) {
-        it = reading.erase(it);
-        continue;
+      } catch (const std::exception&) {
+        closed = true;  // out of memory for this client's bytes: it loses its connection
       }
       it = closed ? drop(it) : std::next(it);
     }

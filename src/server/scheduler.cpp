@@ -289,7 +289,20 @@ void Scheduler::StepLoop() {
     }
     if (!batch.empty()) {
       const Clock::time_point started = Clock::now();
-      StepBatch(batch);  // each sequence's callback runs in it
+      try {
+        StepBatch(batch);  // each sequence's callback runs in it
+      } catch (const std::exception& e) {
+        // A failure of the forward they shared (out of memory, say) ends these jobs, not
+        // the server: each answers 500 with the reason.
+        for (size_t i = 0; i < active.size(); ++i) {
+          if (!in_batch[i]) continue;
+          JobOutcome outcome;
+          outcome.status = JobOutcome::Status::kFailed;
+          outcome.error = e.what();
+          Finish(active[i]->job(), std::move(outcome));
+          active[i].reset();
+        }
+      }
       metrics_.ObserveStep(SecondsBetween(started, Clock::now()), int(batch.size()), rows);
     }
 
@@ -297,6 +310,7 @@ void Scheduler::StepLoop() {
     left_out.clear();
     stepped.clear();
     for (size_t i = 0; i < active.size(); ++i) {
+      if (!active[i]) continue;  // failed with its batch
       if (active[i]->sequence().done()) {
         Finish(active[i]->job(), active[i]->TakeOutcome());
       } else {
