@@ -17,28 +17,13 @@
 
 #include "base/error.h"
 #include "decode/option_schema.h"
+#include "request_fuzz_model.h"
 #include "server/api.h"
 
 namespace {
 
 using namespace polestar;
 using nlohmann::json;
-
-// Bytes as token ids, so every prompt encodes.
-class ByteCodec : public TextCodec {
- public:
-  std::vector<int> EncodeText(const std::string& text) const override {
-    if (text.empty()) Fail("empty prompt");
-    return std::vector<int>(text.begin(), text.end());
-  }
-  std::vector<int> EncodeChat(const std::vector<ChatTurn>& turns) const override {
-    std::string all;
-    for (const ChatTurn& turn : turns) all += turn.role + turn.content;
-    return EncodeText(all);
-  }
-  std::unique_ptr<TextStream> NewTextStream() const override { return nullptr; }
-  std::string TokenLabel(int) const override { return ""; }
-};
 
 // Every name a request may use for a decoding field, and the length fields.
 std::vector<std::string> FieldNames() {
@@ -125,22 +110,11 @@ void CheckAccepted(const CompletionRequest& r, const ModelConfig& config,
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::vector<std::string> names = FieldNames();
-  static const ByteCodec codec;
-  static const ModelConfig config = [] {
-    ModelConfig c;
-    c.vocab = 256 + 8;
-    c.max_positions = 512;
-    c.mask_id = 256;
-    c.eos_id = 257;
-    return c;
-  }();
-  RequestLimits limits;
-  limits.max_prompt_tokens = 256;
-  limits.max_tokens = 512;
-  DecodeOptions defaults;
-  defaults.gen_length = 32;
-  defaults.block_length = 8;
-  defaults.steps = 32;
+  static const fuzz::ByteCodec codec;
+  static const ModelConfig config = fuzz::FuzzModel();
+  RequestLimits limits = fuzz::FuzzLimits();
+  limits.max_tokens = config.max_positions;  // lengths up to the context reach the rounding
+  const DecodeOptions defaults = fuzz::FuzzDefaults();
 
   FuzzedDataProvider in(data, size);
   json body = {{"prompt", "A1+2="}};

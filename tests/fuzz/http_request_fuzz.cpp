@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "request_fuzz_model.h"
 #include "server/api.h"
 #include "server/http.h"
 
@@ -16,41 +17,11 @@ namespace {
 
 using namespace polestar;
 
-// Bytes as token ids, so every prompt encodes; chat turns are concatenated.
-class ByteCodec : public TextCodec {
- public:
-  std::vector<int> EncodeText(const std::string& text) const override {
-    if (text.empty()) Fail("empty prompt");
-    return std::vector<int>(text.begin(), text.end());
-  }
-  std::vector<int> EncodeChat(const std::vector<ChatTurn>& turns) const override {
-    std::string all;
-    for (const ChatTurn& turn : turns) all += turn.role + turn.content;
-    return EncodeText(all);
-  }
-  std::unique_ptr<TextStream> NewTextStream() const override { return nullptr; }
-  std::string TokenLabel(int) const override { return ""; }
-};
-
-ModelConfig FuzzModel() {
-  ModelConfig config;
-  config.vocab = 256 + 8;
-  config.max_positions = 512;
-  config.mask_id = 256;
-  config.eos_id = 257;
-  return config;
-}
-
 void CheckRequestBody(std::string_view body, const std::multimap<std::string, std::string>& query) {
-  static const ByteCodec codec;
-  static const ModelConfig config = FuzzModel();
-  RequestLimits limits;
-  limits.max_prompt_tokens = 256;
-  limits.max_tokens = 256;
-  DecodeOptions defaults;
-  defaults.gen_length = 32;
-  defaults.block_length = 8;
-  defaults.steps = 32;
+  static const fuzz::ByteCodec codec;
+  static const ModelConfig config = fuzz::FuzzModel();
+  const RequestLimits limits = fuzz::FuzzLimits();
+  const DecodeOptions defaults = fuzz::FuzzDefaults();
   try {
     const nlohmann::json parsed = ParseJsonBody(body);
     for (Endpoint endpoint : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
