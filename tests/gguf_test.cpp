@@ -824,11 +824,18 @@ TEST(GgufConvertTokenizer, BundledModelGeneratesAndTokenizesAsItsFolder) {
       "tokenize --text " + text, "tokenize --chat --text " + text,
       "tokenize --decode 554,555,100,17,300", "tokenize --decode 100,17,300,554 --skip-special",
       "generate --help"};
+  // CLI11 lists a flag's exclusions in the order of their addresses, which differ from run
+  // to run; the defaults are what must agree.
+  auto without_exclusions = [](std::string help) {
+    for (size_t at; (at = help.find(" Excludes:")) != std::string::npos;)
+      help.erase(at, help.find('\n', at) - at);
+    return help;
+  };
   for (const std::string& args : same_output) {
     std::string from_folder, from_gguf;
     ASSERT_EQ(testing::RunCli(args + " -m " + folder, &from_folder), 0) << args;
     ASSERT_EQ(testing::RunCli(args + " -m " + gguf, &from_gguf), 0) << args;
-    EXPECT_EQ(from_gguf, from_folder) << args;
+    EXPECT_EQ(without_exclusions(from_gguf), without_exclusions(from_folder)) << args;
   }
   const std::vector<std::string> same_tokens = {"generate --json -p " + text,
                                                 "generate --json --raw -p " + text};

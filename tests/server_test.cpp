@@ -564,6 +564,32 @@ TEST(Server, ExtremeDecodingValuesAreAnsweredNotFatal) {
   EXPECT_EQ(s.Get("/health").status, 200);
 }
 
+// The decoding flags given to serve are checked at start (named as flags), as a request's
+// fields are: a bad default is an error then, not a 400 for every request. A default length
+// longer than the context is not one: requests name their own max_tokens.
+TEST(Server, InvalidDefaultsFailWhenTheModelIsInstalled) {
+  for (const auto& [change, message] :
+       std::vector<std::pair<std::function<void(DecodeOptions&)>, std::string>>{
+           {[](DecodeOptions& d) { d.threshold = 2; }, "--threshold must lie in (0, 1]"},
+           {[](DecodeOptions& d) { d.block_length = 1000; }, "--block-length 1000: the answer"},
+           {[](DecodeOptions& d) { d.policy = "fast"; }, "unknown policy 'fast'"}}) {
+    ServerOptions o = ProbeOptions();
+    change(o.defaults);
+    try {
+      TestServer s(o);
+      ADD_FAILURE() << "no error for " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the server's decoding defaults are invalid"),
+                std::string::npos);
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  ServerOptions o = ProbeOptions();
+  o.defaults.gen_length = 4096;  // past the probe's 128 positions
+  TestServer s(o);
+  EXPECT_EQ(s.Post("/v1/completions", {{"prompt", "A1+2="}, {"max_tokens", 8}}).status, 200);
+}
+
 // --- endpoints -------------------------------------------------------------------------
 
 TEST(Server, HealthIs503WhileLoadingThen200) {
@@ -834,6 +860,7 @@ TEST(Server, CanvasStreamReplaysEveryStep) {
       << "one canvas event per forward";
   // Committed positions, applied in order, fill every position exactly once.
   std::vector<std::string> canvas(32);
+  std::vector<bool> ends(32, false);
   std::vector<int> times_committed(32, 0);
   int committed_total = 0;
   for (size_t k = 0; k < steps.size(); ++k) {
@@ -843,6 +870,9 @@ TEST(Server, CanvasStreamReplaysEveryStep) {
       ASSERT_TRUE(position >= 0 && position < 32);
       ++times_committed[size_t(position)];
       canvas[size_t(position)] = commit[1];
+      // The probe's vocabulary labels its end token <eos>; the server says it ends the text.
+      EXPECT_EQ(commit[2], commit[1] == "<eos>") << commit.dump();
+      ends[size_t(position)] = commit[2];
       ++committed_total;
     }
     EXPECT_EQ(steps[k]["committed_total"], committed_total);
@@ -850,10 +880,7 @@ TEST(Server, CanvasStreamReplaysEveryStep) {
   }
   EXPECT_EQ(times_committed, std::vector<int>(32, 1));
   std::string from_canvas;
-  for (const std::string& label : canvas) {
-    if (label == "<eos>") break;
-    from_canvas += label;
-  }
+  for (size_t p = 0; p < canvas.size() && !ends[p]; ++p) from_canvas += canvas[p];
   EXPECT_EQ(from_canvas, c.reference_text);
 }
 

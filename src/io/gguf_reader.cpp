@@ -244,7 +244,13 @@ GgufFile ParseGguf(const uint8_t* data, size_t size, const std::string& origin) 
     }
   }
   file.data_offset = (in.position() + file.alignment - 1) / file.alignment * file.alignment;
-  const uint64_t data_bytes = size > file.data_offset ? size - file.data_offset : 0;
+  // The data section may be empty, but it starts inside the file: a tensor's address, even an
+  // empty one's, lies within the mapping.
+  if (!file.tensors.empty() && file.data_offset > size) {
+    Fail(origin, ": the tensor data would start at byte ", file.data_offset,
+         ", past the end of the ", size, "-byte file (truncated file?)");
+  }
+  const uint64_t data_bytes = size - std::min<uint64_t>(size, file.data_offset);
 
   std::vector<std::pair<uint64_t, uint64_t>> extents;  // [begin, end) per tensor
   for (const GgufTensorInfo& t : file.tensors) {

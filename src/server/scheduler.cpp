@@ -97,7 +97,10 @@ class ActiveJob {
     if (job.stream_canvas) {
       nlohmann::json committed = nlohmann::json::array();
       for (int p : e.committed) {
-        committed.push_back({p - prompt_length_, codec_.TokenLabel(e.canvas[size_t(p)])});
+        const int token = e.canvas[size_t(p)];
+        // [position in the answer, the token's text, whether it ends the text]
+        committed.push_back(
+            {p - prompt_length_, codec_.TokenLabel(token), IsEndToken(config_, token)});
       }
       canvas = DumpJson({{"nfe", e.nfe},
                          {"block", e.block_index},

@@ -390,14 +390,14 @@ int64_t KvBudgetBytes(double megabytes) {
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / 2;
 }
 
-// The server's decoding defaults pass the checks a request's options pass (a request that
-// names no field gets them), so a bad default fails at start, not in every request.
+// The server's decoding defaults pass the checks a request's options pass, so that a bad
+// default (a value out of range, options that cannot be combined) fails at start rather than
+// in every request. Checked on the shortest request, a one-token prompt and answer: the
+// default length is only what a request that names none asks for.
 void CheckDefaults(const DecodeOptions& defaults, const ModelConfig& config) {
   DecodeOptions request = defaults;
   try {
-    // A one-token prompt leaves the rest of the context to the answer.
-    request.FitCanvasTo(std::max(1, std::min(defaults.gen_length, config.max_positions - 1)), false,
-                        defaults, config);
+    request.FitCanvasTo(1, false, defaults, config);
     request.Validate(config, 1);
   } catch (const Error& e) {
     Fail("the server's decoding defaults are invalid for this model: ", e.what());
