@@ -1857,6 +1857,40 @@ TEST(Server, CrossOriginRequestsAreRefusedUnlessAllowed) {
   EXPECT_EQ(HeaderOf(anywhere, "Access-Control-Allow-Origin"), "*");
 }
 
+// Requests a page can make without an Origin header (an image or a script tag, a link it
+// opens) carry the browser's Sec-Fetch-Site: cross-site ones cannot start work, while the user
+// may still open the page from a link on another site.
+TEST(Server, CrossSiteRequestsWithoutAnOriginAreRefused) {
+  TestServer s(ProbeOptions());
+  const std::string stream = "/v1/diffusion/stream?prompt=A1%2B2%3D&max_tokens=8";
+  for (const char* site : {"cross-site", "same-site"}) {
+    SCOPED_TRACE(site);
+    for (const char* mode : {"no-cors", "navigate"}) {
+      Reply r = s.Get(stream, {{"Sec-Fetch-Site", site}, {"Sec-Fetch-Mode", mode}});
+      EXPECT_EQ(r.status, 403) << r.text;
+      EXPECT_EQ(r.body["error"]["code"], "cross_site_request");
+    }
+    EXPECT_EQ(s.Get("/v1/models", {{"Sec-Fetch-Site", site}, {"Sec-Fetch-Mode", "no-cors"}}).status,
+              403);
+    EXPECT_EQ(s.Get("/", {{"Sec-Fetch-Site", site}, {"Sec-Fetch-Mode", "navigate"}}).status, 200)
+        << "the page opens from a link";
+  }
+  EXPECT_EQ(s.Metric("polestar_forward_passes_total"), 0) << "no work was started";
+  // The page's own requests, and a URL the user typed.
+  const json body = {{"prompt", "A1+2="}, {"max_tokens", 8}};
+  EXPECT_EQ(s.Post("/v1/completions", body, {{"Sec-Fetch-Site", "same-origin"}}).status, 200);
+  EXPECT_EQ(s.Get(stream, {{"Sec-Fetch-Site", "none"}, {"Sec-Fetch-Mode", "navigate"}}).status,
+            200);
+  // A page --cors lets in.
+  ServerOptions o = ProbeOptions();
+  o.cors_origins = "http://app.example";
+  TestServer allowed(o);
+  EXPECT_EQ(
+      allowed.Get(stream, {{"Origin", "http://app.example"}, {"Sec-Fetch-Site", "cross-site"}})
+          .status,
+      200);
+}
+
 // DNS rebinding: a page on evil.example whose name later resolves to 127.0.0.1 is same-origin
 // with itself, so only the Host header tells the request apart.
 TEST(Server, HostHeadersOutsideTheAllowListAreRefused) {

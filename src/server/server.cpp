@@ -273,6 +273,22 @@ std::optional<http::Rejection> Server::Impl::Screen(const http::Request& head) {
             origin, " to let that page call the API)"),
         "", "origin_not_allowed"));
   }
+  // A page can make the browser send a GET without an Origin (an image, a script, a link it
+  // follows for the user): the browser's Sec-Fetch-Site still tells such a request apart.
+  // Cross-site ones are refused where they would start work, or unless they are the user
+  // opening a page (navigation to a route that starts nothing).
+  const std::string fetch_site = head.Header("Sec-Fetch-Site");
+  const bool cross_site =
+      !fetch_site.empty() && fetch_site != "same-origin" && fetch_site != "none";
+  if (cross_site && CorsAllowOrigin(head).empty() &&
+      (Generates(head) || head.Header("Sec-Fetch-Mode") != "navigate")) {
+    return reject(
+        ApiError(403, "invalid_request_error",
+                 Cat("requests a page on another site makes (Sec-Fetch-Site: ", fetch_site,
+                     ") are refused (start the server with --cors ORIGIN "
+                     "to let that page call the API)"),
+                 "", "cross_site_request"));
+  }
   if (head.method == "POST" && !IsJsonMediaType(head.Header("Content-Type"))) {
     return reject(ApiError(415, "invalid_request_error",
                            "the request body must be sent as Content-Type: application/json", "",
