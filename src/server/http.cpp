@@ -325,6 +325,7 @@ struct Connection {
   bool screened = false;       // the head of the request being read passed the screen
   bool continue_sent = false;  // "100 Continue" went out for this request
   bool draining = false;       // answered with an error; discarding input until closed
+  bool readable = false;       // this turn's poll found input (or a hang-up) to read
 
   ~Connection() {
     if (fd >= 0) close(fd);
@@ -632,12 +633,8 @@ void Server::Impl::ReadLoop() {
       uint64_t count;
       [[maybe_unused]] ssize_t n = read(wake_fd, &count, sizeof(count));
     }
-    // Connections whose turn to be read has passed are recognised by address, since evictions
-    // below may remove any of them.
-    std::vector<Connection*> ready;
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ready.push_back(polled[i - 2]->get());
-    }
+    // Marked on the connections themselves: evictions below may remove any of them.
+    for (size_t i = 2; i < fds.size(); ++i) (*polled[i - 2])->readable = fds[i].revents != 0;
     if (fds[1].revents & POLLIN) {
       while (open_connections <= options.max_connections) {
         const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -662,11 +659,12 @@ void Server::Impl::ReadLoop() {
       }
     }
     for (auto it = reading.begin(); it != reading.end();) {
-      if (std::find(ready.begin(), ready.end(), it->get()) == ready.end()) {
+      if (!(*it)->readable) {
         ++it;
         continue;
       }
       std::unique_ptr<Connection>& c = *it;
+      c->readable = false;
       bool closed = false;
       try {
         for (;;) {
