@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "base/dtype.h"
 #include "base/parallel.h"
 #include "ops/isa.h"

@@ -137,7 +137,7 @@ class LogitsForEveryRowIfWidened : public LayerHook {
       *rows.logit_rows = Range(0, length_);
     }
   }
-  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+  void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) override {
     inner_->OnAttention(layer, query_rows, probs);
   }
 

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <span>
 
+#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "bench/random_model.h"
 #include "decode/generate.h"

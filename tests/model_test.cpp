@@ -6,7 +6,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "test_support.h"

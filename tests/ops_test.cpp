@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/parallel.h"

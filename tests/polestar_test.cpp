@@ -285,8 +285,11 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
 // Captures each layer's attention probabilities of a step.
 class CaptureAttention final : public LayerHook {
  public:
-  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
-    probs_[layer].assign(probs, probs + query_rows.size() * row_size_);
+  void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) override {
+    ASSERT_EQ(probs.count(), int64_t(query_rows.size()));
+    ASSERT_EQ(probs.width(), row_size_);
+    probs_[layer].resize(query_rows.size() * size_t(row_size_));
+    probs.Download(probs_[layer].data());
   }
   int64_t row_size_ = 0;
   std::map<int, std::vector<float>> probs_;
@@ -318,12 +321,15 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
       }
     }
     // Their drift from the captured rows is nil; from other rows it is not.
-    EXPECT_NEAR(forward.MeanCrossHeadCosine(all.data(), rows, got.data()), 1.0, 1e-6);
+    Buffer captured(forward.backend(), int64_t(all.size()));  // [L, H, L]
+    forward.Upload(all.data(), captured.bytes(), captured.data());
+    const RowsView now(forward, captured.data(), length, capture.row_size_);
+    EXPECT_NEAR(forward.MeanCrossHeadCosine(now, rows, got.data()), 1.0, 1e-6);
     forward.HeadMeanDrift(DriftMetric::kKl, got.data(), got.data(), int64_t(rows.size()),
                           drift.data());
     for (double d : drift) EXPECT_EQ(d, 0.0);
     const std::vector<int> shifted = {5, 0, 3};  // other prompt tokens
-    EXPECT_LT(forward.MeanCrossHeadCosine(all.data(), shifted, got.data()), 1.0 - 1e-6);
+    EXPECT_LT(forward.MeanCrossHeadCosine(now, shifted, got.data()), 1.0 - 1e-6);
   }
 }
 

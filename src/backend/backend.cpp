@@ -6,15 +6,33 @@
 
 namespace polestar {
 
-Buffer::Buffer(const Backend& backend, int64_t size, Init init)
+int64_t ElementBytes(ElementType type) {
+  switch (type) {
+    case ElementType::kF32:
+    case ElementType::kI32:
+      return 4;
+    case ElementType::kBf16:
+    case ElementType::kF16:
+      return 2;
+    case ElementType::kF64:
+      return 8;
+    case ElementType::kU8:
+      return 1;
+  }
+  PS_CHECK(false);
+  return 0;
+}
+
+Buffer::Buffer(const Backend& backend, int64_t size, ElementType type, Init init)
     : backend_(&backend),
-      data_(size > 0 ? backend.Allocate(size, init == Init::kZero) : nullptr),
+      type_(type),
+      data_(size > 0 ? backend.Allocate(size * ElementBytes(type), init == Init::kZero) : nullptr),
       size_(size) {}
 
 Buffer::Buffer(const Buffer& other) : Buffer() {
   if (other.backend_ == nullptr) return;
-  *this = Buffer(*other.backend_, other.size_, Init::kNone);
-  backend_->Copy(other.data_, size_, data_);
+  *this = Buffer(*other.backend_, other.size_, other.type_, Init::kNone);
+  if (size_ > 0) backend_->CopyBytes(other.data_, bytes(), data_);
 }
 
 Buffer& Buffer::operator=(const Buffer& other) {
@@ -24,6 +42,7 @@ Buffer& Buffer::operator=(const Buffer& other) {
 
 Buffer::Buffer(Buffer&& other) noexcept
     : backend_(std::exchange(other.backend_, nullptr)),
+      type_(other.type_),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
@@ -31,6 +50,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     Release();
     backend_ = std::exchange(other.backend_, nullptr);
+    type_ = other.type_;
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -43,7 +63,7 @@ void Buffer::Reserve(int64_t size) {
   if (size <= size_) return;
   PS_CHECK(backend_ != nullptr);
   const Backend& backend = *backend_;
-  *this = Buffer(backend, size, Init::kNone);
+  *this = Buffer(backend, size, type_, Init::kNone);
 }
 
 void Buffer::Release() {
@@ -51,5 +71,7 @@ void Buffer::Release() {
   data_ = nullptr;
   size_ = 0;
 }
+
+void Buffer::CheckElement(size_t bytes) const { PS_CHECK(int64_t(bytes) == ElementBytes(type_)); }
 
 }  // namespace polestar

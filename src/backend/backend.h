@@ -1,62 +1,121 @@
 // The seam between the model and the hardware it runs on: the op set one decoding step
-// uses, and the buffers those ops read and write. Forward (model/forward.h) and the model's
-// drift ops run against a Backend; kernels behind it know nothing of models, caches or
-// policies. The CPU backend (backend/cpu_backend.h) is the first implementation.
+// uses, the memory those ops read and write, and the transfers between that memory and the
+// host. Forward (model/forward.h) and the model's drift ops run against a Backend; kernels
+// behind it know nothing of models, caches or policies. Backends live one per folder
+// (backend/cpu/, ...) and register themselves in one place (backend/registry.h).
 //
-// Pointers handed to the ops point into Buffers allocated by the same backend ("device
-// memory": host memory on the CPU backend), except where an op says "host". Legend as in
-// ops/ops.h: M rows computed, K input width, N output width, L canvas length, H query
+// Memory. Pointers handed to the ops point into Buffers allocated by the same backend
+// ("backend memory"), or into weights bound to it (ResidentWeights, model/model.h), except
+// where an op says "host". Host code never reads or writes backend memory directly: it moves
+// bytes with Upload and Download, which are the only crossings and are counted by whoever
+// issues them (Forward's TransferCounts). Index lists (rows, positions, tokens, scales) are
+// host arguments: they are the step's plan, which a device backend stages itself. Legend as
+// in ops/ops.h: M rows computed, K input width, N output width, L canvas length, H query
 // heads, Hkv key/value heads, D head dim, C model width.
 //
-// Per step, what crosses the seam for a device backend: the plan in (row lists, the tokens
-// of the fresh rows), and out the logits of the logit rows (LmHead writes host memory) plus
-// the small drift summaries policies ask for (attention rows of chosen queries, per-row
-// drift). Weights, the KV cache, the hidden-state cache and the step's scratch stay on the
-// device.
+// Order. Ops run in the order they are issued on the calling thread's queue; Download returns
+// when its bytes are on the host. Work issued inside a SideQueue job runs on the backend's
+// second queue, concurrently with the main one (see SideQueue).
 //
 // Batches: a batch of sequences runs as one step whose rows are the concatenation of every
 // sequence's rows, so the row-wise ops (RMSNorm, SwiGLU, add, row copies, embedding) take the
 // batch's rows as they take one sequence's; RoPE takes each row's position. The matrix
 // products also take the rows' split into sequences (RowSegments), because a kernel may
-// choose its method by row count and every sequence must get the bits it gets alone.
-// Attention runs per sequence, over that sequence's own cache.
+// choose its method by row count and every sequence must get the bits it gets alone (on a
+// backend whose contract says it is batch invariant). Attention runs per sequence, over that
+// sequence's own cache.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 
-#include "ops/ops.h"
+#include "backend/types.h"
 
 namespace polestar {
 
 class Backend;
 
-// An owning array of floats in a backend's memory. Copies allocate on the same backend.
+// What a Buffer holds. BF16 and F16 elements are stored as uint16_t.
+enum class ElementType { kF32, kBf16, kF16, kF64, kI32, kU8 };
+int64_t ElementBytes(ElementType type);
+
+// An owning array of `size` elements of one type in a backend's memory. Copies allocate on
+// the same backend.
 class Buffer {
  public:
   enum class Init { kZero, kNone };
   Buffer() = default;
-  Buffer(const Backend& backend, int64_t size, Init init = Init::kZero);
+  Buffer(const Backend& backend, int64_t size, Init init = Init::kZero)
+      : Buffer(backend, size, ElementType::kF32, init) {}
+  Buffer(const Backend& backend, int64_t size, ElementType type, Init init = Init::kZero);
   Buffer(const Buffer& other);
   Buffer& operator=(const Buffer& other);
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
   ~Buffer();
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  // The elements as floats (an F32 buffer).
+  float* data() { return As<float>(); }
+  const float* data() const { return As<float>(); }
+  // The elements as T, which must have the buffer's element size (uint16_t for BF16/F16).
+  template <class T>
+  T* As() {
+    CheckElement(sizeof(T));
+    return static_cast<T*>(data_);
+  }
+  template <class T>
+  const T* As() const {
+    CheckElement(sizeof(T));
+    return static_cast<const T*>(data_);
+  }
+  ElementType type() const { return type_; }
   int64_t size() const { return size_; }
-  // Grows to at least `size` floats (scratch reuse across steps: no allocation once warm).
+  int64_t bytes() const { return size_ * ElementBytes(type_); }
+  bool empty() const { return size_ == 0; }
+  const Backend* backend() const { return backend_; }
+  // Grows to at least `size` elements (scratch reuse across steps: no allocation once warm).
   // Growing does not keep the contents; a size within the current one keeps everything.
   void Reserve(int64_t size);
 
  private:
   void Release();
+  void CheckElement(size_t bytes) const;
 
   const Backend* backend_ = nullptr;
-  float* data_ = nullptr;
+  ElementType type_ = ElementType::kF32;
+  void* data_ = nullptr;
   int64_t size_ = 0;
+};
+
+// What a backend guarantees, so tests and users know what to hold it to (docs/architecture.md,
+// "Backend contracts").
+struct BackendContract {
+  // Every op gives, bit for bit, what its scalar twin (ops/reference.h) gives with the same
+  // activation precision: decode traces reproduce the reference fixtures exactly.
+  bool exact_to_scalar_twins = false;
+  // A sequence's rows get the same bits in any batch (MatMulBatch's segments).
+  bool batch_invariant = false;
+  // Backend memory is host memory (host code could read it; it still must not).
+  bool host_memory = false;
+};
+
+// A second queue for work that may overlap the main one (Polestar's clustering, proxy
+// attention and NVFP4 store at block start). A job's ops are issued on this queue; the CPU
+// backend runs jobs on a worker thread, a device backend on a second stream. One job is in
+// flight at a time. Which ops a job may issue: the drift ops of model/forward.h that only
+// read the cache (ReadHidden, ProjectQueries, UnrotatedKeys, ProxyAttention,
+// CachedRowsAttention, HeadMeanDrift), their downloads, and host work on their results;
+// never an op that writes the cache or the main queue's scratch.
+class SideQueue {
+ public:
+  virtual ~SideQueue() = default;
+  // Waits for the job before, then starts `job`.
+  virtual void Run(std::function<void()> job) = 0;
+  // Returns when the last job has finished; rethrows what it threw.
+  virtual void Wait() = 0;
 };
 
 enum class DriftMetric { kKl, kCosine };
@@ -77,12 +136,26 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
-  // Memory: `size` floats, zeroed when `zero`.
-  virtual float* Allocate(int64_t size, bool zero) const = 0;
-  virtual void Free(float* data) const = 0;
-  virtual void Copy(const float* src, int64_t size, float* dst) const = 0;
+  virtual BackendContract contract() const = 0;
+  // Whether weights bound to this backend stay where the host loaded them (zero copy): a
+  // backend that computes in host memory. Otherwise Model::On copies them in once.
+  virtual bool ViewsHostWeights() const = 0;
+
+  // Memory: `bytes` bytes of backend memory, zeroed when `zero`.
+  virtual void* Allocate(int64_t bytes, bool zero) const = 0;
+  virtual void Free(void* data) const = 0;
+  // Within backend memory.
+  virtual void CopyBytes(const void* src, int64_t bytes, void* dst) const = 0;
+  void Copy(const float* src, int64_t size, float* dst) const { CopyBytes(src, size * 4, dst); }
   // x[n] = 0.
   virtual void Zero(float* x, int64_t n) const = 0;
+  // Host -> backend memory, and back. Download returns when the bytes are on the host.
+  virtual void Upload(const void* host, int64_t bytes, void* dst) const = 0;
+  virtual void Download(const void* src, int64_t bytes, void* host) const = 0;
+  // Returns when every op issued so far on this thread's queue has finished.
+  virtual void Synchronize() const = 0;
+  // A second queue (see SideQueue).
+  virtual std::unique_ptr<SideQueue> MakeSideQueue() const = 0;
 
   // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given), for every weight type, with the M
   // rows of x split into `segments` (one per sequence of a batch, in order): each segment's
@@ -100,7 +173,7 @@ class Backend {
   virtual void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                        float* out) const = 0;
   // x[M, heads * D] rotated in place (inverse: un-rotated), row i at position positions[i]
-  // (host). See ops.h ApplyRope.
+  // (host), with a table bound to this backend (ResidentWeights::rope). See ops.h ApplyRope.
   virtual void ApplyRope(float* x, std::span<const int> positions, int heads,
                          const RopeTable& table, bool interleaved) const = 0;
   virtual void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
@@ -138,8 +211,8 @@ class Backend {
   // out[i, C] = embedding row of tokens[rows[i]] (tokens and rows host).
   virtual void Embed(const WeightView& embedding, std::span<const int> tokens,
                      std::span<const int> rows, float* out) const = 0;
-  // logits[M, V] (host) = lm_head · rmsnorm(x[M, C]); x is normalised in place. Segments as
-  // in MatMulBatch.
+  // logits[M, V] = lm_head · rmsnorm(x[M, C]); x is normalised in place. Segments as in
+  // MatMulBatch.
   virtual void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm,
                            float eps, const WeightView& lm_head, float* logits) const = 0;
   void LmHead(float* x, int64_t m, int64_t c, const float* final_norm, float eps,
@@ -149,7 +222,7 @@ class Backend {
   }
   // out[r] (host) = the mean over H heads of the drift between now and before, both
   // [rows, H, L] distributions: KL(now || before) with entries floored at 1e-12, or
-  // 1 - cos(now, before). `logs` serves the KL only.
+  // 1 - cos(now, before). `logs` (host) serves the KL only.
   virtual void HeadMeanDrift(DriftMetric metric, const float* now, const float* before,
                              int64_t rows, int heads, int64_t l, double* out,
                              DriftLogs logs = {}) const = 0;

@@ -26,6 +26,7 @@ class Guidance {
       : cache_(MakeCache(model, length, false)), forward_(model, cache_), scale_(float(scale)) {}
 
   int64_t CacheBytes() const { return cache_.Bytes(); }
+  TransferBytes transfers() const { return forward_.transfers(); }
 
   // The unconditional pass of `plan`, to run beside it.
   SequenceStep Step(std::span<const int> canvas, int prompt_length, int mask_id,
@@ -125,9 +126,11 @@ class Decoder {
   void Plan() {
     if (planned_ || done_) return;
     const DecodeContext context = Context();
+    transfers_at_plan_ = Transfers();  // the plan's drift ops count as the step's
     plan_ = policy_->Plan(context);
     masked_ = policy_->CommitCandidates(context, block_masked_);
     for (int p : masked_) plan_.logit_rows.push_back(config_.PredictingRow(p));
+
     if (config_.sampler == SamplerFamily::kLlada2) plan_.attention_block = layout_.block_length;
     std::sort(plan_.logit_rows.begin(), plan_.logit_rows.end());
     plan_.logit_rows.erase(std::unique(plan_.logit_rows.begin(), plan_.logit_rows.end()),
@@ -298,9 +301,19 @@ class Decoder {
     committed_last_step_ = int(committed.size());
     const std::string kind = policy_->StepKind();
     ++result_.step_kinds[kind];
+    const TransferBytes now = Transfers();
+    const TransferBytes step{now.to_backend - transfers_at_plan_.to_backend,
+                             now.to_host - transfers_at_plan_.to_host};
+    TransferBytes& total = result_.step_transfers[kind];
+    total.to_backend += step.to_backend;
+    total.to_host += step.to_host;
     if (keep_trace_) {
-      nlohmann::json entry = {
-          {"nfe", result_.nfe}, {"block", block_index}, {"kind", kind}, {"committed", committed}};
+      nlohmann::json entry = {{"nfe", result_.nfe},
+                              {"block", block_index},
+                              {"kind", kind},
+                              {"committed", committed},
+                              {"bytes_to_backend", step.to_backend},
+                              {"bytes_to_host", step.to_host}};
       nlohmann::json stats = policy_->StepStats();
       if (!stats.empty()) entry["policy"] = stats;
       result_.trace.push_back(std::move(entry));
@@ -322,6 +335,16 @@ class Decoder {
       if (!ended) ++result_.tokens_until_eos;
       if (!end) ++result_.non_eos_tokens;
     }
+  }
+
+  // This sequence's transfers so far, guidance's pass included.
+  TransferBytes Transfers() const {
+    TransferBytes bytes = forward_.transfers();
+    if (guidance_) {
+      bytes.to_backend += guidance_->transfers().to_backend;
+      bytes.to_host += guidance_->transfers().to_host;
+    }
+    return bytes;
   }
 
   double Elapsed() const {
@@ -357,6 +380,7 @@ class Decoder {
   bool planned_ = false;
   StepPlan plan_;
   std::vector<int> masked_;  // commit candidates (ascending)
+  TransferBytes transfers_at_plan_;
 };
 
 namespace {

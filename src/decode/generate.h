@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "decode/options.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 namespace polestar {
@@ -49,6 +50,9 @@ struct GenerationResult {
   int non_eos_tokens = 0;    // generated tokens that are not EOS (Polestar's protocol)
   int64_t cache_bytes = 0;
   std::map<std::string, int> step_kinds;  // forwards by cost class (Policy::StepKind)
+  // Bytes between host and backend by cost class, summed over its steps (plan, outputs,
+  // hooks, drift ops, classifier-free guidance's pass included).
+  std::map<std::string, TransferBytes> step_transfers;
   // Per step: nfe, block, step kind, positions committed, policy stats.
   nlohmann::json trace = nlohmann::json::array();
 

@@ -147,15 +147,11 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     rows_per_layer_[size_t(rows.layer)] = int64_t(rows.query_rows->size());
   }
 
-  // probs: [|Q|, H, L].
-  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+  // probs: [|Q|, H * L].
+  void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) override {
     const int64_t length = int64_t(canvas_.size());
     row_of_.assign(size_t(length), -1);  // position -> index in query_rows
     for (size_t i = 0; i < query_rows.size(); ++i) row_of_[size_t(query_rows[i])] = int64_t(i);
-    auto row = [&](int position) {
-      PS_CHECK(row_of_[size_t(position)] >= 0);  // tracked and predicting rows are query rows
-      return probs + row_of_[size_t(position)] * heads_ * length;  // [H, L]
-    };
 
     if (!full_ && fired_layer_ < 0 && !tracked_.empty()) {
       tracked_rows_.clear();  // [|tracked|] index of each tracked token in query_rows
@@ -170,9 +166,16 @@ class ElasticCachePolicy : public Policy, private LayerHook {
     }
 
     // The next step's tracked tokens of this layer: where the window's masks look most.
-    std::vector<double> mass(size_t(length), 0);  // [L]
+    std::vector<int> predicting;  // [|predicting|] their index in query_rows
     for (int p : predicting_rows_) {
-      const float* paid = row(p);
+      PS_CHECK(row_of_[size_t(p)] >= 0);  // predicting rows are query rows
+      predicting.push_back(int(row_of_[size_t(p)]));
+    }
+    paid_.resize(predicting.size() * size_t(heads_ * length));  // [|predicting|, H, L]
+    probs.Download(predicting, paid_.data());
+    std::vector<double> mass(size_t(length), 0);  // [L]
+    for (size_t r = 0; r < predicting.size(); ++r) {
+      const float* paid = paid_.data() + int64_t(r) * heads_ * length;
       for (int64_t j = 0; j < int64_t(heads_) * length; ++j) mass[size_t(j % length)] += paid[j];
     }
     std::vector<int> eligible;
@@ -205,7 +208,8 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
   std::vector<int64_t> row_of_;             // [L] index of a position in the layer's query rows
   std::vector<int> tracked_rows_;           // [|tracked|] their index in the layer's query rows
-  const Forward* forward_ = nullptr;        // the step's model (drift ops)
+  std::vector<float> paid_;  // [|predicting|, H, L] the predicting rows' attention, downloaded
+  const Forward* forward_ = nullptr;  // the step's model (drift ops)
   bool full_ = false;
   int fired_layer_ = -1;
   int input_rows_ = 0;

@@ -37,17 +37,11 @@
 // drift gate adds early ones from the block-causal attention of the last layer.
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <cstring>
 #include <deque>
-#include <exception>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <memory>
 #include <utility>
 
 #include "base/error.h"
-#include "base/parallel.h"
 #include "decode/commit_rules.h"
 #include "decode/policy_registry.h"
 #include "drift/drift.h"
@@ -72,69 +66,6 @@ struct LayerClusters {
 enum class Mode { kBlockStart, kDecode, kRefresh };
 
 const double* DataOrNull(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
-
-// One persistent thread that runs one job at a time. Persistent, so the OpenMP team its
-// kernels use is created once, not per job.
-class Worker {
- public:
-  ~Worker() {
-    {
-      std::unique_lock lock(mutex_);
-      changed_.wait(lock, [this] { return !job_; });  // a job's error goes unread now
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  // Waits for the previous job, then starts `job`.
-  void Run(std::function<void()> job) {
-    std::unique_lock lock(mutex_);
-    Wait(lock);
-    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-    job_ = std::move(job);
-    changed_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock lock(mutex_);
-    Wait(lock);
-  }
-
- private:
-  // Rethrows what the previous job threw.
-  void Wait(std::unique_lock<std::mutex>& lock) {
-    changed_.wait(lock, [this] { return !job_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-  void Loop() {
-    // The auxiliary work is small: one thread, so it overlaps the forward instead of
-    // competing with its threads.
-    SetThreadCount(1);
-    std::unique_lock lock(mutex_);
-    while (true) {
-      changed_.wait(lock, [this] { return job_ || stopping_; });
-      if (stopping_ && !job_) return;
-      lock.unlock();
-      // Kept for the caller's next Wait: an exception leaving this thread would terminate.
-      std::exception_ptr error;
-      try {
-        job_();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      job_ = nullptr;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> job_;
-  std::exception_ptr error_;  // what the last job threw, until a Wait rethrows it
-  bool stopping_ = false;
-  std::thread thread_;
-};
 
 class PolestarPolicy final : public Policy, public LayerHook, public HiddenSource {
  public:
@@ -251,8 +182,11 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   // LayerHook -----------------------------------------------------------------------------
 
-  void BeforeFreshRowsStored(int layer, std::span<const int> fresh, const float* x) override {
+  void BeforeFreshRowsStored(int layer, std::span<const int> fresh, const RowsView& rows) override {
     if (mode_ != Mode::kRefresh || layer == 0) return;
+    std::vector<float> packet(size_t(rows.count() * rows.width()));  // [|F|, C]
+    rows.Download(packet.data());
+    const float* x = packet.data();
     // Rows of the previous layer's packet arrive here: move their clusters' centroids by
     // (sum h_new - sum h_old) / members and re-quantise their NVFP4 residuals.
     LayerClusters& lc = layers_[size_t(layer)];
@@ -265,7 +199,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
       if (label < 0 || IsBlockRow(p)) continue;
       const int position[1] = {p};
-      Read(layer, position, old_row.data());
+      ReadHost(layer, position, old_row.data());
       const float* new_row = x + int64_t(i) * C;
       for (int64_t j = 0; j < C; ++j)
         shift[size_t(label * C + j)] += double(new_row[j]) - old_row[size_t(j)];
@@ -287,7 +221,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       if (options_.overlap) {
         // One job in flight: layer l's clustering runs while the forward computes layer l's
         // queries, attention and MLP and layer l+1's K/V.
-        worker_.Run([this, layer = rows.layer] { ClusterLayer(layer); });
+        if (!side_queue_) side_queue_ = forward_->backend().MakeSideQueue();
+        side_queue_->Run([this, layer = rows.layer] { ClusterLayer(layer); });
       } else {
         ClusterLayer(rows.layer);
       }
@@ -338,7 +273,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     }
   }
 
-  void OnAttention(int layer, std::span<const int> query_rows, const float* probs) override {
+  void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) override {
     // The last layer's attention rows of the block queries: token drift vs the last step.
     const ModelConfig& config = model_.config();
     const int64_t length = int64_t(canvas_.size());
@@ -348,8 +283,8 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     for (size_t i = 0; i < query_rows.size(); ++i) {
       const int p = query_rows[i];
       if (p < block_start_ || p >= block_end_) continue;
-      std::memcpy(&current[size_t(p - block_start_) * row_size], probs + int64_t(i) * row_size,
-                  row_size * 4);
+      const int index[1] = {int(i)};
+      probs.Download(index, &current[size_t(p - block_start_) * row_size]);
     }
     token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
     std::vector<double> logs;  // [B, H, L]
@@ -366,6 +301,15 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   // HiddenSource: window rows from the NVFP4 store, others from the engine's cache.
   void Read(int layer, std::span<const int> positions, float* out) const override {
+    const int64_t C = model_.config().width;
+    std::vector<float> rows(positions.size() * size_t(C));  // [|P|, C]
+    ReadHost(layer, positions, rows.data());
+    forward_->Upload(rows.data(), int64_t(rows.size()) * 4, out);
+  }
+
+ private:
+  // Read's rows, into host memory.
+  void ReadHost(int layer, std::span<const int> positions, float* out) const {
     const LayerClusters& lc = layers_[size_t(layer)];
     const int64_t C = model_.config().width;
     for (size_t i = 0; i < positions.size(); ++i) {
@@ -381,7 +325,6 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     }
   }
 
- private:
   bool IsBlockRow(int p) const { return p >= block_rows_.front() && p < block_end_; }
 
   void StartBlock(const DecodeContext& context) {
@@ -496,7 +439,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     return added;
   }
 
-  void WaitForWorker() { worker_.Wait(); }
+  void WaitForWorker() {
+    if (side_queue_) side_queue_->Wait();
+  }
 
   const DecodeOptions options_;
   const Model& model_;
@@ -518,7 +463,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   std::vector<int> packet_rows_;  // the last layer's refreshed rows this step
   RefreshTrigger trigger_{options_.tau_upd};
   int block_commits_last_step_ = 0;
-  Worker worker_;
+  std::unique_ptr<SideQueue> side_queue_;  // overlap's block-start work
   nlohmann::json stats_;
   std::string kind_;  // step_kind of the step planned last
 };

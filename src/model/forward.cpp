@@ -7,6 +7,10 @@
 
 namespace polestar {
 
+KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden) {
+  return MakeCache(model, positions, keep_hidden, model.backend());
+}
+
 KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden, const Backend& backend) {
   const ModelConfig& c = model.config();
   return KvCache(backend, c.layers, positions, int64_t(c.kv_heads) * c.head_dim, c.width,
@@ -14,7 +18,30 @@ KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden, const
 }
 
 Forward::Forward(const Model& model, KvCache& cache)
-    : model_(model), cache_(cache), backend_(cache.backend()), runner_(backend_) {}
+    : model_(model),
+      cache_(cache),
+      backend_(cache.backend()),
+      weights_(model.On(backend_)),
+      runner_(backend_) {}
+
+void Forward::Upload(const void* host, int64_t bytes, void* dst) const {
+  backend_.Upload(host, bytes, dst);
+  to_backend_ += bytes;
+}
+
+void Forward::Download(const void* src, int64_t bytes, void* host) const {
+  backend_.Download(src, bytes, host);
+  to_host_ += bytes;
+}
+
+void RowsView::Download(std::span<const int> indices, float* out) const {
+  for (size_t i = 0; i < indices.size(); ++i) {
+    PS_CHECK(indices[i] >= 0 && indices[i] < count_);
+    forward_.Download(rows_ + indices[i] * width_, width_ * 4, out + int64_t(i) * width_);
+  }
+}
+
+void RowsView::Download(float* out) const { forward_.Download(rows_, count_ * width_ * 4, out); }
 
 StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {
   const SequenceStep step{this, canvas, &plan};
@@ -36,6 +63,7 @@ StepRunner::StepRunner(const Backend& backend)
       probs_(backend, 0),
       loaded_(backend, 0),
       final_(backend, 0),
+      logits_(backend, 0),
       run_probs_(backend, 0),
       router_(backend, 0),
       expert_in_(backend, 0),
@@ -121,6 +149,7 @@ void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_ro
 std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
   PS_CHECK(!steps.empty());
   const Model& model = steps[0].forward->model_;
+  const ResidentWeights& weights = steps[0].forward->weights_;
   const ModelConfig& c = model.config();
   const int64_t C = c.width;
   const int64_t q_width = int64_t(c.heads) * c.head_dim;
@@ -146,12 +175,12 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
   }
   x_.Reserve(total_fresh * C);  // [sum |F|, C] layer inputs of the fresh rows
   for (size_t i = 0; i < n; ++i) {
-    backend_.Embed(model.embedding(), steps[i].canvas, rows[i].fresh,
+    backend_.Embed(weights.embedding, steps[i].canvas, rows[i].fresh,
                    x_.data() + rows[i].fresh_offset * C);
   }
 
   for (int layer = 0; layer < c.layers; ++layer) {
-    const LayerWeights& w = model.layer(layer);
+    const LayerWeights& w = weights.layers[size_t(layer)];
 
     // K/V of every sequence's fresh rows, written into its cache by position.
     const int64_t m_fresh = Segments(rows, &SequenceRows::fresh, segments);
@@ -177,8 +206,11 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       LayerHook* hook = steps[i].plan->hook;
       float* k = k_.data() + s.fresh_offset * kv_width;
       const float* x = x_.data() + s.fresh_offset * C;
-      backend_.ApplyRope(k, s.fresh, c.kv_heads, model.rope(), c.rope_interleaved);
-      if (hook != nullptr) hook->BeforeFreshRowsStored(layer, s.fresh, x);
+      backend_.ApplyRope(k, s.fresh, c.kv_heads, weights.rope, c.rope_interleaved);
+      if (hook != nullptr) {
+        hook->BeforeFreshRowsStored(layer, s.fresh,
+                                    RowsView(*steps[i].forward, x, int64_t(s.fresh.size()), C));
+      }
       results[i].kv_rows_written += int64_t(s.fresh.size());
       if (s.fresh.empty()) continue;
       backend_.CopyRows(k, {}, cache.keys(layer), s.fresh, kv_width);
@@ -238,7 +270,7 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       KvCache& cache = steps[i].forward->cache_;
       const int64_t length = cache.positions();
       float* q = q_.data() + s.query_offset * q_width;
-      backend_.ApplyRope(q, s.query, c.heads, model.rope(), c.rope_interleaved);
+      backend_.ApplyRope(q, s.query, c.heads, weights.rope, c.rope_interleaved);
       const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(),
                                      layer) != plan.capture_layers.end();
       const int64_t rows_here = int64_t(s.query.size());
@@ -247,7 +279,11 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
         if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
         backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
                            c.kv_heads, c.head_dim, out, capture ? probs_.data() : nullptr);
-        if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
+        if (capture && plan.hook != nullptr) {
+          plan.hook->OnAttention(
+              layer, s.query,
+              RowsView(*steps[i].forward, probs_.data(), rows_here, c.heads * length));
+        }
         continue;
       }
       // Block-causal: a row sees the keys up to the end of its block, the first rows of the
@@ -276,7 +312,11 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
           }
         }
       }
-      if (capture && plan.hook != nullptr) plan.hook->OnAttention(layer, s.query, probs_.data());
+      if (capture && plan.hook != nullptr) {
+        plan.hook->OnAttention(
+            layer, s.query,
+            RowsView(*steps[i].forward, probs_.data(), rows_here, c.heads * length));
+      }
     }
     proj_.Reserve(m * C);  // [sum |Q|, C]
     backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data(),
@@ -315,17 +355,14 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
   if (n_logits > 0) {
     final_.Reserve(n_logits * C);  // [sum n_logits, C]
     backend_.CopyRows(x_.data(), logit_sources, final_.data(), {}, C);
-    std::vector<float> logits(size_t(n_logits * c.vocab));  // [sum n_logits, V] host
-    backend_.LmHeadBatch(final_.data(), segments, C, model.final_norm().data(), c.rms_eps,
-                         model.lm_head(), logits.data());
-    if (n == 1) {
-      results[0].logits = std::move(logits);  // a sequence alone: no copy on its hot path
-      return results;
-    }
-    const float* from = logits.data();
+    logits_.Reserve(n_logits * c.vocab);  // [sum n_logits, V]
+    backend_.LmHeadBatch(final_.data(), segments, C, weights.final_norm.data(), c.rms_eps,
+                         weights.lm_head, logits_.data());
+    const float* from = logits_.data();
     for (size_t i = 0; i < n; ++i) {
-      const size_t count = size_t(segments[i] * c.vocab);
-      results[i].logits.assign(from, from + count);
+      const int64_t count = segments[i] * c.vocab;
+      results[i].logits.resize(size_t(count));
+      steps[i].forward->Download(from, count * 4, results[i].logits.data());
       from += count;
     }
   }
@@ -415,7 +452,17 @@ void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, R
 
 void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) const {
   const ModelConfig& c = model_.config();
-  const LayerWeights& w = model_.layer(layer);
+  const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  Buffer inputs(backend_, m * c.width, Buffer::Init::kNone);   // [M, C]
+  Buffer queries(backend_, m * q_width, Buffer::Init::kNone);  // [M, H*D]
+  Upload(x, inputs.bytes(), inputs.data());
+  Project(layer, inputs.data(), m, queries.data());
+  Download(queries.data(), queries.bytes(), q);
+}
+
+void Forward::Project(int layer, const float* x, int64_t m, float* q) const {
+  const ModelConfig& c = model_.config();
+  const LayerWeights& w = weights_.layers[size_t(layer)];
   Buffer normed(backend_, m * c.width, Buffer::Init::kNone);  // [M, C]
   backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
   backend_.MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
@@ -425,51 +472,78 @@ void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) con
 void Forward::ReadHidden(int layer, std::span<const int> positions, float* out) const {
   PS_CHECK(cache_.keeps_hidden());
   if (positions.empty()) return;
-  backend_.CopyRows(cache_.hidden(layer), positions, out, {}, cache_.hidden_width());
+  const int64_t C = cache_.hidden_width();
+  Buffer rows(backend_, int64_t(positions.size()) * C, Buffer::Init::kNone);  // [|P|, C]
+  backend_.CopyRows(cache_.hidden(layer), positions, rows.data(), {}, C);
+  Download(rows.data(), rows.bytes(), out);
 }
 
 void Forward::UnrotatedKeys(int layer, float* out) const {
+  Buffer keys(backend_, cache_.positions() * cache_.kv_width(), Buffer::Init::kNone);  // [L, Hkv*D]
+  Unrotate(layer, keys.data());
+  Download(keys.data(), keys.bytes(), out);
+}
+
+void Forward::Unrotate(int layer, float* out) const {
   const ModelConfig& c = model_.config();
   const int64_t length = cache_.positions();
   backend_.Copy(cache_.keys(layer), length * cache_.kv_width(), out);
   std::vector<int> positions(static_cast<size_t>(length));  // [L] 0, 1, ...
   for (int p = 0; p < int(length); ++p) positions[size_t(p)] = p;
-  backend_.UndoRope(out, positions, c.kv_heads, model_.rope(), c.rope_interleaved);
+  backend_.UndoRope(out, positions, c.kv_heads, weights_.rope, c.rope_interleaved);
 }
 
 void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs) const {
   const ModelConfig& c = model_.config();
   const int64_t length = cache_.positions();
+  Buffer inputs(backend_, m * c.width, Buffer::Init::kNone);                // [M, C]
   Buffer queries(backend_, m * c.heads * c.head_dim, Buffer::Init::kNone);  // [M, H*D]
   Buffer keys(backend_, length * cache_.kv_width(), Buffer::Init::kNone);   // [L, Hkv*D]
-  ProjectQueries(layer, x, m, queries.data());
-  UnrotatedKeys(layer, keys.data());
+  Buffer out(backend_, m * c.heads * length, Buffer::Init::kNone);          // [M, H, L]
+  Upload(x, inputs.bytes(), inputs.data());
+  Project(layer, inputs.data(), m, queries.data());
+  Unrotate(layer, keys.data());
   backend_.AttentionProbabilities(queries.data(), m, keys.data(), length, c.heads, c.kv_heads,
-                                  c.head_dim, probs);
+                                  c.head_dim, out.data());
+  Download(out.data(), out.bytes(), probs);
 }
 
 void Forward::CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const {
   const ModelConfig& c = model_.config();
   const int64_t count = int64_t(positions.size());
-  Buffer inputs(backend_, count * c.width, Buffer::Init::kNone);                // [|P|, C]
-  Buffer queries(backend_, count * c.heads * c.head_dim, Buffer::Init::kNone);  // [|P|, H*D]
-  ReadHidden(layer, positions, inputs.data());
-  ProjectQueries(layer, inputs.data(), count, queries.data());
-  backend_.ApplyRope(queries.data(), positions, c.heads, model_.rope(), c.rope_interleaved);
+  const int64_t C = cache_.hidden_width();
+  Buffer inputs(backend_, count * C, Buffer::Init::kNone);                          // [|P|, C]
+  Buffer queries(backend_, count * c.heads * c.head_dim, Buffer::Init::kNone);      // [|P|, H*D]
+  Buffer out(backend_, count * c.heads * cache_.positions(), Buffer::Init::kNone);  // [|P|, H, L]
+  PS_CHECK(cache_.keeps_hidden());
+  backend_.CopyRows(cache_.hidden(layer), positions, inputs.data(), {}, C);
+  Project(layer, inputs.data(), count, queries.data());
+  backend_.ApplyRope(queries.data(), positions, c.heads, weights_.rope, c.rope_interleaved);
   backend_.AttentionProbabilities(queries.data(), count, cache_.keys(layer), cache_.positions(),
-                                  c.heads, c.kv_heads, c.head_dim, probs);
+                                  c.heads, c.kv_heads, c.head_dim, out.data());
+  Download(out.data(), out.bytes(), probs);
 }
 
 void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                             double* out, DriftLogs logs) const {
-  backend_.HeadMeanDrift(metric, now, before, rows, model_.config().heads, cache_.positions(), out,
-                         logs);
+  const int64_t size = rows * model_.config().heads * cache_.positions();  // [rows, H, L]
+  Buffer now_rows(backend_, size, Buffer::Init::kNone),
+      before_rows(backend_, size, Buffer::Init::kNone);
+  Upload(now, now_rows.bytes(), now_rows.data());
+  Upload(before, before_rows.bytes(), before_rows.data());
+  backend_.HeadMeanDrift(metric, now_rows.data(), before_rows.data(), rows, model_.config().heads,
+                         cache_.positions(), out, logs);
+  to_host_ += rows * int64_t(sizeof(double));
 }
 
-double Forward::MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
+double Forward::MeanCrossHeadCosine(const RowsView& now, std::span<const int> now_rows,
                                     const float* before) const {
-  return backend_.MeanCrossHeadCosine(now, now_rows, before, model_.config().heads,
-                                      cache_.positions());
+  const int64_t size = int64_t(now_rows.size()) * now.width();  // [|now_rows|, H, L]
+  Buffer before_rows(backend_, size, Buffer::Init::kNone);
+  Upload(before, before_rows.bytes(), before_rows.data());
+  to_host_ += int64_t(sizeof(double));
+  return backend_.MeanCrossHeadCosine(now.data(), now_rows, before_rows.data(),
+                                      model_.config().heads, cache_.positions());
 }
 
 }  // namespace polestar

@@ -21,22 +21,52 @@
 // each bit for bit what that sequence's step alone gives.
 #pragma once
 
+#include <atomic>
 #include <span>
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu_backend.h"
 #include "cache/kv_cache.h"
 #include "model/model.h"
 
 namespace polestar {
+
+class Forward;
+
+// Bytes moved between host and backend memory.
+struct TransferBytes {
+  int64_t to_backend = 0;
+  int64_t to_host = 0;
+};
+
+// Rows of `width` floats in backend memory that a hook may look at: it downloads the rows it
+// needs (the download is counted as the sequence's), or hands data() to the drift ops.
+class RowsView {
+ public:
+  RowsView(const Forward& forward, const float* rows, int64_t count, int64_t width)
+      : forward_(forward), rows_(rows), count_(count), width_(width) {}
+  int64_t count() const { return count_; }
+  int64_t width() const { return width_; }
+  // Backend memory [count, width]: for the drift ops, never for host code.
+  const float* data() const { return rows_; }
+  // out[|indices|, width] (host) = the rows `indices`.
+  void Download(std::span<const int> indices, float* out) const;
+  // out[count, width] (host) = every row.
+  void Download(float* out) const;
+
+ private:
+  const Forward& forward_;
+  const float* rows_;
+  int64_t count_, width_;
+};
 
 // Where the inputs of query rows that are not fresh come from. By default the cache's
 // hidden-state rows; a policy may keep them in another form (Polestar's NVFP4 store).
 class HiddenSource {
  public:
   virtual ~HiddenSource() = default;
-  // out[|positions|, C]: the layer-input hidden states of `positions` at `layer`.
+  // out[|positions|, C] (backend memory): the layer-input hidden states of `positions` at
+  // `layer`.
   virtual void Read(int layer, std::span<const int> positions, float* out) const = 0;
 };
 
@@ -51,14 +81,15 @@ struct LayerRows {
 class LayerHook {
  public:
   virtual ~LayerHook() = default;
-  // Before the fresh rows' inputs x[|F_l|, C] (backend memory) overwrite the hidden-state cache
-  // (which still holds the old rows), so a policy can see both.
-  virtual void BeforeFreshRowsStored(int layer, std::span<const int> fresh_rows, const float* x) {}
+  // Before the fresh rows' inputs x[|F_l|, C] overwrite the hidden-state cache (which still
+  // holds the old rows), so a policy can see both.
+  virtual void BeforeFreshRowsStored(int layer, std::span<const int> fresh_rows,
+                                     const RowsView& x) {}
   // After F_l's K/V were written, before Q_l is computed.
   virtual void BeforeQueries(LayerRows& rows) {}
   // After attention at a layer listed in StepPlan::capture_layers:
-  // probs[|Q_l|, H, L] for the query rows in order.
-  virtual void OnAttention(int layer, std::span<const int> query_rows, const float* probs) {}
+  // probs[|Q_l|, H * L] for the query rows in order.
+  virtual void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) {}
 };
 
 struct StepPlan {
@@ -105,6 +136,7 @@ class StepRunner {
   const Backend& backend_;
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
+  Buffer logits_;     // [sum n_logits, V]
   Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]
   Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
   // MoE routing on the host, kept so steps do not allocate afresh: per row its experts and
@@ -126,11 +158,19 @@ class Forward {
   StepResult Run(std::span<const int> canvas, const StepPlan& plan);
   const Backend& backend() const { return backend_; }
 
+  // Every byte this sequence moved between host and backend so far: its steps' plans and
+  // outputs, its hooks' downloads, its drift ops' inputs and outputs.
+  TransferBytes transfers() const { return {to_backend_.load(), to_host_.load()}; }
+  // The crossings, counted. Thread-safe (drift ops may run on a side queue).
+  void Upload(const void* host, int64_t bytes, void* dst) const;
+  void Download(const void* src, int64_t bytes, void* host) const;
+
   // Drift ops: the model operations the drift-aware policies (and the scale bench, which
   // times them) measure drift with, so no policy touches the cache or re-derives model math.
-  // Their inputs and outputs are host memory: the small summaries that cross the backend
-  // seam. They allocate their own scratch and only read the cache, so a policy may call them
-  // from a worker thread while Run computes other layers. L is the cache's length.
+  // Their inputs and outputs are host memory, uploaded and downloaded (and counted) here.
+  // They allocate their own scratch and only read the cache, so a policy may call them from
+  // a side queue (backend.h SideQueue) while Run computes other layers. L is the cache's
+  // length.
 
   // q[M, H*D] = W_q · rmsnorm(x[M, C]) (+ bias), without RoPE: Polestar's proxy queries.
   void ProjectQueries(int layer, const float* x, int64_t m, float* q) const;
@@ -149,21 +189,27 @@ class Forward {
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                      double* out, DriftLogs logs = {}) const;
   // The mean over rows i and keys j of the cosine across heads between before[i, :, j] and
-  // now[now_rows[i], :, j]; before[|now_rows|, H, L], now[*, H, L].
-  double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
+  // now[now_rows[i], :, j]; before[|now_rows|, H, L] (host), now[*, H, L] (a hook's view).
+  double MeanCrossHeadCosine(const RowsView& now, std::span<const int> now_rows,
                              const float* before) const;
 
  private:
   friend class StepRunner;
 
+  // ProjectQueries and UnrotatedKeys over backend memory.
+  void Project(int layer, const float* x, int64_t m, float* q) const;
+  void Unrotate(int layer, float* out) const;
+
   const Model& model_;
   KvCache& cache_;
   const Backend& backend_;
-  StepRunner runner_;  // this sequence's steps alone
+  const ResidentWeights& weights_;  // the model on backend_
+  StepRunner runner_;               // this sequence's steps alone
+  mutable std::atomic<int64_t> to_backend_ = 0, to_host_ = 0;
 };
 
-// A fresh cache sized for `positions` rows of this model, on `backend`.
-KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden,
-                  const Backend& backend = CpuBackend::Host());
+// A fresh cache sized for `positions` rows of this model, on the model's backend or `backend`.
+KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden);
+KvCache MakeCache(const Model& model, int64_t positions, bool keep_hidden, const Backend& backend);
 
 }  // namespace polestar

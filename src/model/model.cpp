@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -118,10 +119,10 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
   auto use = [&bound](const std::string& name) -> const std::string& {
     return *bound.insert(name).first;
   };
-  embedding_ = BindMatrix(store_, use(names.embedding), c.vocab, c.width);
-  lm_head_ =
-      c.tied_embeddings ? embedding_ : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
-  final_norm_ = BindVector(store_, use(names.final_norm), c.width);
+  host_.embedding = BindMatrix(store_, use(names.embedding), c.vocab, c.width);
+  host_.lm_head = c.tied_embeddings ? host_.embedding
+                                    : BindMatrix(store_, use(names.lm_head), c.vocab, c.width);
+  host_.final_norm = Keep(BindVector(store_, use(names.final_norm), c.width));
   for (int l = 0; l < c.layers; ++l) {
     auto name = [&](const std::string& leaf) { return use(LayerTensorName(names, l, leaf)); };
     LayerWeights w;
@@ -140,23 +141,23 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
       w.wv = rows(q_width + kv_width, kv_width);
     }
     w.wo = BindMatrix(store_, name(names.o), c.width, q_width);
-    w.attn_norm = BindVector(store_, name(names.attn_norm), c.width);
-    w.ffn_norm = BindVector(store_, name(names.ffn_norm), c.width);
+    w.attn_norm = Keep(BindVector(store_, name(names.attn_norm), c.width));
+    w.ffn_norm = Keep(BindVector(store_, name(names.ffn_norm), c.width));
     if (c.qkv_bias && names.qkv.empty()) {
-      w.bq = BindVector(store_, name(names.q_bias), q_width);
-      w.bk = BindVector(store_, name(names.k_bias), kv_width);
-      w.bv = BindVector(store_, name(names.v_bias), kv_width);
+      w.bq = Keep(BindVector(store_, name(names.q_bias), q_width));
+      w.bk = Keep(BindVector(store_, name(names.k_bias), kv_width));
+      w.bv = Keep(BindVector(store_, name(names.v_bias), kv_width));
     } else if (c.qkv_bias) {
       const std::vector<float> fused =
           BindVector(store_, name(names.qkv_bias), q_width + 2 * kv_width);
-      w.bq.assign(fused.begin(), fused.begin() + q_width);
-      w.bk.assign(fused.begin() + q_width, fused.begin() + q_width + kv_width);
-      w.bv.assign(fused.begin() + q_width + kv_width, fused.end());
+      w.bq = Keep({fused.begin(), fused.begin() + q_width});
+      w.bk = Keep({fused.begin() + q_width, fused.begin() + q_width + kv_width});
+      w.bv = Keep({fused.begin() + q_width + kv_width, fused.end()});
     }
-    if (c.o_bias) w.bo = BindVector(store_, name(names.o_bias), c.width);
+    if (c.o_bias) w.bo = Keep(BindVector(store_, name(names.o_bias), c.width));
     if (c.qk_norm) {
-      w.q_norm = BindVector(store_, name(names.q_norm), c.head_dim);
-      w.k_norm = BindVector(store_, name(names.k_norm), c.head_dim);
+      w.q_norm = Keep(BindVector(store_, name(names.q_norm), c.head_dim));
+      w.k_norm = Keep(BindVector(store_, name(names.k_norm), c.head_dim));
     }
     auto swiglu = [&](const std::string& gate, const std::string& up, const std::string& down,
                       int64_t inner) {
@@ -169,7 +170,8 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
     } else {
       const MoeConfig& moe = c.moe;
       w.router = BindMatrix(store_, name(names.router), moe.experts, c.width);
-      if (moe.expert_bias) w.expert_bias = BindVector(store_, name(names.expert_bias), moe.experts);
+      if (moe.expert_bias)
+        w.expert_bias = Keep(BindVector(store_, name(names.expert_bias), moe.experts));
       auto experts = [&](const std::string& leaf, int64_t rows, int64_t cols) {
         return BindExpertMatrices(store_, LayerTensorName(names, l, leaf), moe.experts, rows, cols,
                                   bound);
@@ -181,10 +183,110 @@ Model::Model(TensorStore store, ModelConfig config, const TensorNames& names, st
       if (moe.shared_ffn > 0)
         w.shared = swiglu(names.shared_gate, names.shared_up, names.shared_down, moe.shared_ffn);
     }
-    layers_.push_back(std::move(w));
+    host_.layers.push_back(std::move(w));
   }
   FailOnUnusedTensors(store_, bound, c.tied_embeddings ? names.lm_head : "");
-  rope_ = RopeTable(c.head_dim, c.rotary_dim, c.max_positions, c.rope_theta);
+  host_.rope = RopeTable(c.head_dim, c.rotary_dim, c.max_positions, c.rope_theta);
+}
+
+FloatsView Model::Keep(std::vector<float> values) {
+  vectors_.push_back(std::make_unique<const std::vector<float>>(std::move(values)));
+  return *vectors_.back();
+}
+
+const Backend& Model::backend() const {
+  return backend_ != nullptr ? *backend_ : BackendNamed("cpu");
+}
+
+void Model::UseBackend(const Backend& backend) { backend_ = &backend; }
+
+namespace {
+
+// Copies `host` weights into `backend`'s memory, each range of host bytes once (tied
+// embeddings share their copy).
+class WeightBinder {
+ public:
+  WeightBinder(const Backend& backend, ResidentWeights& out) : backend_(backend), out_(out) {}
+
+  WeightView Matrix(const WeightView& host) {
+    if (host.data == nullptr) return host;
+    WeightView bound = host;
+    bound.data = static_cast<const uint8_t*>(Bytes(host.data, host.Bytes()));
+    return bound;
+  }
+  FloatsView Floats(FloatsView host) {
+    if (host.empty()) return host;
+    return {static_cast<const float*>(Bytes(host.data(), int64_t(host.size_bytes()))), host.size()};
+  }
+
+ private:
+  // The backend's copy of [data, data + bytes): inside a copy made before when one covers it.
+  const void* Bytes(const void* data, int64_t bytes) {
+    const auto* begin = static_cast<const uint8_t*>(data);
+    for (const auto& [host, index] : made_) {
+      const Buffer& copy = out_.copies[index];
+      if (begin >= host && begin + bytes <= host + copy.bytes())
+        return copy.As<uint8_t>() + (begin - host);
+    }
+    Buffer& copy = out_.copies.emplace_back(backend_, bytes, ElementType::kU8, Buffer::Init::kNone);
+    backend_.Upload(data, bytes, copy.As<uint8_t>());
+    out_.bytes += bytes;
+    made_.emplace_back(begin, out_.copies.size() - 1);
+    return copy.As<uint8_t>();
+  }
+
+  const Backend& backend_;
+  ResidentWeights& out_;
+  std::vector<std::pair<const uint8_t*, size_t>> made_;  // host start, index in copies
+};
+
+}  // namespace
+
+const ResidentWeights& Model::On(const Backend& backend) const {
+  std::lock_guard lock(binding_);
+  std::unique_ptr<ResidentWeights>& resident = resident_[&backend];
+  if (resident) return *resident;
+  resident = std::make_unique<ResidentWeights>();
+  ResidentWeights& r = *resident;
+  r.backend = &backend;
+  if (backend.ViewsHostWeights()) {
+    r.layers = host_.layers;
+    r.embedding = host_.embedding;
+    r.lm_head = host_.lm_head;
+    r.final_norm = host_.final_norm;
+    r.rope = host_.rope;
+    return r;
+  }
+  WeightBinder bind(backend, r);
+  auto swiglu = [&](const SwiGluWeights& w) {
+    return SwiGluWeights{bind.Matrix(w.gate), bind.Matrix(w.up), bind.Matrix(w.down)};
+  };
+  for (const LayerWeights& h : host_.layers) {
+    LayerWeights w;
+    w.wq = bind.Matrix(h.wq);
+    w.wk = bind.Matrix(h.wk);
+    w.wv = bind.Matrix(h.wv);
+    w.wo = bind.Matrix(h.wo);
+    w.attn_norm = bind.Floats(h.attn_norm);
+    w.ffn_norm = bind.Floats(h.ffn_norm);
+    w.bq = bind.Floats(h.bq);
+    w.bk = bind.Floats(h.bk);
+    w.bv = bind.Floats(h.bv);
+    w.bo = bind.Floats(h.bo);
+    w.q_norm = bind.Floats(h.q_norm);
+    w.k_norm = bind.Floats(h.k_norm);
+    w.mlp = swiglu(h.mlp);
+    w.router = bind.Matrix(h.router);
+    w.expert_bias = bind.Floats(h.expert_bias);
+    for (const SwiGluWeights& expert : h.experts) w.experts.push_back(swiglu(expert));
+    w.shared = swiglu(h.shared);
+    r.layers.push_back(std::move(w));
+  }
+  r.embedding = bind.Matrix(host_.embedding);
+  r.lm_head = bind.Matrix(host_.lm_head);
+  r.final_norm = bind.Floats(host_.final_norm);
+  r.rope = host_.rope.WithAngles(bind.Floats(host_.rope.cos), bind.Floats(host_.rope.sin));
+  return r;
 }
 
 int64_t Model::ParameterCount() const {

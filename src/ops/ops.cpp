@@ -26,22 +26,6 @@ void DimensionMajorDots(const double* x_by_dim, int64_t n, int64_t d, const doub
   (avx2 ? avx2::DimensionMajorDots : reference::DimensionMajorDots)(x_by_dim, n, d, u, out);
 }
 
-RopeTable::RopeTable(int head_dim_, int rotary_dim_, int max_positions, float theta)
-    : head_dim(head_dim_), rotary_dim(rotary_dim_) {
-  PS_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim);
-  const int half = rotary_dim / 2;
-  cos.resize(size_t(max_positions) * half);
-  sin.resize(size_t(max_positions) * half);
-  for (int f = 0; f < half; ++f) {
-    const float inv_freq = 1.0f / std::pow(theta, float(2 * f) / float(rotary_dim));
-    for (int p = 0; p < max_positions; ++p) {
-      const float angle = float(p) * inv_freq;
-      cos[size_t(p) * half + f] = std::cos(angle);
-      sin[size_t(p) * half + f] = std::sin(angle);
-    }
-  }
-}
-
 namespace {
 
 void Rotate(float* x, std::span<const int> positions, int heads, const RopeTable& table,

@@ -1,9 +1,17 @@
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/avx2/avx2.h"
@@ -55,18 +63,147 @@ CpuBackend::CpuBackend(Isa isa, ActivationPrecision activations)
 }
 
 const CpuBackend& CpuBackend::Host() {
-  static const CpuBackend backend(BestIsa(), ActivationPrecisionFromEnvironment());
+  static const CpuBackend& backend = static_cast<const CpuBackend&>(BackendNamed("cpu"));
   return backend;
 }
 
-float* CpuBackend::Allocate(int64_t size, bool zero) const {
-  return zero ? new float[size_t(size)]() : new float[size_t(size)];
+BackendEntry CpuBackendEntry() {
+  return {
+      .name = "cpu",
+      .description = "the CPU kernels (AVX-512, AVX2 or scalar), threaded with OpenMP",
+      .rank = 0,
+      .options =
+          {{"isa", "scalar|avx2|avx512",
+            "the kernel set (default: the widest this CPU runs, capped by POLESTAR_MAX_ISA)"},
+           {"activations", "reduced|f32",
+            "reduced: 8-bit activations for quantised weights, BF16 for BF16 weights "
+            "where the CPU has AVX512_BF16; f32: fp32 products everywhere (default: "
+            "POLESTAR_ACTIVATIONS, else reduced)"}},
+      .unavailable = [] { return std::string(); },
+      .make = [](const BackendOptions& options) -> std::unique_ptr<Backend> {
+        Isa isa = BestIsa();
+        ActivationPrecision activations = ActivationPrecisionFromEnvironment();
+        for (const auto& [key, value] : options) {
+          if (key == "isa") {
+            if (value == "scalar") {
+              isa = Isa::kScalar;
+            } else if (value == "avx2") {
+              isa = Isa::kAvx2;
+            } else if (value == "avx512") {
+              isa = Isa::kAvx512;
+            } else {
+              Fail("backend option isa=", value, ": expected scalar, avx2 or avx512");
+            }
+          } else {  // activations, the only other key
+            if (value != "reduced" && value != "f32")
+              Fail("backend option activations=", value, ": expected reduced or f32");
+            activations =
+                value == "f32" ? ActivationPrecision::kF32 : ActivationPrecision::kReduced;
+          }
+        }
+        return std::make_unique<CpuBackend>(isa, activations);
+      },
+  };
 }
 
-void CpuBackend::Free(float* data) const { delete[] data; }
+BackendContract CpuBackend::contract() const {
+  return {.exact_to_scalar_twins = true, .batch_invariant = true, .host_memory = true};
+}
 
-void CpuBackend::Copy(const float* src, int64_t size, float* dst) const {
-  if (size > 0) std::memcpy(dst, src, size_t(size) * 4);
+void* CpuBackend::Allocate(int64_t bytes, bool zero) const {
+  // 64-byte aligned, as the AVX-512 kernels prefer; `bytes` rounded up as aligned_alloc wants.
+  const size_t size = (size_t(bytes) + 63) / 64 * 64;
+  void* data = std::aligned_alloc(64, size);
+  if (data == nullptr) throw std::bad_alloc();
+  if (zero) std::memset(data, 0, size);
+  return data;
+}
+
+void CpuBackend::Free(void* data) const { std::free(data); }
+
+void CpuBackend::CopyBytes(const void* src, int64_t bytes, void* dst) const {
+  if (bytes > 0) std::memcpy(dst, src, size_t(bytes));
+}
+
+void CpuBackend::Upload(const void* host, int64_t bytes, void* dst) const {
+  CopyBytes(host, bytes, dst);
+}
+
+void CpuBackend::Download(const void* src, int64_t bytes, void* host) const {
+  CopyBytes(src, bytes, host);
+}
+
+// Every op has finished when it returns.
+void CpuBackend::Synchronize() const {}
+
+namespace {
+
+// One persistent thread that runs one job at a time. Persistent, so the OpenMP team its
+// kernels use is created once, not per job.
+class WorkerThread final : public SideQueue {
+ public:
+  ~WorkerThread() override {
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [this] { return !job_; });  // a job's error goes unread now
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Run(std::function<void()> job) override {
+    std::unique_lock lock(mutex_);
+    Wait(lock);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    job_ = std::move(job);
+    changed_.notify_all();
+  }
+  void Wait() override {
+    std::unique_lock lock(mutex_);
+    Wait(lock);
+  }
+
+ private:
+  // Rethrows what the previous job threw.
+  void Wait(std::unique_lock<std::mutex>& lock) {
+    changed_.wait(lock, [this] { return !job_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  void Loop() {
+    // The side work is small: one thread, so it overlaps the forward instead of competing
+    // with its threads.
+    SetThreadCount(1);
+    std::unique_lock lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [this] { return job_ || stopping_; });
+      if (stopping_ && !job_) return;
+      lock.unlock();
+      // Kept for the caller's next Wait: an exception leaving this thread would terminate.
+      std::exception_ptr error;
+      try {
+        job_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      error_ = error;
+      job_ = nullptr;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> job_;
+  std::exception_ptr error_;  // what the last job threw, until a Wait rethrows it
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<SideQueue> CpuBackend::MakeSideQueue() const {
+  return std::make_unique<WorkerThread>();
 }
 
 void CpuBackend::Zero(float* x, int64_t n) const { std::fill(x, x + n, 0.0f); }

@@ -18,8 +18,8 @@ class CpuBackend final : public Backend {
   // inputs (ops/isa.h): kReduced rounds them to 8 bits for block-quantised weights and, on
   // the kAvx512 set where the CPU has AVX512_BF16, to BF16 for BF16 weights.
   explicit CpuBackend(Isa isa, ActivationPrecision activations = ActivationPrecision::kReduced);
-  // The process-wide backend: the widest kernels this CPU runs (BestIsa()) and the
-  // environment's ActivationPrecision (ActivationPrecisionFromEnvironment()).
+  // The process-wide backend "cpu" (backend/registry.h): the widest kernels this CPU runs
+  // (BestIsa()) and the environment's ActivationPrecision (ActivationPrecisionFromEnvironment()).
   static const CpuBackend& Host();
 
   Isa isa() const { return isa_; }
@@ -28,10 +28,16 @@ class CpuBackend final : public Backend {
   bool bf16_products() const { return bf16_products_; }
 
   std::string_view name() const override { return name_; }
-  float* Allocate(int64_t size, bool zero) const override;
-  void Free(float* data) const override;
-  void Copy(const float* src, int64_t size, float* dst) const override;
+  BackendContract contract() const override;
+  bool ViewsHostWeights() const override { return true; }
+  void* Allocate(int64_t bytes, bool zero) const override;
+  void Free(void* data) const override;
+  void CopyBytes(const void* src, int64_t bytes, void* dst) const override;
   void Zero(float* x, int64_t n) const override;
+  void Upload(const void* host, int64_t bytes, void* dst) const override;
+  void Download(const void* src, int64_t bytes, void* host) const override;
+  void Synchronize() const override;
+  std::unique_ptr<SideQueue> MakeSideQueue() const override;
 
   void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                    const float* bias = nullptr) const override;
@@ -85,5 +91,9 @@ class CpuBackend final : public Backend {
   BinaryFn silu_mul_, add_in_place_;
   AttendHeadFn attend_head_;
 };
+
+// The CPU backend's registration (backend/registry.cpp): "cpu[:isa=...,activations=...]".
+struct BackendEntry;
+BackendEntry CpuBackendEntry();
 
 }  // namespace polestar
