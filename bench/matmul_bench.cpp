@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "ops/isa.h"
