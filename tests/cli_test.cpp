@@ -565,6 +565,9 @@ std::pair<std::string, DecodeOptions> OtherValue(const OptionSpec& option) {
         } else if constexpr (std::is_same_v<T, std::string>) {
           target = target == "polestar" ? "vanilla" : "polestar";  // any text is taken
           text = target;
+        } else if constexpr (std::is_enum_v<T>) {
+          target = T((size_t(target) + 1) % option.modes.size());  // the next mode
+          text = ModeName(option, target);
         } else if constexpr (std::is_same_v<T, double>) {
           target += 0.125;
           text = nlohmann::json(target).dump();  // shortest text that reads back exactly
@@ -644,6 +647,15 @@ TEST(CliDecodeFlags, SettingsByNameOrAliasReachTheSameOption) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("unknown decoding setting 'nonsense' (known: policy, "
                                     "gen-length, block-length, steps,"));
+  }
+  // A mode is read by name as the flag is parsed (a grid's value, generation_config.json's).
+  SetDecodeOption(o, "drift_metric", "cosine");
+  EXPECT_EQ(o.drift_metric, DriftMetric::kCosine);
+  try {
+    SetDecodeOption(o, "drift_metric", "l2");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "unknown --drift-metric 'l2' (kl, cosine)");
   }
 }
 

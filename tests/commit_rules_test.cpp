@@ -119,7 +119,7 @@ TEST(CommitRuleStrategies, FactorAcceptsWhileConfidenceClearsItsBar) {
 TEST(CommitRuleStrategies, DreamOriginDrawsOnlyTheCommittedAndOffersNoCandidates) {
   const ModelConfig config = Config(SamplerFamily::kDream);
   DecodeOptions options;
-  options.alg = "origin";
+  options.alg = DreamAlg::kOrigin;
   Logits logits;
   for (int p = 0; p < 3; ++p) logits.Set(p, 2, 4.0f);
   const std::vector<int> masked = {0, 1, 2};
@@ -135,7 +135,7 @@ TEST(CommitRuleStrategies, DreamOriginDrawsOnlyTheCommittedAndOffersNoCandidates
 TEST(CommitRuleStrategies, DreamConfidenceThresholdCarriesTheRestAndExtendsAtTheLastStep) {
   const ModelConfig config = Config(SamplerFamily::kDream);
   DecodeOptions options;
-  options.alg = "confidence_threshold";
+  options.alg = DreamAlg::kConfidenceThreshold;
   options.threshold = 0.99;  // no token clears it: only each step's most confident commits
   Logits logits;
   for (int p = 0; p < 4; ++p) logits.Set(p, 1, float(p));
@@ -154,7 +154,7 @@ TEST(CommitRuleStrategies, DreamConfidenceThresholdCarriesTheRestAndExtendsAtThe
 TEST(CommitRuleStrategies, DreamScheduleSamplersRefuseThresholdAndFactor) {
   const ModelConfig config = Config(SamplerFamily::kDream);
   DecodeOptions options;
-  options.alg = "entropy";
+  options.alg = DreamAlg::kEntropy;
   options.threshold = 0.9;
   EXPECT_THROW(MakeCommitRule(options, config), Error);
   options.threshold.reset();

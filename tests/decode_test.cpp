@@ -270,10 +270,10 @@ TEST(BlockDiffusionDecode, PoliciesAndOptionsItsSamplerDoesNotReadAreRefused) {
     return std::string();
   };
   for (const PolicyEntry& entry : RegisteredPolicies()) {
-    const std::string name = entry.name;
-    if (name == "vanilla" || name == "polestar") continue;
-    EXPECT_THAT(error_of([&](DecodeOptions& o) { o.policy = name; }),
-                ::testing::HasSubstr("nothing stale to refresh"));
+    if (entry.block_diffusion) continue;
+    EXPECT_THAT(error_of([&](DecodeOptions& o) { o.policy = entry.name; }),
+                ::testing::HasSubstr("nothing stale to refresh; use vanilla (LLaDA 2.x's own "
+                                     "sampler, earlier blocks cached exactly) or polestar ("));
   }
   EXPECT_THAT(error_of([](DecodeOptions& o) {
                 o.policy = "polestar";
@@ -552,16 +552,52 @@ TEST(OptionSchema, ErrorsNameTheOptionAsTheCliAndTheServerCallIt) {
   EXPECT_EQ(e->Message(Vocabulary::kHttp),
             "block_length 8 does not divide max_tokens (rounded up to the block length) 30");
   o = {};
-  o.drift_metric = "l2";
-  e = error_of(o);
-  ASSERT_TRUE(e);
-  EXPECT_EQ(e->Message(Vocabulary::kHttp), "unknown drift_metric 'l2' (kl, cosine)");
-  o = {};
   o.clusters = 4;
   o.topk_clusters = 5;  // its range depends on another option
   e = error_of(o);
   ASSERT_TRUE(e);
   EXPECT_STREQ(e->what(), "--topk-clusters must lie in [1, 4] (got 5)");
+}
+
+// A mode is read by name once, where its option is read; an unknown name is an error naming
+// the option and the names it takes ("", alg's unset value, goes unlisted), and the records
+// name the values as the options do.
+TEST(OptionSchema, ModesAreReadByNameAndWrittenByName) {
+  const OptionSpec& remasking = OptionOf(&DecodeOptions::remasking);
+  const OptionSpec& alg = OptionOf(&DecodeOptions::alg);
+  const OptionSpec& metric = OptionOf(&DecodeOptions::drift_metric);
+  EXPECT_EQ(ParseMode<Remasking>(remasking, "low_confidence"), Remasking::kLowConfidence);
+  EXPECT_EQ(ParseMode<Remasking>(remasking, "random"), Remasking::kRandom);
+  EXPECT_EQ(ParseMode<DreamAlg>(alg, ""), DreamAlg::kUnset);
+  EXPECT_EQ(ParseMode<DreamAlg>(alg, "maskgit_plus"), DreamAlg::kMaskgitPlus);
+  EXPECT_EQ(ParseMode<DreamAlg>(alg, "topk_margin"), DreamAlg::kTopkMargin);
+  EXPECT_EQ(ParseMode<DreamAlg>(alg, "confidence_threshold"), DreamAlg::kConfidenceThreshold);
+  EXPECT_EQ(ParseMode<DriftMetric>(metric, "kl"), DriftMetric::kKl);
+  EXPECT_EQ(ParseMode<DriftMetric>(metric, "cosine"), DriftMetric::kCosine);
+  DecodeOptions o;
+  EXPECT_EQ(OptionValueJson(alg, o), "");
+  EXPECT_EQ(OptionValueJson(remasking, o), "low_confidence");
+  o.alg = DreamAlg::kEntropy;
+  o.drift_metric = DriftMetric::kCosine;
+  EXPECT_EQ(OptionValueJson(alg, o), "entropy");
+  EXPECT_EQ(OptionValueJson(metric, o), "cosine");
+  auto error_of = [](auto parse) -> std::optional<OptionError> {
+    try {
+      parse();
+    } catch (const OptionError& e) {
+      return e;
+    }
+    return std::nullopt;
+  };
+  std::optional<OptionError> e = error_of([&] { ParseMode<DriftMetric>(metric, "l2"); });
+  ASSERT_TRUE(e);
+  EXPECT_STREQ(e->what(), "unknown --drift-metric 'l2' (kl, cosine)");
+  EXPECT_EQ(e->Message(Vocabulary::kHttp), "unknown drift_metric 'l2' (kl, cosine)");
+  e = error_of([&] { ParseMode<DreamAlg>(alg, "none"); });
+  ASSERT_TRUE(e);
+  EXPECT_STREQ(e->what(),
+               "unknown --alg 'none' (origin, maskgit_plus, topk_margin, entropy, "
+               "confidence_threshold)");
 }
 
 TEST(Schedules, NumTransferTokensSpreadsTheRemainderOverTheFirstSteps) {
@@ -707,7 +743,7 @@ TEST(Validation, InvalidCombinationsFailBeforeAnyWork) {
   o.tau_s = 1.5;  // the default threshold of polestar: its own name in the error
   expect_error(o, "--tau-s must lie in (0, 1] (got 1.5)");
   o = {};
-  o.alg = "entropy";
+  o.alg = DreamAlg::kEntropy;
   expect_error(o, "Dream sampler");
 }
 

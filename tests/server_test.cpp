@@ -400,7 +400,9 @@ json OtherFieldValue(const OptionSpec& option) {
         } else if constexpr (std::is_same_v<T, bool>) {
           value = !base;
         } else if constexpr (std::is_same_v<T, std::string>) {
-          value = option.allowed.empty() ? "fast-dllm-dual" : option.allowed.back();
+          value = "fast-dllm-dual";
+        } else if constexpr (std::is_enum_v<T>) {
+          value = option.modes.back();
         } else if constexpr (std::is_same_v<T, double>) {
           value = base > 0 ? base * 0.95 : 0.5;  // tau_s stays above early_floor
         } else {
@@ -438,6 +440,8 @@ TEST(DecodeFields, EveryFieldAndAliasSetsItsOptionAlone) {
               using T = std::remove_cvref_t<decltype(got.*member)>;
               if constexpr (std::is_same_v<T, std::optional<double>>) {
                 EXPECT_EQ(got.*member, std::optional<double>(value.get<double>()));
+              } else if constexpr (std::is_enum_v<T>) {
+                EXPECT_EQ(ModeName(option, got.*member), value.get<std::string>());
               } else {
                 EXPECT_EQ(got.*member, value.get<T>());
               }
@@ -481,6 +485,15 @@ TEST(DecodeFields, ValidationErrorsNameTheField) {
       EXPECT_STREQ(e.what(), message.c_str());
       EXPECT_EQ(e.param, "");
     }
+  }
+  // A mode is read by name where the field is read: an unknown name names the field.
+  try {
+    parse.Parse({{"remasking", "greedy"}});
+    ADD_FAILURE() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_STREQ(e.what(), "unknown remasking 'greedy' (low_confidence, random)");
+    EXPECT_EQ(e.param, "remasking");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "decode/option_schema.h"
 
 namespace polestar {
 
@@ -17,8 +18,8 @@ TokenChoice TokenSampler::operator()(std::span<const float> logits, Rng& rng) co
     return ChooseDream(logits, config_.mask_id, options_.temperature, options_.top_p,
                        options_.top_k, confidence_, rng);
   }
-  return ChooseLlada(logits, config_.mask_id, options_.temperature, options_.remasking == "random",
-                     rng);
+  return ChooseLlada(logits, config_.mask_id, options_.temperature,
+                     options_.remasking == Remasking::kRandom, rng);
 }
 
 namespace {
@@ -224,21 +225,22 @@ class DreamOriginRule : public CommitRule {
 std::unique_ptr<CommitRule> MakeCommitRule(const DecodeOptions& options,
                                            const ModelConfig& config) {
   const bool dream = config.sampler == SamplerFamily::kDream;
-  if (dream && !options.alg.empty()) {
+  if (dream && options.alg != DreamAlg::kUnset) {
     const TokenSampler sampler(config, options);
-    if (options.alg == "origin") return std::make_unique<DreamOriginRule>(sampler, options);
-    if (options.alg == "confidence_threshold") {
+    if (options.alg == DreamAlg::kOrigin)
+      return std::make_unique<DreamOriginRule>(sampler, options);
+    if (options.alg == DreamAlg::kConfidenceThreshold) {
       return std::make_unique<DreamThresholdRule>(sampler, options.threshold.value_or(0.9));
     }
-    PS_CHECK(options.alg == "maskgit_plus" || options.alg == "topk_margin" ||
-             options.alg == "entropy");
     if (options.threshold || options.factor) {
-      Fail("--threshold/--factor do not apply to --alg ", options.alg,
+      Fail("--threshold/--factor do not apply to --alg ",
+           ModeName(OptionOf(&DecodeOptions::alg), options.alg),
            " (use --alg confidence_threshold, or no --alg)");
     }
-    const DreamConfidence confidence = options.alg == "topk_margin" ? DreamConfidence::kMargin
-                                       : options.alg == "entropy"   ? DreamConfidence::kNegEntropy
-                                                                    : DreamConfidence::kProbability;
+    const DreamConfidence confidence =
+        options.alg == DreamAlg::kTopkMargin ? DreamConfidence::kMargin
+        : options.alg == DreamAlg::kEntropy  ? DreamConfidence::kNegEntropy
+                                             : DreamConfidence::kProbability;  // maskgit_plus
     return std::make_unique<DreamScheduleRule>(TokenSampler(config, options, confidence), options);
   }
   const TokenSampler sampler(config, options);

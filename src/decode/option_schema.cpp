@@ -73,14 +73,13 @@ std::vector<OptionSpec> BuildSchema() {
        .member = &O::remasking,
        .flags = "--remasking",
        .help = "LLaDA: low_confidence | random",
-       .allowed = {"low_confidence", "random"}},
+       .modes = {"low_confidence", "random"}},
       {.name = "alg",
        .member = &O::alg,
        .flags = "--alg",
        .help = "Dream sampler: origin | maskgit_plus | topk_margin | entropy | "
                "confidence_threshold",
-       .allowed = {"origin", "maskgit_plus", "topk_margin", "entropy", "confidence_threshold"},
-       .empty_allowed = true,
+       .modes = {"", "origin", "maskgit_plus", "topk_margin", "entropy", "confidence_threshold"},
        .help_shows_default = false},
       {.name = "eps",
        .member = &O::eps,
@@ -216,7 +215,7 @@ std::vector<OptionSpec> BuildSchema() {
        .member = &O::drift_metric,
        .flags = "--drift-metric",
        .help = "Polestar: kl | cosine",
-       .allowed = {"kl", "cosine"}},
+       .modes = {"kl", "cosine"}},
       {.name = "nvfp4_hidden",
        .member = &O::nvfp4_hidden,
        .flags = "--nvfp4-hidden,--nvfp4",
@@ -263,8 +262,11 @@ nlohmann::json OptionValueJson(const OptionSpec& option, const DecodeOptions& op
   return std::visit(
       [&](auto member) {
         const auto& value = options.*member;
-        if constexpr (std::is_same_v<std::remove_cvref_t<decltype(value)>, std::optional<double>>) {
+        using T = std::remove_cvref_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::optional<double>>) {
           return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+        } else if constexpr (std::is_enum_v<T>) {
+          return nlohmann::json(ModeName(option, value));
         } else {
           return nlohmann::json(value);
         }
@@ -312,15 +314,9 @@ void CheckOptionValue(const OptionSpec& option, const DecodeOptions& options,
       [&](auto member) {
         const auto& value = options.*member;
         using T = std::remove_cvref_t<decltype(value)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          if (option.allowed.empty() || (option.empty_allowed && value.empty())) return;
-          std::string known;
-          for (const char* allowed : option.allowed) {
-            if (value == allowed) return;
-            known += Cat(known.empty() ? "" : ", ", allowed);
-          }
-          FailOption("unknown ", option, " '", value, "' (", known, ")");
-        } else if constexpr (!std::is_same_v<T, bool>) {
+        // Modes were checked where they were read (ParseMode), the policy by the registry.
+        if constexpr ((std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) ||
+                      std::is_same_v<T, std::optional<double>>) {
           if (!option.range) return;
           double number = 0;
           if constexpr (std::is_same_v<T, std::optional<double>>) {
@@ -338,6 +334,16 @@ void CheckOptionValue(const OptionSpec& option, const DecodeOptions& options,
         }
       },
       option.member);
+}
+
+size_t ModeIndex(const OptionSpec& option, std::string_view text) {
+  PS_CHECK(!option.modes.empty());
+  std::string known;  // the names a user may give; "" (unset) goes without saying
+  for (size_t i = 0; i < option.modes.size(); ++i) {
+    if (text == option.modes[i]) return i;
+    if (*option.modes[i]) known += Cat(known.empty() ? "" : ", ", option.modes[i]);
+  }
+  FailOption("unknown ", option, " '", text, "' (", known, ")");
 }
 
 OptionError::OptionError(std::vector<Part> parts)

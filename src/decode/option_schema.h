@@ -20,9 +20,11 @@
 
 namespace polestar {
 
-using OptionMember = std::variant<int DecodeOptions::*, double DecodeOptions::*,
-                                  std::optional<double> DecodeOptions::*, bool DecodeOptions::*,
-                                  std::string DecodeOptions::*, uint64_t DecodeOptions::*>;
+// A DecodeOptions member. The enum ones are modes (OptionSpec::modes names their values).
+using OptionMember = std::variant<
+    int DecodeOptions::*, double DecodeOptions::*, std::optional<double> DecodeOptions::*,
+    bool DecodeOptions::*, std::string DecodeOptions::*, uint64_t DecodeOptions::*,
+    Remasking DecodeOptions::*, DreamAlg DecodeOptions::*, DriftMetric DecodeOptions::*>;
 
 // An interval of valid numbers; the bounds are inclusive unless marked open.
 struct Interval {
@@ -65,9 +67,9 @@ struct OptionSpec {
   const char* help;
   // The numbers allowed, given the options as a whole and the model; none: any.
   std::optional<ValueRange> range = std::nullopt;
-  // The strings allowed; empty: any. `empty_allowed`: "" also (the option is unset).
-  std::vector<const char*> allowed = {};
-  bool empty_allowed = false;
+  // A mode's value names, in its enum's order: what flags, requests and records say ("":
+  // the option is unset).
+  std::vector<const char*> modes = {};
   // Request / grid names besides `name` and the flags' ("topk" for topk_clusters).
   std::vector<const char*> aliases = {};
   // --help shows the default ("INT=32").
@@ -98,10 +100,26 @@ std::string CanonicalFlag(const OptionSpec& option);
 // `options`' value of `option` as JSON (null for an unset optional number).
 nlohmann::json OptionValueJson(const OptionSpec& option, const DecodeOptions& options);
 
-// Throws OptionError when `options`' value of `option` is outside its range or its allowed
-// strings.
+// Throws OptionError when `options`' value of `option` is outside its range.
 void CheckOptionValue(const OptionSpec& option, const DecodeOptions& options,
                       const ModelConfig& config);
+
+// The index of mode `option`'s value named `text`; throws OptionError listing the names
+// when there is none.
+size_t ModeIndex(const OptionSpec& option, std::string_view text);
+
+// Mode `option`'s value named `text`: ParseMode<Remasking>(option, "random").
+template <typename Mode>
+Mode ParseMode(const OptionSpec& option, std::string_view text) {
+  return Mode(ModeIndex(option, text));
+}
+
+// The name of mode `option`'s `value` ("random").
+template <typename Mode>
+const char* ModeName(const OptionSpec& option, Mode value) {
+  PS_CHECK(size_t(value) < option.modes.size());
+  return option.modes[size_t(value)];
+}
 
 // An invalid option value or combination. The message names options in either vocabulary;
 // what() is the CLI's.

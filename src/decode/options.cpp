@@ -8,21 +8,40 @@
 #include "decode/policy_registry.h"
 
 namespace polestar {
+namespace {
+
+// The registered policies `has` holds for, by rank, each as `text` gives it, the last two
+// joined by `last`: "a, b or c".
+template <typename Has, typename Text>
+std::string PolicyList(Has has, Text text, const char* last) {
+  std::vector<std::string> items;
+  for (const PolicyEntry& entry : RegisteredPolicies()) {
+    if (has(entry)) items.push_back(text(entry));
+  }
+  std::string list;
+  for (size_t i = 0; i < items.size(); ++i) {
+    list += Cat(i == 0 ? "" : i + 1 == items.size() ? last : ", ", items[i]);
+  }
+  return list;
+}
+
+}  // namespace
 
 DecodeOptions DecodeOptions::Resolved(const ModelConfig& config) const {
   DecodeOptions resolved = *this;
-  // Elastic-Cache's window by sampler family, as its reference code sets it per model.
-  if (resolved.window == 0) resolved.window = config.sampler == SamplerFamily::kDream ? 32 : 16;
-  if (resolved.policy == "polestar" && !resolved.threshold && !resolved.factor) {
-    resolved.threshold = resolved.tau_s;
+  for (const PolicyEntry& entry : RegisteredPolicies()) {
+    if (entry.option_defaults) entry.option_defaults(resolved, config);
   }
+  const PolicyEntry* decoding = FindPolicy(policy);
+  if (decoding && decoding->resolve) decoding->resolve(resolved, config);
   // LLaDA 2.x generate's default threshold.
   if (config.sampler == SamplerFamily::kLlada2 && !resolved.threshold) resolved.threshold = 0.95;
   return resolved;
 }
 
 void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const {
-  if (!IsKnownPolicy(policy)) Fail("unknown policy '", policy, "' (known: ", KnownPolicies(), ")");
+  const PolicyEntry* decoding = FindPolicy(policy);
+  if (!decoding) Fail("unknown policy '", policy, "' (known: ", KnownPolicies(), ")");
   // The context bounds the lengths before anything is derived from them.
   if (prompt_length <= 0) Fail("the prompt is empty");
   CheckOptionValue(OptionOf(&DecodeOptions::gen_length), *this, config);
@@ -33,8 +52,15 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
   // Every value in its range (the schema's), in the schema's order.
   for (const OptionSpec& spec : OptionSchema()) CheckOptionValue(spec, *this, config);
   // Combinations.
-  if (config.sampler == SamplerFamily::kLlada2)
-    return ValidateBlockDiffusion(config, prompt_length);
+  if (config.sampler == SamplerFamily::kLlada2) {
+    ValidateBlockDiffusion(config, prompt_length);
+  } else {
+    ValidateBlocks(config);
+  }
+  if (decoding->validate) decoding->validate(*this, config);
+}
+
+void DecodeOptions::ValidateBlocks(const ModelConfig& config) const {
   const int block = EffectiveBlockLength();
   if (gen_length % block != 0) {
     FailOption(OptionOf(&DecodeOptions::block_length), " ", block, " does not divide ",
@@ -48,23 +74,18 @@ void DecodeOptions::Validate(const ModelConfig& config, int prompt_length) const
     FailOption(OptionOf(&DecodeOptions::threshold), " and ", OptionOf(&DecodeOptions::factor),
                " cannot be combined");
   }
-  if (!alg.empty() && config.sampler != SamplerFamily::kDream) {
+  if (alg != DreamAlg::kUnset && config.sampler != SamplerFamily::kDream) {
     FailOption(OptionOf(&DecodeOptions::alg), " selects a Dream sampler; this is a ",
                ArchName(config.arch), " model");
   }
-  if (alg == "confidence_threshold" && (gen_length / BlockCount()) % StepsPerBlock() != 0) {
+  if (alg == DreamAlg::kConfidenceThreshold && (gen_length / BlockCount()) % StepsPerBlock() != 0) {
     Fail("confidence_threshold needs the block length to be divisible by the steps per block");
   }
-  if (const PolicyEntry* entry = FindPolicy(policy); cfg_scale > 0 && entry && !entry->guidance) {
-    std::string supported;
-    for (const PolicyEntry& other : RegisteredPolicies()) {
-      if (other.guidance) supported += Cat(supported.empty() ? "" : ", ", other.name);
-    }
-    FailOption(OptionOf(&DecodeOptions::cfg_scale), " is supported by ", supported, " only");
-  }
-  if (policy == "polestar" && config.sampler == SamplerFamily::kDream && !alg.empty()) {
-    FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),
-               " does not apply");
+  if (cfg_scale > 0 && !FindPolicy(policy)->guidance) {
+    FailOption(OptionOf(&DecodeOptions::cfg_scale), " is supported by ",
+               PolicyList([](const PolicyEntry& entry) { return entry.guidance; },
+                          [](const PolicyEntry& entry) { return std::string(entry.name); }, ", "),
+               " only");
   }
 }
 
@@ -99,24 +120,17 @@ void DecodeOptions::FitCanvasTo(int64_t max_tokens, bool keep_steps,
 
 void DecodeOptions::ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const {
   // Previous blocks are final and later blocks invisible, so a cache-refresh policy has
-  // nothing stale to refresh: the reference sampler with finished blocks' K/V cached exactly
-  // (vanilla) is the policy, and Polestar applies as Polestar-Commit alone.
-  if (policy != "vanilla" && policy != "polestar") {
+  // nothing stale to refresh: the policies that decode it say how (their registrations).
+  if (!FindPolicy(policy)->block_diffusion) {
     FailOption(OptionOf(&DecodeOptions::policy), " ", policy, " does not apply to ",
                ArchName(config.arch),
                ": block diffusion keeps earlier blocks' K/V final, so there is nothing stale to "
-               "refresh; use vanilla (LLaDA 2.x's own sampler, earlier blocks cached exactly) or "
-               "polestar (that sampler with Polestar-Commit's drift-gated early commits)");
-  }
-  if (policy == "polestar") {
-    auto no_window = [&](bool given, const OptionSpec& option) {
-      if (given) {
-        FailOption(option, " does not apply to ", ArchName(config.arch),
-                   ": Polestar-Cache has no window to refresh under block diffusion");
-      }
-    };
-    no_window(nvfp4_hidden, OptionOf(&DecodeOptions::nvfp4_hidden));
-    no_window(overlap, OptionOf(&DecodeOptions::overlap));
+               "refresh; use ",
+               PolicyList([](const PolicyEntry& entry) { return entry.block_diffusion != nullptr; },
+                          [](const PolicyEntry& entry) {
+                            return Cat(entry.name, " (", entry.block_diffusion, ")");
+                          },
+                          " or "));
   }
   if (block_length == 0) {
     FailOption(OptionOf(&DecodeOptions::block_length), " must be set: ", ArchName(config.arch),
@@ -132,8 +146,8 @@ void DecodeOptions::ValidateBlockDiffusion(const ModelConfig& config, int prompt
     if (given) FailOption(option, " does not apply to ", ArchName(config.arch), "'s sampler");
   };
   unsupported(factor.has_value(), OptionOf(&DecodeOptions::factor));
-  unsupported(!alg.empty(), OptionOf(&DecodeOptions::alg));
-  unsupported(remasking != "low_confidence", OptionOf(&DecodeOptions::remasking));
+  unsupported(alg != DreamAlg::kUnset, OptionOf(&DecodeOptions::alg));
+  unsupported(remasking != Remasking::kLowConfidence, OptionOf(&DecodeOptions::remasking));
   unsupported(cfg_scale > 0, OptionOf(&DecodeOptions::cfg_scale));
 }
 

@@ -8,9 +8,16 @@
 #include <optional>
 #include <string>
 
+#include "backend/backend.h"  // DriftMetric: the drift kernel's own, passed straight through
 #include "model/config.h"
 
 namespace polestar {
+
+// The modes an option chooses between, read once from their names where the option is read
+// (the schema, option_schema.cpp, names the values in this order).
+enum class Remasking { kLowConfidence, kRandom };
+// Dream's samplers. kUnset: maskgit_plus confidence, with --threshold/--factor open to it.
+enum class DreamAlg { kUnset, kOrigin, kMaskgitPlus, kTopkMargin, kEntropy, kConfidenceThreshold };
 
 struct DecodeOptions {
   std::string policy = "vanilla";  // a registered policy (policy_registry.h)
@@ -23,9 +30,9 @@ struct DecodeOptions {
   std::optional<double> factor;     // > 0: Fast-dLLM factor commit
   double temperature = 0;
   uint64_t seed = 0;
-  std::string remasking = "low_confidence";  // LLaDA: low_confidence | random
-  // Dream samplers (the vanilla policy on Dream checkpoints); "" picks maskgit_plus.
-  std::string alg;  // origin | maskgit_plus | topk_margin | entropy | confidence_threshold
+  Remasking remasking = Remasking::kLowConfidence;  // LLaDA
+  // Dream samplers (the vanilla policy on Dream checkpoints).
+  DreamAlg alg = DreamAlg::kUnset;
   double eps = 1e-3;
   double alg_temp = 0;
   double cfg_scale = 0;
@@ -55,18 +62,21 @@ struct DecodeOptions {
   int window_suffix_blocks = 1;
   int full_refresh_period = 4;
   int tau_upd = 2;
-  bool polestar_cache = true;       // drift-aware sparse refresh
-  bool early_commit = true;         // Polestar-Commit early commit
-  bool suffix_commit = true;        // commit refreshed suffix positions
-  std::string drift_metric = "kl";  // kl | cosine
-  bool nvfp4_hidden = false;        // hidden-state cache as centroid + NVFP4 residual
-  bool overlap = false;             // auxiliary work on a worker thread
+  bool polestar_cache = true;  // drift-aware sparse refresh
+  bool early_commit = true;    // Polestar-Commit early commit
+  bool suffix_commit = true;   // commit refreshed suffix positions
+  DriftMetric drift_metric = DriftMetric::kKl;
+  bool nvfp4_hidden = false;  // hidden-state cache as centroid + NVFP4 residual
+  bool overlap = false;       // auxiliary work on a worker thread
 
-  // A copy with the model-dependent defaults filled in: Elastic-Cache's window (16 LLaDA,
-  // 32 Dream) and Polestar's commit threshold (tau_s unless --threshold is given).
+  // A copy with the model-dependent defaults filled in: every policy's defaults of the
+  // options it reads (Elastic-Cache's window: 16 LLaDA, 32 Dream), then the decoding
+  // policy's own (Polestar's commit threshold: tau_s unless --threshold is given), then
+  // LLaDA 2.x's threshold (policy_registry.h).
   DecodeOptions Resolved(const ModelConfig& config) const;
   // Throws Error naming the first invalid value or combination (an OptionError naming the
-  // options), before any work is done. Call it on the options as given, before Resolved().
+  // options), before any work is done: the rules every policy shares, then the decoding
+  // policy's own. Call it on the options as given, before Resolved().
   void Validate(const ModelConfig& config, int prompt_length) const;
   // Sizes the canvas for an answer of up to `max_tokens` tokens (the server's max_tokens):
   // gen_length becomes max_tokens rounded up to whole blocks (block_length 0: one block),
@@ -76,8 +86,11 @@ struct DecodeOptions {
   // rounded canvas exceeds the model's context. Validate checks everything else.
   void FitCanvasTo(int64_t max_tokens, bool keep_steps, const DecodeOptions& ratio_from,
                    const ModelConfig& config);
-  // The combinations LLaDA 2.x's block diffusion decodes (part of Validate).
+  // Parts of Validate, for a registered policy: the combinations LLaDA 2.x's block
+  // diffusion decodes (the policies that declare it, PolicyEntry::block_diffusion, and its
+  // sampler's options), and those the other models' blocks and samplers decode.
   void ValidateBlockDiffusion(const ModelConfig& config, int prompt_length) const;
+  void ValidateBlocks(const ModelConfig& config) const;
   // The number of blocks and steps per block this configuration decodes with.
   // (LLaDA 2.x's blocks are aligned from position 0 instead: policy.h BlockLayout.)
   int EffectiveBlockLength() const { return block_length > 0 ? block_length : gen_length; }

@@ -228,6 +228,12 @@ const PolicyRegistration kElasticCache({
     },
     .guidance = false,
     .paper_threshold = 0.9,
+    // Its window by sampler family, as its reference code sets it per model.
+    .option_defaults =
+        [](DecodeOptions& options, const ModelConfig& config) {
+          if (options.window == 0)
+            options.window = config.sampler == SamplerFamily::kDream ? 32 : 16;
+        },
 });
 
 }  // namespace

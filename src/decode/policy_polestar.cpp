@@ -237,10 +237,10 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const int64_t length = int64_t(canvas_.size());
     std::vector<double> drift(static_cast<size_t>(lc.count), 0.0);  // [K]
     if (!lc.previous_proxy.empty()) {
-      const bool kl = options_.drift_metric == "kl";
+      const bool kl = options_.drift_metric == DriftMetric::kKl;
       std::vector<double> logs(kl ? proxy.size() : 0);  // [K, H, L]
-      forward_->HeadMeanDrift(kl ? DriftMetric::kKl : DriftMetric::kCosine, proxy.data(),
-                              lc.previous_proxy.data(), lc.count, drift.data(),
+      forward_->HeadMeanDrift(options_.drift_metric, proxy.data(), lc.previous_proxy.data(),
+                              lc.count, drift.data(),
                               {kl ? logs.data() : nullptr, DataOrNull(lc.previous_proxy_logs)});
       lc.previous_proxy_logs = std::move(logs);
     }
@@ -484,6 +484,28 @@ const PolicyRegistration kPolestar({
       return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
     },
     .guidance = false,
+    .block_diffusion = "LLaDA 2.x's sampler with Polestar-Commit's drift-gated early commits",
+    // Polestar-Commit commits at tau_s unless another rule is given.
+    .resolve =
+        [](DecodeOptions& options, const ModelConfig&) {
+          if (!options.threshold && !options.factor) options.threshold = options.tau_s;
+        },
+    .validate =
+        [](const DecodeOptions& options, const ModelConfig& config) {
+          if (config.sampler == SamplerFamily::kDream && options.alg != DreamAlg::kUnset) {
+            FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),
+                       " does not apply");
+          }
+          if (config.sampler != SamplerFamily::kLlada2) return;
+          // Block diffusion leaves it Polestar-Commit alone.
+          for (bool DecodeOptions::*option :
+               {&DecodeOptions::nvfp4_hidden, &DecodeOptions::overlap}) {
+            if (options.*option) {
+              FailOption(OptionOf(option), " does not apply to ", ArchName(config.arch),
+                         ": Polestar-Cache has no window to refresh under block diffusion");
+            }
+          }
+        },
 });
 
 }  // namespace

@@ -1,8 +1,9 @@
 // The decoding policies by name. Each policy's own file registers itself (a
-// PolicyRegistration at namespace scope) with its names, factory, description and the
-// options it reads; every list of policies (validation, --policy help, the server, the
-// benchmark's default --policies, MakePolicy) comes from here. The library is linked whole
-// (src/decode/CMakeLists.txt), so no registration is dropped by the linker.
+// PolicyRegistration at namespace scope) with its names, factory, description, the options
+// it reads and its own rules for them (defaults, combinations, block diffusion), so that a
+// new policy is that one file; every list of policies (validation, --policy help, the
+// server, the benchmark's default --policies, MakePolicy) comes from here. The library is
+// linked whole (src/decode/CMakeLists.txt), so no registration is dropped by the linker.
 #pragma once
 
 #include <memory>
@@ -31,6 +32,18 @@ struct PolicyEntry {
   // The threshold its paper reports it at: `bench` and `eval` decode with it unless told
   // otherwise (Fast-dLLM's and Elastic-Cache's parallel decoding at 0.9).
   std::optional<double> paper_threshold = std::nullopt;
+  // How it decodes LLaDA 2.x's block diffusion, as the error refusing the others lists it
+  // ("LLaDA 2.x's own sampler, ..."); nullptr: it does not.
+  const char* block_diffusion = nullptr;
+  // DecodeOptions::Resolved's hooks, each optional. `option_defaults` fills the
+  // model-dependent defaults of the options it reads whichever policy decodes, so that
+  // every record names one value (Elastic-Cache's window); `resolve` fills the defaults it
+  // gives the shared options when it decodes (Polestar's commit threshold).
+  void (*option_defaults)(DecodeOptions& options, const ModelConfig& config) = nullptr;
+  void (*resolve)(DecodeOptions& options, const ModelConfig& config) = nullptr;
+  // DecodeOptions::Validate's hook when it decodes, after the rules every policy shares:
+  // throws OptionError naming the options of a combination it cannot decode on this model.
+  void (*validate)(const DecodeOptions& options, const ModelConfig& config) = nullptr;
 };
 
 class PolicyRegistration {

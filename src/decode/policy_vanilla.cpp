@@ -37,6 +37,7 @@ const PolicyRegistration kVanilla({
     .make = [](const DecodeOptions&, const Model&) -> std::unique_ptr<Policy> {
       return std::make_unique<VanillaPolicy>();
     },
+    .block_diffusion = "LLaDA 2.x's own sampler, earlier blocks cached exactly",
 });
 
 }  // namespace

@@ -140,6 +140,12 @@ void SetDecodeField(DecodeOptions& options, const OptionSpec& option, const std:
           options.*member = ReadNumber(v, name);
         } else if constexpr (std::is_same_v<T, bool>) {
           options.*member = ReadBool(v, name);
+        } else if constexpr (std::is_enum_v<T>) {
+          try {
+            options.*member = ParseMode<T>(option, ReadString(v, name));
+          } catch (const OptionError& e) {
+            throw BadRequest(e.Message(Vocabulary::kHttp), name);
+          }
         } else {
           options.*member = ReadString(v, name);
         }

@@ -71,6 +71,15 @@ void AddDecodeFlags(CLI::App* cmd, DecodeOptions& o) {
           } else if constexpr (std::is_same_v<T, bool>) {
             return spec.is_switch ? cmd->add_flag(spec.flags, target, help)
                                   : cmd->add_option(spec.flags, target, help);
+          } else if constexpr (std::is_enum_v<T>) {
+            return cmd
+                ->add_option_function<std::string>(
+                    spec.flags,
+                    [&target, &spec](const std::string& text) {
+                      target = ParseMode<T>(spec, text);
+                    },
+                    help)
+                ->default_function([&target, &spec] { return ModeName(spec, target); });
           } else {
             return cmd->add_option(spec.flags, target, help);
           }
