@@ -935,6 +935,19 @@ TEST(CpuBackend, CopyRowsGathersAndScatters) {
   EXPECT_EQ(both, (std::vector<float>{-1, -1, -1, -1, 10, 11}));
 }
 
+// Rows of 2 taken from a matrix 3 wide into one 4 wide and back out: each row lands at its
+// stride, and neither the columns past the width nor the rows past the count are written.
+TEST(CpuBackend, CopyStridedLaysRowsAtTheirStrides) {
+  const CpuBackend& backend = CpuBackend::Host();
+  const std::vector<float> src = {0, 1, 2, 10, 11, 12, 20, 21, 22};  // [3, 3]
+  std::vector<float> dst(13, -1);                                    // [3, 4] + 1 past the end
+  backend.CopyStrided(src.data() + 1, 3, dst.data() + 1, 4, 2, 2);
+  EXPECT_EQ(dst, (std::vector<float>{-1, 1, 2, -1, -1, 11, 12, -1, -1, -1, -1, -1, -1}));
+  std::vector<float> narrow(6, -2);  // [2, 2] read back out of the wide one + 2 past the end
+  backend.CopyStrided(dst.data() + 1, 4, narrow.data(), 2, 2, 2);
+  EXPECT_EQ(narrow, (std::vector<float>{1, 2, 11, 12, -2, -2}));
+}
+
 TEST(CpuBackend, EmbedLooksUpTheTokensOfTheRows) {
   std::mt19937 rng(24);
   const TestWeights table = MakeWeights(DType::kBF16, 5, 16, 0, 0, rng);

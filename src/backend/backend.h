@@ -208,6 +208,10 @@ class Backend {
   // are host memory; at least one must be non-empty, and both the same length when given.
   virtual void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                         std::span<const int> dst_rows, int64_t width) const = 0;
+  // dst row i [width] = src row i, rows `*_stride` floats apart (both backend memory): a
+  // block of rows laid into a wider (or out of a wider) matrix.
+  virtual void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                           int64_t rows, int64_t width) const = 0;
   // out[i, C] = embedding row of tokens[rows[i]] (tokens and rows host).
   virtual void Embed(const WeightView& embedding, std::span<const int> tokens,
                      std::span<const int> rows, float* out) const = 0;

@@ -80,22 +80,15 @@ struct SequenceRows {
   const HiddenSource* hidden_source = nullptr;
 };
 
-// segments[i] = |rows of sequence i|; returns their sum.
-int64_t Segments(const std::vector<SequenceRows>& sequences, std::vector<int> SequenceRows::*rows,
-                 std::vector<int64_t>& segments) {
-  segments.clear();
-  int64_t total = 0;
-  for (const SequenceRows& s : sequences) {
-    segments.push_back(int64_t((s.*rows).size()));
-    total += segments.back();
-  }
-  return total;
+// Whether the plan's hook reads the attention probabilities of `layer`.
+bool Captures(const StepPlan& plan, int layer) {
+  return std::ranges::find(plan.capture_layers, layer) != plan.capture_layers.end();
 }
 
 // Fills out[|Q|, C] with the inputs of s.query: fresh rows from x[|F|, C], the others from
 // the hook's hidden source or else the cache's hidden-state rows.
-void GatherQueryInputs(const Backend& backend, KvCache& cache, int layer, const SequenceRows& s,
-                       const float* x, float* out, Buffer& loaded) {
+void GatherSequenceQueryInputs(const Backend& backend, KvCache& cache, int layer,
+                               const SequenceRows& s, const float* x, float* out, Buffer& loaded) {
   const int64_t C = cache.hidden_width();
   std::unordered_map<int, int> fresh_index;
   for (size_t i = 0; i < s.fresh.size(); ++i) fresh_index[s.fresh[i]] = int(i);
@@ -129,8 +122,7 @@ void GatherQueryInputs(const Backend& backend, KvCache& cache, int layer, const 
 // (or of every query row when that list is empty). Their K/V, written before, stay in the cache.
 void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_rows, int64_t length,
                   std::vector<int>& query) {
-  const bool captured = std::find(plan.capture_layers.begin(), plan.capture_layers.end(), layer) !=
-                        plan.capture_layers.end();
+  const bool captured = Captures(plan, layer);
   if (captured && plan.attention_rows.empty()) return;
   std::vector<char> read(size_t(length), 0);  // [L]
   auto mark = [&](int row) {
@@ -146,227 +138,298 @@ void KeepRowsRead(const StepPlan& plan, int layer, std::span<const int> logit_ro
 
 }  // namespace
 
-std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
-  PS_CHECK(!steps.empty());
-  const Model& model = steps[0].forward->model_;
-  const ResidentWeights& weights = steps[0].forward->weights_;
-  const ModelConfig& c = model.config();
-  const int64_t C = c.width;
-  const int64_t q_width = int64_t(c.heads) * c.head_dim;
-  const int64_t kv_width = int64_t(c.kv_heads) * c.head_dim;
-  const size_t n = steps.size();
+// What the stages of one step share: the sequences, each one's rows at the layer at hand
+// (placed in the concatenated scratch), the rows' split into sequences for the op at hand,
+// and the results being filled.
+struct StepRunner::Step {
+  explicit Step(std::span<const SequenceStep> steps)
+      : sequences(steps),
+        model(steps[0].forward->model_),
+        weights(steps[0].forward->weights_),
+        config(model.config()),
+        q_width(int64_t(config.heads) * config.head_dim),
+        kv_width(int64_t(config.kv_heads) * config.head_dim),
+        rows(steps.size()),
+        results(steps.size()) {}
 
-  std::vector<StepResult> results(n);
-  std::vector<SequenceRows> rows(n);
-  std::vector<int64_t> segments;  // [n] rows per sequence of the op at hand
-  int64_t total_fresh = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const SequenceStep& step = steps[i];
-    PS_CHECK(&step.forward->model_ == &model && &step.forward->backend_ == &backend_);
-    PS_CHECK(int64_t(step.canvas.size()) == step.forward->cache_.positions());
-    for (const int row : step.plan->input_rows) {
-      PS_CHECK(row >= 0 && size_t(row) < step.canvas.size());
-      PS_CHECK(step.canvas[size_t(row)] >= 0 && step.canvas[size_t(row)] < c.vocab);
+  // segments[i] = |sequence i's `of` rows| (fresh or query); returns their sum.
+  int64_t Split(std::vector<int> SequenceRows::*of) {
+    segments.clear();
+    int64_t total = 0;
+    for (const SequenceRows& s : rows) {
+      segments.push_back(int64_t((s.*of).size()));
+      total += segments.back();
     }
-    results[i].logit_rows = step.plan->logit_rows;
-    rows[i].fresh = step.plan->input_rows;
-    rows[i].fresh_offset = total_fresh;
-    total_fresh += int64_t(rows[i].fresh.size());
-  }
-  x_.Reserve(total_fresh * C);  // [sum |F|, C] layer inputs of the fresh rows
-  for (size_t i = 0; i < n; ++i) {
-    backend_.Embed(weights.embedding, steps[i].canvas, rows[i].fresh,
-                   x_.data() + rows[i].fresh_offset * C);
+    return total;
   }
 
-  for (int layer = 0; layer < c.layers; ++layer) {
-    const LayerWeights& w = weights.layers[size_t(layer)];
-
-    // K/V of every sequence's fresh rows, written into its cache by position.
-    const int64_t m_fresh = Segments(rows, &SequenceRows::fresh, segments);
-    normed_.Reserve(m_fresh * C);    // [sum |F|, C]
-    k_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
-    v_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
-    backend_.RmsNorm(x_.data(), m_fresh, C, w.attn_norm.data(), c.rms_eps, normed_.data());
-    backend_.MatMulBatch(normed_.data(), segments, w.wk, k_.data(),
-                         w.bk.empty() ? nullptr : w.bk.data());
-    if (c.qk_norm) {
-      backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
-                       k_.data());
-    }
-    backend_.MatMulBatch(normed_.data(), segments, w.wv, v_.data(),
-                         w.bv.empty() ? nullptr : w.bv.data());
-    if (c.clip_qkv > 0) {
-      backend_.Clamp(k_.data(), m_fresh * kv_width, c.clip_qkv);
-      backend_.Clamp(v_.data(), m_fresh * kv_width, c.clip_qkv);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      SequenceRows& s = rows[i];
-      KvCache& cache = steps[i].forward->cache_;
-      LayerHook* hook = steps[i].plan->hook;
-      float* k = k_.data() + s.fresh_offset * kv_width;
-      const float* x = x_.data() + s.fresh_offset * C;
-      backend_.ApplyRope(k, s.fresh, c.kv_heads, weights.rope, c.rope_interleaved);
-      if (hook != nullptr) {
-        hook->BeforeFreshRowsStored(layer, s.fresh,
-                                    RowsView(*steps[i].forward, x, int64_t(s.fresh.size()), C));
-      }
-      results[i].kv_rows_written += int64_t(s.fresh.size());
-      if (s.fresh.empty()) continue;
-      backend_.CopyRows(k, {}, cache.keys(layer), s.fresh, kv_width);
-      backend_.CopyRows(v_.data() + s.fresh_offset * kv_width, {}, cache.values(layer), s.fresh,
-                        kv_width);
-      if (cache.keeps_hidden()) backend_.CopyRows(x, {}, cache.hidden(layer), s.fresh, C);
-    }
-
-    // The query rows: F_l unless a hook chooses others.
-    bool same_rows = true;
-    int64_t m = 0;
-    for (size_t i = 0; i < n; ++i) {
-      SequenceRows& s = rows[i];
-      s.query = s.fresh;
-      s.hidden_source = nullptr;
-      if (LayerHook* hook = steps[i].plan->hook) {
-        LayerRows layer_rows{layer, s.fresh, &s.query, &results[i].logit_rows};
-        hook->BeforeQueries(layer_rows);
-        s.hidden_source = layer_rows.hidden_source;
-      }
-      if (layer == c.layers - 1) {
-        KeepRowsRead(*steps[i].plan, layer, results[i].logit_rows,
-                     steps[i].forward->cache_.positions(), s.query);
-      }
-      s.query_offset = m;
-      m += int64_t(s.query.size());
-      results[i].rows_computed += int64_t(s.query.size());
-      same_rows = same_rows && s.query == s.fresh;
-    }
-    Segments(rows, &SequenceRows::query, segments);
-
-    // The query rows' inputs: fresh rows from x_, others from the hidden-state store.
-    if (!same_rows) {
-      x_next_.Reserve(m * C);  // [sum |Q|, C]
-      for (size_t i = 0; i < n; ++i) {
-        GatherQueryInputs(backend_, steps[i].forward->cache_, layer, rows[i],
-                          x_.data() + rows[i].fresh_offset * C,
-                          x_next_.data() + rows[i].query_offset * C, loaded_);
-      }
-      std::swap(x_, x_next_);  // x_: [sum |Q|, C]
-      normed_.Reserve(m * C);
-      backend_.RmsNorm(x_.data(), m, C, w.attn_norm.data(), c.rms_eps, normed_.data());
-    }  // else normed_ still holds rmsnorm(x) of exactly these rows from the K/V pass
-
-    // Attention block: each sequence's queries over its own cache.
-    q_.Reserve(m * q_width);  // [sum |Q|, H*D]
-    backend_.MatMulBatch(normed_.data(), segments, w.wq, q_.data(),
-                         w.bq.empty() ? nullptr : w.bq.data());
-    if (c.qk_norm) {
-      backend_.RmsNorm(q_.data(), m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q_.data());
-    }
-    if (c.clip_qkv > 0) backend_.Clamp(q_.data(), m * q_width, c.clip_qkv);
-    attn_.Reserve(m * q_width);  // [sum |Q|, H*D]
-    for (size_t i = 0; i < n; ++i) {
-      const SequenceRows& s = rows[i];
-      const StepPlan& plan = *steps[i].plan;
-      KvCache& cache = steps[i].forward->cache_;
-      const int64_t length = cache.positions();
-      float* q = q_.data() + s.query_offset * q_width;
-      backend_.ApplyRope(q, s.query, c.heads, weights.rope, c.rope_interleaved);
-      const bool capture = std::find(plan.capture_layers.begin(), plan.capture_layers.end(),
-                                     layer) != plan.capture_layers.end();
-      const int64_t rows_here = int64_t(s.query.size());
-      float* out = attn_.data() + s.query_offset * q_width;
-      if (plan.attention_block == 0) {
-        if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
-        backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
-                           c.kv_heads, c.head_dim, out, capture ? probs_.data() : nullptr);
-        if (capture && plan.hook != nullptr) {
-          plan.hook->OnAttention(
-              layer, s.query,
-              RowsView(*steps[i].forward, probs_.data(), rows_here, c.heads * length));
-        }
-        continue;
-      }
-      // Block-causal: a row sees the keys up to the end of its block, the first rows of the
-      // cache; each run of consecutive query rows with the same end attends at once. Captured
-      // probabilities are laid out as the bidirectional ones, zero on the keys a row cannot see.
-      const int64_t block = plan.attention_block;
-      auto visible = [&](int64_t r) {
-        return std::min(length, (s.query[size_t(r)] / block + 1) * block);
-      };
-      if (capture) {
-        probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
-        backend_.Zero(probs_.data(), rows_here * c.heads * length);
-      }
-      for (int64_t begin = 0, end = 0; begin < rows_here; begin = end) {
-        const int64_t keys = visible(begin);
-        for (end = begin + 1; end < rows_here && visible(end) == keys;) ++end;
-        if (capture) run_probs_.Reserve((end - begin) * c.heads * keys);  // [run, H, keys]
-        backend_.Attention(q + begin * q_width, end - begin, cache.keys(layer), cache.values(layer),
-                           keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width,
-                           capture ? run_probs_.data() : nullptr);
-        if (!capture) continue;
-        for (int64_t r = begin; r < end; ++r) {
-          for (int h = 0; h < c.heads; ++h) {
-            backend_.Copy(run_probs_.data() + ((r - begin) * c.heads + h) * keys, keys,
-                          probs_.data() + (r * c.heads + h) * length);
-          }
-        }
-      }
-      if (capture && plan.hook != nullptr) {
-        plan.hook->OnAttention(
-            layer, s.query,
-            RowsView(*steps[i].forward, probs_.data(), rows_here, c.heads * length));
-      }
-    }
-    proj_.Reserve(m * C);  // [sum |Q|, C]
-    backend_.MatMulBatch(attn_.data(), segments, w.wo, proj_.data(),
-                         w.bo.empty() ? nullptr : w.bo.data());
-    backend_.AddInPlace(x_.data(), proj_.data(), m * C);
-
-    // MLP block: SwiGLU, or a mixture of SwiGLU experts.
-    normed_.Reserve(m * C);
-    backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
-    if (c.IsMoeLayer(layer)) {
-      MixtureOfExperts(w, c, segments, m);
-    } else {
-      SwiGlu(w.mlp, normed_.data(), segments, m, proj_.data());
-    }
-    backend_.AddInPlace(x_.data(), proj_.data(), m * C);
+  // F_{l+1} = Q_l, whose outputs x_ holds.
+  void QueryRowsBecomeFresh() {
     for (SequenceRows& s : rows) {
       s.fresh = std::move(s.query);
       s.fresh_offset = s.query_offset;
     }
   }
 
-  // Final norm and LM head for the logit rows, which must be rows of the last layer.
+  std::span<const SequenceStep> sequences;
+  const Model& model;
+  const ResidentWeights& weights;  // the model on the runner's backend
+  const ModelConfig& config;
+  const int64_t q_width, kv_width;  // H*D, Hkv*D
+  std::vector<SequenceRows> rows;   // [n] each sequence's F_l and Q_l
+  std::vector<int64_t> segments;    // [n] rows per sequence of the op at hand
+  int64_t queries = 0;              // M = sum |Q_l|
+  bool queries_are_fresh = true;    // Q_l = F_l in every sequence
+  std::vector<StepResult> results;  // [n]
+};
+
+std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
+  PS_CHECK(!steps.empty());
+  Step step(steps);
+  EmbedFreshRows(step);
+  for (int layer = 0; layer < step.config.layers; ++layer) {
+    WriteFreshKeysValues(step, layer);
+    ChooseQueryRows(step, layer);
+    // When Q_l = F_l, normed_ still holds rmsnorm(x_) of exactly these rows from the K/V pass.
+    if (!step.queries_are_fresh) GatherQueryInputs(step, layer);
+    ComputeQueries(step, layer);
+    AttendEachSequence(step, layer);
+    AddAttentionOutput(step, layer);
+    FeedForward(step, layer);
+    step.QueryRowsBecomeFresh();
+  }
+  ComputeLogits(step);
+  return std::move(step.results);
+}
+
+void StepRunner::EmbedFreshRows(Step& step) {
+  const ModelConfig& c = step.config;
+  int64_t total_fresh = 0;
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const SequenceStep& sequence = step.sequences[i];
+    PS_CHECK(&sequence.forward->model_ == &step.model && &sequence.forward->backend_ == &backend_);
+    PS_CHECK(int64_t(sequence.canvas.size()) == sequence.forward->cache_.positions());
+    for (const int row : sequence.plan->input_rows) {
+      PS_CHECK(row >= 0 && size_t(row) < sequence.canvas.size());
+      PS_CHECK(sequence.canvas[size_t(row)] >= 0 && sequence.canvas[size_t(row)] < c.vocab);
+    }
+    step.results[i].logit_rows = sequence.plan->logit_rows;
+    step.rows[i].fresh = sequence.plan->input_rows;
+    step.rows[i].fresh_offset = total_fresh;
+    total_fresh += int64_t(step.rows[i].fresh.size());
+  }
+  x_.Reserve(total_fresh * c.width);  // [sum |F|, C] layer inputs of the fresh rows
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    backend_.Embed(step.weights.embedding, step.sequences[i].canvas, step.rows[i].fresh,
+                   x_.data() + step.rows[i].fresh_offset * c.width);
+  }
+}
+
+void StepRunner::WriteFreshKeysValues(Step& step, int layer) {
+  const ModelConfig& c = step.config;
+  const LayerWeights& w = step.weights.layers[size_t(layer)];
+  const int64_t C = c.width, kv_width = step.kv_width;
+  const int64_t m_fresh = step.Split(&SequenceRows::fresh);
+  normed_.Reserve(m_fresh * C);    // [sum |F|, C]
+  k_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
+  v_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
+  backend_.RmsNorm(x_.data(), m_fresh, C, w.attn_norm.data(), c.rms_eps, normed_.data());
+  backend_.MatMulBatch(normed_.data(), step.segments, w.wk, k_.data(),
+                       w.bk.empty() ? nullptr : w.bk.data());
+  if (c.qk_norm) {
+    backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
+                     k_.data());
+  }
+  backend_.MatMulBatch(normed_.data(), step.segments, w.wv, v_.data(),
+                       w.bv.empty() ? nullptr : w.bv.data());
+  if (c.clip_qkv > 0) {
+    backend_.Clamp(k_.data(), m_fresh * kv_width, c.clip_qkv);
+    backend_.Clamp(v_.data(), m_fresh * kv_width, c.clip_qkv);
+  }
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const SequenceRows& s = step.rows[i];
+    KvCache& cache = step.sequences[i].forward->cache_;
+    LayerHook* hook = step.sequences[i].plan->hook;
+    float* k = k_.data() + s.fresh_offset * kv_width;
+    const float* x = x_.data() + s.fresh_offset * C;
+    backend_.ApplyRope(k, s.fresh, c.kv_heads, step.weights.rope, c.rope_interleaved);
+    if (hook != nullptr) {
+      hook->BeforeFreshRowsStored(
+          layer, s.fresh, RowsView(*step.sequences[i].forward, x, int64_t(s.fresh.size()), C));
+    }
+    step.results[i].kv_rows_written += int64_t(s.fresh.size());
+    if (s.fresh.empty()) continue;
+    backend_.CopyRows(k, {}, cache.keys(layer), s.fresh, kv_width);
+    backend_.CopyRows(v_.data() + s.fresh_offset * kv_width, {}, cache.values(layer), s.fresh,
+                      kv_width);
+    if (cache.keeps_hidden()) backend_.CopyRows(x, {}, cache.hidden(layer), s.fresh, C);
+  }
+}
+
+void StepRunner::ChooseQueryRows(Step& step, int layer) {
+  step.queries = 0;
+  step.queries_are_fresh = true;
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    SequenceRows& s = step.rows[i];
+    const SequenceStep& sequence = step.sequences[i];
+    StepResult& result = step.results[i];
+    s.query = s.fresh;
+    s.hidden_source = nullptr;
+    if (LayerHook* hook = sequence.plan->hook) {
+      LayerRows layer_rows{layer, s.fresh, &s.query, &result.logit_rows};
+      hook->BeforeQueries(layer_rows);
+      s.hidden_source = layer_rows.hidden_source;
+    }
+    if (layer == step.config.layers - 1) {
+      KeepRowsRead(*sequence.plan, layer, result.logit_rows, sequence.forward->cache_.positions(),
+                   s.query);
+    }
+    s.query_offset = step.queries;
+    step.queries += int64_t(s.query.size());
+    result.rows_computed += int64_t(s.query.size());
+    step.queries_are_fresh = step.queries_are_fresh && s.query == s.fresh;
+  }
+  step.Split(&SequenceRows::query);
+}
+
+void StepRunner::GatherQueryInputs(Step& step, int layer) {
+  const int64_t C = step.config.width, m = step.queries;
+  x_next_.Reserve(m * C);  // [sum |Q|, C]
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const SequenceRows& s = step.rows[i];
+    GatherSequenceQueryInputs(backend_, step.sequences[i].forward->cache_, layer, s,
+                              x_.data() + s.fresh_offset * C, x_next_.data() + s.query_offset * C,
+                              loaded_);
+  }
+  std::swap(x_, x_next_);  // x_: [sum |Q|, C]
+  normed_.Reserve(m * C);
+  backend_.RmsNorm(x_.data(), m, C, step.weights.layers[size_t(layer)].attn_norm.data(),
+                   step.config.rms_eps, normed_.data());
+}
+
+void StepRunner::ComputeQueries(const Step& step, int layer) {
+  const ModelConfig& c = step.config;
+  const LayerWeights& w = step.weights.layers[size_t(layer)];
+  const int64_t m = step.queries;
+  q_.Reserve(m * step.q_width);  // [sum |Q|, H*D]
+  backend_.MatMulBatch(normed_.data(), step.segments, w.wq, q_.data(),
+                       w.bq.empty() ? nullptr : w.bq.data());
+  if (c.qk_norm) {
+    backend_.RmsNorm(q_.data(), m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q_.data());
+  }
+  if (c.clip_qkv > 0) backend_.Clamp(q_.data(), m * step.q_width, c.clip_qkv);
+  for (const SequenceRows& s : step.rows) {
+    backend_.ApplyRope(q_.data() + s.query_offset * step.q_width, s.query, c.heads,
+                       step.weights.rope, c.rope_interleaved);
+  }
+}
+
+void StepRunner::AttendEachSequence(const Step& step, int layer) {
+  const ModelConfig& c = step.config;
+  attn_.Reserve(step.queries * step.q_width);  // [sum |Q|, H*D]
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const SequenceRows& s = step.rows[i];
+    const StepPlan& plan = *step.sequences[i].plan;
+    const KvCache& cache = step.sequences[i].forward->cache_;
+    const int64_t length = cache.positions(), rows_here = int64_t(s.query.size());
+    const bool capture = Captures(plan, layer);
+    if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
+    float* probs = capture ? probs_.data() : nullptr;
+    const float* q = q_.data() + s.query_offset * step.q_width;
+    float* out = attn_.data() + s.query_offset * step.q_width;
+    if (plan.attention_block == 0) {
+      backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
+                         c.kv_heads, c.head_dim, out, probs);
+    } else {
+      AttendBlockCausal(c, cache, layer, s.query, plan.attention_block, q, out, probs);
+    }
+    if (capture && plan.hook != nullptr) {
+      plan.hook->OnAttention(
+          layer, s.query, RowsView(*step.sequences[i].forward, probs, rows_here, c.heads * length));
+    }
+  }
+}
+
+// A row sees the keys up to the end of its block, the first rows of the cache; each run of
+// consecutive query rows with the same end attends at once.
+void StepRunner::AttendBlockCausal(const ModelConfig& c, const KvCache& cache, int layer,
+                                   std::span<const int> positions, int64_t block, const float* q,
+                                   float* out, float* probs) {
+  const int64_t length = cache.positions(), rows = int64_t(positions.size());
+  const int64_t q_width = int64_t(c.heads) * c.head_dim;
+  auto visible = [&](int64_t r) {
+    return std::min(length, (positions[size_t(r)] / block + 1) * block);
+  };
+  if (probs != nullptr) backend_.Zero(probs, rows * c.heads * length);
+  for (int64_t begin = 0, end = 0; begin < rows; begin = end) {
+    const int64_t keys = visible(begin);
+    for (end = begin + 1; end < rows && visible(end) == keys;) ++end;
+    if (probs != nullptr) run_probs_.Reserve((end - begin) * c.heads * keys);  // [run, H, keys]
+    backend_.Attention(q + begin * q_width, end - begin, cache.keys(layer), cache.values(layer),
+                       keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width,
+                       probs != nullptr ? run_probs_.data() : nullptr);
+    // The run's (row, head) rows of `keys` into the first `keys` of their rows of L.
+    if (probs != nullptr) {
+      backend_.CopyStrided(run_probs_.data(), keys, probs + begin * c.heads * length, length,
+                           (end - begin) * c.heads, keys);
+    }
+  }
+}
+
+void StepRunner::AddAttentionOutput(const Step& step, int layer) {
+  const LayerWeights& w = step.weights.layers[size_t(layer)];
+  const int64_t size = step.queries * step.config.width;
+  proj_.Reserve(size);  // [sum |Q|, C]
+  backend_.MatMulBatch(attn_.data(), step.segments, w.wo, proj_.data(),
+                       w.bo.empty() ? nullptr : w.bo.data());
+  backend_.AddInPlace(x_.data(), proj_.data(), size);
+}
+
+void StepRunner::FeedForward(const Step& step, int layer) {
+  const ModelConfig& c = step.config;
+  const LayerWeights& w = step.weights.layers[size_t(layer)];
+  const int64_t m = step.queries, C = c.width;
+  normed_.Reserve(m * C);  // [sum |Q|, C]
+  proj_.Reserve(m * C);    // [sum |Q|, C]
+  backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
+  if (c.IsMoeLayer(layer)) {
+    MixtureOfExperts(w, c, step.segments, m);
+  } else {
+    SwiGlu(w.mlp, normed_.data(), step.segments, m, proj_.data());
+  }
+  backend_.AddInPlace(x_.data(), proj_.data(), m * C);
+}
+
+void StepRunner::ComputeLogits(Step& step) {
+  const ModelConfig& c = step.config;
+  const size_t n = step.sequences.size();
   std::vector<int> logit_sources;  // [sum n_logits] row of x_ behind each logit row
-  segments.clear();
+  step.segments.clear();
   for (size_t i = 0; i < n; ++i) {
+    const SequenceRows& s = step.rows[i];
     std::unordered_map<int, int> index;
-    for (size_t r = 0; r < rows[i].fresh.size(); ++r) index[rows[i].fresh[r]] = int(r);
-    for (const int row : results[i].logit_rows) {
+    for (size_t r = 0; r < s.fresh.size(); ++r) index[s.fresh[r]] = int(r);
+    for (const int row : step.results[i].logit_rows) {
       auto it = index.find(row);
       PS_CHECK(it != index.end());
-      logit_sources.push_back(int(rows[i].fresh_offset) + it->second);
+      logit_sources.push_back(int(s.fresh_offset) + it->second);
     }
-    segments.push_back(int64_t(results[i].logit_rows.size()));
+    step.segments.push_back(int64_t(step.results[i].logit_rows.size()));
   }
   const int64_t n_logits = int64_t(logit_sources.size());
-  if (n_logits > 0) {
-    final_.Reserve(n_logits * C);  // [sum n_logits, C]
-    backend_.CopyRows(x_.data(), logit_sources, final_.data(), {}, C);
-    logits_.Reserve(n_logits * c.vocab);  // [sum n_logits, V]
-    backend_.LmHeadBatch(final_.data(), segments, C, weights.final_norm.data(), c.rms_eps,
-                         weights.lm_head, logits_.data());
-    const float* from = logits_.data();
-    for (size_t i = 0; i < n; ++i) {
-      const int64_t count = segments[i] * c.vocab;
-      results[i].logits.resize(size_t(count));
-      steps[i].forward->Download(from, count * 4, results[i].logits.data());
-      from += count;
-    }
+  if (n_logits == 0) return;
+  final_.Reserve(n_logits * c.width);  // [sum n_logits, C]
+  backend_.CopyRows(x_.data(), logit_sources, final_.data(), {}, c.width);
+  logits_.Reserve(n_logits * c.vocab);  // [sum n_logits, V]
+  backend_.LmHeadBatch(final_.data(), step.segments, c.width, step.weights.final_norm.data(),
+                       c.rms_eps, step.weights.lm_head, logits_.data());
+  const float* from = logits_.data();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t count = step.segments[i] * c.vocab;
+    step.results[i].logits.resize(size_t(count));
+    step.sequences[i].forward->Download(from, count * 4, step.results[i].logits.data());
+    from += count;
   }
-  return results;
 }
 
 void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m,

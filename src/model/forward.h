@@ -127,6 +127,39 @@ class StepRunner {
   std::vector<StepResult> Run(std::span<const SequenceStep> steps);
 
  private:
+  // What the stages of one step share (sequences, their rows per layer, results): forward.cpp.
+  struct Step;
+
+  // Run's stages, in order. Each runs once over every sequence's rows, concatenated; M is
+  // sum |Q_l|, and the scratch a stage writes is named with its shape.
+  // Checks every plan; x_[sum |F_0|, C] = the embeddings of the input rows.
+  void EmbedFreshRows(Step& step);
+  // normed_[sum |F_l|, C], k_ and v_[sum |F_l|, Hkv*D] of the fresh rows, written into each
+  // cache by position (x_ into its hidden-state rows); the hooks' BeforeFreshRowsStored.
+  void WriteFreshKeysValues(Step& step, int layer);
+  // Each sequence's Q_l: F_l unless its hook chooses others; at the last layer only rows read.
+  static void ChooseQueryRows(Step& step, int layer);
+  // x_[M, C] = the query rows' inputs (from x_ or the hidden-state store), normed_[M, C].
+  void GatherQueryInputs(Step& step, int layer);
+  // q_[M, H*D] = the queries of normed_, rotated to their rows' positions.
+  void ComputeQueries(const Step& step, int layer);
+  // attn_[M, H*D] = each sequence's queries over its own cache; at a captured layer the hook
+  // gets probs_[|Q_l|, H, L].
+  void AttendEachSequence(const Step& step, int layer);
+  // out[|Q|, H*D] = the block-causal attention of q[|Q|, H*D] (rows at `positions`) over the
+  // cache: row p over the keys [0, (p / block + 1) block); probs (when given) [|Q|, H, L] as
+  // the bidirectional ones, zero on the keys a row cannot see.
+  void AttendBlockCausal(const ModelConfig& c, const KvCache& cache, int layer,
+                         std::span<const int> positions, int64_t block, const float* q, float* out,
+                         float* probs);
+  // x_[M, C] += W_o attn_ (proj_[M, C]): the attention block's residual.
+  void AddAttentionOutput(const Step& step, int layer);
+  // x_[M, C] += the MLP of rmsnorm(x_): SwiGLU, or a mixture of SwiGLU experts (proj_[M, C]).
+  void FeedForward(const Step& step, int layer);
+  // Final norm and LM head over each sequence's logit rows (final_[sum n_logits, C]), which
+  // must be query rows of the last layer: its result's logits [n_logits, V].
+  void ComputeLogits(Step& step);
+
   // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).
   void SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m, float* out);
   // proj_ = the mixture of experts of normed_ (M rows in `segments`).
@@ -134,7 +167,8 @@ class StepRunner {
                         int64_t m);
 
   const Backend& backend_;
-  // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes in Run.
+  // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes at
+  // the stages above.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
   Buffer logits_;     // [sum n_logits, V]
   Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]

@@ -351,6 +351,14 @@ void CpuBackend::CopyRows(const float* src, std::span<const int> src_rows, float
   }
 }
 
+void CpuBackend::CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                             int64_t rows, int64_t width) const {
+  PS_CHECK(width >= 0 && width <= src_stride && width <= dst_stride);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(dst + i * dst_stride, src + i * src_stride, size_t(width) * 4);
+  }
+}
+
 void CpuBackend::Embed(const WeightView& embedding, std::span<const int> tokens,
                        std::span<const int> rows, float* out) const {
   for (size_t i = 0; i < rows.size(); ++i) {

@@ -60,6 +60,8 @@ class CpuBackend final : public Backend {
                     std::span<const int> dst_rows, int64_t width) const override;
   void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                 std::span<const int> dst_rows, int64_t width) const override;
+  void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                   int64_t rows, int64_t width) const override;
   void Embed(const WeightView& embedding, std::span<const int> tokens, std::span<const int> rows,
              float* out) const override;
   void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm, float eps,
