@@ -1,5 +1,6 @@
 #include "backend/registry.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -97,6 +98,11 @@ const Backend& BackendNamed(std::string_view spec) {
   std::unique_ptr<Backend>& backend = made[canonical];
   if (!backend) backend = entry->make(options);
   return *backend;
+}
+
+std::string DefaultBackendSpec() {
+  const char* env = std::getenv("POLESTAR_BACKEND");
+  return env != nullptr && *env != '\0' ? env : "auto";
 }
 
 std::string BackendHelp() {

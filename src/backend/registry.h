@@ -45,6 +45,11 @@ const std::vector<BackendEntry>& RegisteredBackends();
 // for an unknown name or option, a bad value, or a backend this machine cannot run.
 const Backend& BackendNamed(std::string_view spec);
 
+// What runs a model when nothing names a backend: the environment variable POLESTAR_BACKEND
+// when set (so a whole test run, CLI and server included, can move to another backend),
+// else "auto". --backend's default.
+std::string DefaultBackendSpec();
+
 // The backends and their options, for --help ("cpu  the CPU kernels ...").
 std::string BackendHelp();
 

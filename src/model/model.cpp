@@ -195,7 +195,7 @@ FloatsView Model::Keep(std::vector<float> values) {
 }
 
 const Backend& Model::backend() const {
-  return backend_ != nullptr ? *backend_ : BackendNamed("cpu");
+  return backend_ != nullptr ? *backend_ : BackendNamed(DefaultBackendSpec());
 }
 
 void Model::UseBackend(const Backend& backend) { backend_ = &backend; }

@@ -75,8 +75,8 @@ class Model {
   const std::string& source() const { return source_; }
   int64_t ParameterCount() const;
 
-  // The backend this model's sequences run on unless told otherwise (MakeCache): the CPU's
-  // until UseBackend names another (the CLI's --backend).
+  // The backend this model's sequences run on unless told otherwise (MakeCache): the default
+  // (DefaultBackendSpec(), backend/registry.h) until UseBackend names another (--backend).
   const Backend& backend() const;
   void UseBackend(const Backend& backend);
   // The weights bound to `backend`, bound on first use (thread-safe) and kept for the
