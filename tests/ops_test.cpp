@@ -891,7 +891,7 @@ TEST(Routing, ScaleAddRowsAccumulatesWeightedRowsIntoTheirTargets) {
   std::vector<float> dst = {10, 10, 20, 20, 30, 30};  // [3, 2]
   const float scales[2] = {0.5f, -1.0f};
   const int rows[2] = {2, 0};
-  CpuBackend::Host().ScaleAddRows(src, scales, dst.data(), rows, 2);
+  CpuBackend::Host().ScaleAddRows(src, scales, dst.data(), rows, 2, 2);
   EXPECT_EQ(dst, (std::vector<float>{7, 6, 20, 20, 30.5f, 31}));
 }
 
@@ -1024,6 +1024,106 @@ TEST(CpuBackend, DriftMatchesHandComputedValues) {
   const int now_rows[1] = {1};
   EXPECT_NEAR(backend.MeanCrossHeadCosine(now.data(), now_rows, before.data(), 2, 2),
               (1.0 + 0.75 / std::sqrt(0.8125)) / 2, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------
+// Elastic-Cache's most-attended keys and a mixture's grouping by expert, against loops written
+// as the host code before them ran (the policy's, the forward's), outputs poisoned first.
+
+// The mass of a key is the policy's host sum: per listed row in order, j over H*L into key
+// j % L, in double: bit for bit, whatever the rows' order and repeats.
+TEST(CpuBackend, AttentionMassIsTheRowsThenHeadsSumInDouble) {
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const int heads = 5;
+  const int64_t keys = 37, rows = 6;
+  std::vector<float> probs(size_t(rows * heads * keys));  // [rows, H, L]
+  for (float& p : probs) p = uniform(rng);
+  const std::vector<int> chosen = {4, 0, 5, 0};
+  std::vector<double> expected(size_t(keys), 0.0);  // [L]
+  for (const int r : chosen) {
+    const float* paid = probs.data() + int64_t(r) * heads * keys;
+    for (int64_t j = 0; j < heads * keys; ++j) expected[size_t(j % keys)] += paid[j];
+  }
+  std::vector<double> mass(size_t(keys), std::nan(""));
+  CpuBackend::Host().AttentionMass(probs.data(), chosen, heads, keys, mass.data());
+  for (int64_t j = 0; j < keys; ++j) EXPECT_EQ(mass[size_t(j)], expected[size_t(j)]) << j;
+  // No rows: no mass.
+  std::fill(mass.begin(), mass.end(), std::nan(""));
+  CpuBackend::Host().AttentionMass(probs.data(), {}, heads, keys, mass.data());
+  EXPECT_EQ(mass, std::vector<double>(size_t(keys), 0.0));
+}
+
+// The policy's ranking: the eligible keys by mass, largest first, ties to the lower key, cut
+// anywhere (inside a run of ties too), and keys outside the list never chosen.
+TEST(CpuBackend, TopKeysRanksByMassThenKey) {
+  const std::vector<double> mass = {0.5, 2.0, 0.5, 7.0, 0.5, 2.0, 9.0, 0.25};  // [L]
+  const std::vector<int> keys = {0, 1, 2, 4, 5, 7};  // 3 and 6 (the largest) not eligible
+  for (size_t k = 0; k <= keys.size(); ++k) {
+    std::vector<int> expected = keys;
+    std::stable_sort(expected.begin(), expected.end(),
+                     [&](int a, int b) { return mass[size_t(a)] > mass[size_t(b)]; });
+    expected.resize(k);
+    std::vector<int> top(k, -1);
+    CpuBackend::Host().TopKeys(mass.data(), keys, top);
+    EXPECT_EQ(top, expected) << k;
+  }
+  const std::vector<int> three = {1, 5, 0};  // ties 1 and 5: the lower first; then 0
+  std::vector<int> top(3, -1);
+  CpuBackend::Host().TopKeys(mass.data(), keys, top);
+  EXPECT_EQ(top, three);
+}
+
+// The grouping the forward built on the host: per expert, in expert order, the rows that
+// chose it ascending with their weights, and per sequence the count of its rows; sequences
+// of any size, none included, and experts nobody chose.
+TEST(CpuBackend, GroupByExpertIsAStableCountingSort) {
+  std::mt19937 rng(42);
+  const int experts = 7, k = 3;
+  const std::vector<int64_t> segments = {3, 0, 6, 1};  // [S] rows per sequence
+  const int64_t m = 10, sequences = int64_t(segments.size());
+  std::vector<int> chosen(size_t(m * k));     // [M, k] distinct experts per row, not sorted
+  std::vector<float> weights(size_t(m * k));  // [M, k]
+  std::vector<int> order(static_cast<size_t>(experts));  // [E]
+  for (int64_t r = 0; r < m; ++r) {
+    for (int e = 0; e < experts; ++e) order[size_t(e)] = e;
+    std::shuffle(order.begin(), order.end() - 1, rng);  // expert 6 is never chosen
+    for (int i = 0; i < k; ++i) {
+      chosen[size_t(r * k + i)] = order[size_t(i)];
+      weights[size_t(r * k + i)] = float(r * k + i) + 0.5f;
+    }
+  }
+  std::vector<int> expected_rows, expected_counts(size_t(sequences * experts), 0);
+  std::vector<float> expected_weights;
+  for (int e = 0; e < experts; ++e) {
+    int64_t row = 0;
+    for (int64_t s = 0; s < sequences; ++s) {
+      for (int64_t end = row + segments[size_t(s)]; row < end; ++row) {
+        for (int i = 0; i < k; ++i) {
+          if (chosen[size_t(row * k + i)] != e) continue;
+          expected_rows.push_back(int(row));
+          expected_weights.push_back(weights[size_t(row * k + i)]);
+          ++expected_counts[size_t(s * experts + e)];
+        }
+      }
+    }
+  }
+  std::vector<int> rows(size_t(m * k), -7), counts(size_t(sequences * experts), -7);
+  std::vector<float> row_weights(size_t(m * k), std::nanf(""));
+  CpuBackend::Host().GroupByExpert(chosen.data(), weights.data(), segments, experts, k, rows.data(),
+                                   row_weights.data(), counts.data());
+  EXPECT_EQ(rows, expected_rows);
+  EXPECT_EQ(row_weights, expected_weights);
+  EXPECT_EQ(counts, expected_counts);
+  EXPECT_EQ(counts[size_t(2 * experts + 6)], 0);
+}
+
+TEST(CpuBackend, GatherRowsTakesTheListedRows) {
+  const std::vector<float> src = {0, 1, 10, 11, 20, 21};  // [3, 2]
+  const std::vector<int> rows = {2, 0, 2};
+  std::vector<float> out(8, -1);  // [3, 2] + 2 past the end
+  CpuBackend::Host().GatherRows(src.data(), rows.data(), 3, out.data(), 2);
+  EXPECT_EQ(out, (std::vector<float>{20, 21, 0, 1, 20, 21, -1, -1}));
 }
 
 // ---------------------------------------------------------------------------------------

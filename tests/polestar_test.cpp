@@ -308,10 +308,12 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
   capture.row_size_ = int64_t(c.heads) * length;
   forward.Run(canvas, {Range(0, length), {}, Range(0, c.layers), &capture});
   const std::vector<int> rows = {2, 11, 20};
+  Buffer before;                                                    // [3, H, L]
   std::vector<float> got(rows.size() * size_t(capture.row_size_));  // [3, H, L]
   std::vector<double> drift(rows.size());
   for (int layer = 0; layer < c.layers; ++layer) {
-    forward.CachedRowsAttention(layer, rows, got.data());
+    forward.CachedRowsAttention(layer, rows, before);
+    forward.Download(before.data(), int64_t(got.size()) * 4, got.data());
     const std::vector<float>& all = capture.probs_[layer];  // [L, H, L]
     for (size_t r = 0; r < rows.size(); ++r) {
       for (int64_t j = 0; j < capture.row_size_; ++j) {
@@ -324,12 +326,12 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
     Buffer captured(forward.backend(), int64_t(all.size()));  // [L, H, L]
     forward.Upload(all.data(), captured.bytes(), captured.data());
     const RowsView now(forward, captured.data(), length, capture.row_size_);
-    EXPECT_NEAR(forward.MeanCrossHeadCosine(now, rows, got.data()), 1.0, 1e-6);
+    EXPECT_NEAR(forward.MeanCrossHeadCosine(now, rows, before), 1.0, 1e-6);
     forward.HeadMeanDrift(DriftMetric::kKl, got.data(), got.data(), int64_t(rows.size()),
                           drift.data());
     for (double d : drift) EXPECT_EQ(d, 0.0);
     const std::vector<int> shifted = {5, 0, 3};  // other prompt tokens
-    EXPECT_LT(forward.MeanCrossHeadCosine(now, shifted, got.data()), 1.0 - 1e-6);
+    EXPECT_LT(forward.MeanCrossHeadCosine(now, shifted, before), 1.0 - 1e-6);
   }
 }
 

@@ -8,8 +8,9 @@
 // ("backend memory"), or into weights bound to it (ResidentWeights, model/model.h), except
 // where an op says "host". Host code never reads or writes backend memory directly: it moves
 // bytes with Upload and Download, which are the only crossings and are counted by whoever
-// issues them (Forward's TransferCounts). Index lists (rows, positions, tokens, scales) are
-// host arguments: they are the step's plan, which a device backend stages itself. Legend as
+// issues them (Forward's TransferCounts). Index lists (rows, positions, tokens) are host
+// arguments: they are the step's plan, which a device backend stages itself; lists the ops
+// compute (a mixture's routing) stay in backend memory. Legend as
 // in ops/ops.h: M rows computed, K input width, N output width, L canvas length, H query
 // heads, Hkv key/value heads, D head dim, C model width.
 //
@@ -195,14 +196,15 @@ class Backend {
   virtual void AddInPlace(float* x, const float* y, int64_t n) const = 0;
   // x[n] clamped to [-limit, limit].
   virtual void Clamp(float* x, int64_t n, float limit) const = 0;
-  // Mixture-of-experts routing: chosen[M, k] and weights[M, k] (host) for router
-  // logits[M, E] (see ops.h RouteTopK).
+  // Mixture-of-experts routing: chosen[M, k] and weights[M, k] for router logits[M, E]
+  // (see ops.h RouteTopK). The choice stays in backend memory: GroupByExpert sorts the rows by
+  // it.
   virtual void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                          float* weights) const = 0;
-  // dst row dst_rows[i] += scales[i] * src row i (scales and rows host): an expert's output
-  // rows, weighted, into the rows that chose it.
-  virtual void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
-                            std::span<const int> dst_rows, int64_t width) const = 0;
+  // dst row dst_rows[i] += scales[i] * src row i for i < n (scales[n] and dst_rows[n] backend
+  // memory, GroupByExpert's): an expert's output rows, weighted, into the rows that chose it.
+  virtual void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
+                            int64_t n, int64_t width) const = 0;
   // dst row dst_rows[i] = src row src_rows[i] (rows of `width` floats); an empty list stands
   // for 0, 1, 2, ... so a gather passes no dst_rows and a scatter no src_rows. Row lists
   // are host memory; at least one must be non-empty, and both the same length when given.
@@ -234,6 +236,28 @@ class Backend {
   // cosine taken across the H heads; before[|now_rows|, H, L], now[*, H, L].
   virtual double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
                                      const float* before, int heads, int64_t l) const = 0;
+
+  // Elastic-Cache's most-attended keys and the grouping of a mixture's rows by expert.
+
+  // mass[L] (doubles) = per key j, the sum over the rows `rows` (host) of probs[*, H, L] and
+  // over heads of probs[r, h, j], accumulated in double row by row in the list's order, head
+  // by head: the attention the rows pay each key.
+  virtual void AttentionMass(const float* probs, std::span<const int> rows, int heads, int64_t l,
+                             double* mass) const = 0;
+  // top[|top|] (host) = the |top| keys of `keys` (host, distinct, |top| <= |keys|) with the
+  // largest mass[key], largest first, ties to the lower key.
+  virtual void TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const = 0;
+  // The rows of a routed batch grouped by expert (a stable counting sort of chosen[M, k]):
+  // rows[M*k] and row_weights[M*k] hold expert 0's rows ascending with their weights[M, k],
+  // then expert 1's, ...; counts[S, E] = how many rows of sequence s (the `segments`, host,
+  // S of them, summing to M) chose expert e. An expert's rows are those of counts' column e,
+  // and they start after the rows of the experts before it.
+  virtual void GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
+                             int experts, int k, int* rows, float* row_weights,
+                             int* counts) const = 0;
+  // dst row i [width] = src row rows[i], for i < n (rows[n] backend memory).
+  virtual void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
+                          int64_t width) const = 0;
 };
 
 }  // namespace polestar

@@ -133,12 +133,9 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   // before this step: the query of its cached layer input (the input its last query came
   // from) over the keys no row of this step has rewritten yet.
   void RecordAttentionBefore(const Forward& forward) {
-    const int64_t length = int64_t(canvas_.size()), count = int64_t(tracked_.size());
     before_.resize(tracks_.size());
-    for (int layer = 0; layer < int(tracks_.size()); ++layer) {
-      before_[size_t(layer)].resize(size_t(count * heads_ * length));
-      forward.CachedRowsAttention(layer, tracked_, before_[size_t(layer)].data());
-    }
+    for (int layer = 0; layer < int(tracks_.size()); ++layer)
+      forward.CachedRowsAttention(layer, tracked_, before_[size_t(layer)]);
   }
 
   void BeforeQueries(LayerRows& rows) override {
@@ -160,33 +157,24 @@ class ElasticCachePolicy : public Policy, private LayerHook {
         tracked_rows_.push_back(int(row_of_[size_t(p)]));
       }
       const double sigma =
-          forward_->MeanCrossHeadCosine(probs, tracked_rows_, before_[size_t(layer)].data());
+          forward_->MeanCrossHeadCosine(probs, tracked_rows_, before_[size_t(layer)]);
       similarity_[size_t(layer)] = sigma;
       if (sigma < gamma_) fired_layer_ = layer;
     }
 
     // The next step's tracked tokens of this layer: where the window's masks look most.
-    std::vector<int> predicting;  // [|predicting|] their index in query_rows
+    predicting_.clear();  // [|predicting|] their index in query_rows
     for (int p : predicting_rows_) {
       PS_CHECK(row_of_[size_t(p)] >= 0);  // predicting rows are query rows
-      predicting.push_back(int(row_of_[size_t(p)]));
+      predicting_.push_back(int(row_of_[size_t(p)]));
     }
-    paid_.resize(predicting.size() * size_t(heads_ * length));  // [|predicting|, H, L]
-    probs.Download(predicting, paid_.data());
-    std::vector<double> mass(size_t(length), 0);  // [L]
-    for (size_t r = 0; r < predicting.size(); ++r) {
-      const float* paid = paid_.data() + int64_t(r) * heads_ * length;
-      for (int64_t j = 0; j < int64_t(heads_) * length; ++j) mass[size_t(j % length)] += paid[j];
-    }
-    std::vector<int> eligible;
+    eligible_.clear();  // the positions that are no masks
     for (int j = 0; j < int(length); ++j) {
-      if (canvas_[size_t(j)] != mask_id_) eligible.push_back(j);
+      if (canvas_[size_t(j)] != mask_id_) eligible_.push_back(j);
     }
-    const size_t keep = std::min(eligible.size(), size_t(track_num_));
-    std::partial_sort(eligible.begin(), eligible.begin() + keep, eligible.end(), [&](int a, int b) {
-      return mass[size_t(a)] != mass[size_t(b)] ? mass[size_t(a)] > mass[size_t(b)] : a < b;
-    });
-    tracks_[size_t(layer)].assign(eligible.begin(), eligible.begin() + keep);
+    std::vector<int>& track = tracks_[size_t(layer)];
+    track.resize(std::min(eligible_.size(), size_t(track_num_)));
+    forward_->MostAttendedKeys(probs, predicting_, eligible_, track);
   }
 
   const Model& model_;
@@ -202,13 +190,14 @@ class ElasticCachePolicy : public Policy, private LayerHook {
   // This step.
   std::vector<int> canvas_;  // [L]
   int mask_id_ = 0;
-  std::vector<int> window_;                 // the first window_size_ masked positions, ascending
-  std::vector<int> predicting_rows_;        // [|window|] the rows whose logits predict them
-  std::vector<int> tracked_;                // union of tracks_ at the plan, ascending
-  std::vector<std::vector<float>> before_;  // [layers][|tracked|, H, L]
-  std::vector<int64_t> row_of_;             // [L] index of a position in the layer's query rows
-  std::vector<int> tracked_rows_;           // [|tracked|] their index in the layer's query rows
-  std::vector<float> paid_;  // [|predicting|, H, L] the predicting rows' attention, downloaded
+  std::vector<int> window_;           // the first window_size_ masked positions, ascending
+  std::vector<int> predicting_rows_;  // [|window|] the rows whose logits predict them
+  std::vector<int> tracked_;          // union of tracks_ at the plan, ascending
+  std::vector<Buffer> before_;        // [layers][|tracked|, H, L] (CachedRowsAttention's)
+  std::vector<int64_t> row_of_;       // [L] index of a position in the layer's query rows
+  std::vector<int> tracked_rows_;     // [|tracked|] their index in the layer's query rows
+  std::vector<int> predicting_;       // [|predicting|] their index in the layer's query rows
+  std::vector<int> eligible_;         // the positions that may be tracked: no masks, ascending
   const Forward* forward_ = nullptr;  // the step's model (drift ops)
   bool full_ = false;
   int fired_layer_ = -1;

@@ -22,7 +22,10 @@ Forward::Forward(const Model& model, KvCache& cache)
       cache_(cache),
       backend_(cache.backend()),
       weights_(model.On(backend_)),
-      runner_(backend_) {}
+      runner_(backend_),
+      cached_inputs_(backend_, 0),
+      cached_queries_(backend_, 0),
+      key_mass_(backend_, 0, ElementType::kF64) {}
 
 void Forward::Upload(const void* host, int64_t bytes, void* dst) const {
   backend_.Upload(host, bytes, dst);
@@ -67,7 +70,12 @@ StepRunner::StepRunner(const Backend& backend)
       run_probs_(backend, 0),
       router_(backend, 0),
       expert_in_(backend, 0),
-      expert_out_(backend, 0) {}
+      expert_out_(backend, 0),
+      chosen_(backend, 0, ElementType::kI32),
+      route_weights_(backend, 0),
+      expert_rows_(backend, 0, ElementType::kI32),
+      expert_weights_(backend, 0),
+      expert_counts_(backend, 0, ElementType::kI32) {}
 
 namespace {
 
@@ -393,7 +401,7 @@ void StepRunner::FeedForward(const Step& step, int layer) {
   proj_.Reserve(m * C);    // [sum |Q|, C]
   backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
   if (c.IsMoeLayer(layer)) {
-    MixtureOfExperts(w, c, step.segments, m);
+    MixtureOfExperts(step, w);
   } else {
     SwiGlu(w.mlp, normed_.data(), step.segments, m, proj_.data());
   }
@@ -446,19 +454,19 @@ void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segm
 // proj_[M, C] = sum over each row's chosen experts of weight * expert(normed_ row), plus the
 // shared expert's output: the reference's order (zeros, index_add expert by expert, + shared).
 // Each expert runs once over the rows that chose it, in row order, split by sequence so every
-// sequence's rows get the bits they get alone.
-void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, RowSegments segments,
-                                  int64_t m) {
+// sequence's rows get the bits they get alone. Routing and grouping stay in backend memory;
+// only the rows per expert and sequence come back, to issue the products.
+void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
+  const ModelConfig& c = step.config;
   const MoeConfig& moe = c.moe;
-  const int k = moe.experts_per_token;
-  const int64_t C = c.width;
-  router_.Reserve(m * moe.experts);  // [M, E]
-  backend_.MatMulBatch(normed_.data(), segments, w.router, router_.data());
-  std::vector<int>& chosen = routing_.chosen;
-  std::vector<float>& weights = routing_.weights;
-  chosen.resize(size_t(m * k));
-  weights.resize(size_t(m * k));
-  const RouterSpec spec{.experts = moe.experts,
+  const int k = moe.experts_per_token, experts = moe.experts;
+  const int64_t C = c.width, m = step.queries;
+  const int64_t sequences = int64_t(step.segments.size());
+  router_.Reserve(m * experts);  // [M, E]
+  backend_.MatMulBatch(normed_.data(), step.segments, w.router, router_.data());
+  chosen_.Reserve(m * k);         // [M, k]
+  route_weights_.Reserve(m * k);  // [M, k]
+  const RouterSpec spec{.experts = experts,
                         .top_k = k,
                         .score = moe.score,
                         .bias = w.expert_bias.empty() ? nullptr : w.expert_bias.data(),
@@ -467,48 +475,41 @@ void StepRunner::MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, R
                         .top_groups = moe.top_groups,
                         .normalize = moe.normalize_top_k,
                         .scaling = moe.routed_scaling};
-  backend_.RouteTopK(router_.data(), m, spec, chosen.data(), weights.data());
-
-  // Per expert: its rows (ascending), their weights, and its rows per sequence.
-  auto& expert_rows = routing_.expert_rows;
-  auto& expert_weights = routing_.expert_weights;
-  auto& expert_segments = routing_.expert_segments;
-  expert_rows.resize(size_t(moe.experts));
-  expert_weights.resize(size_t(moe.experts));
-  expert_segments.resize(size_t(moe.experts));
-  for (int e = 0; e < moe.experts; ++e) {
-    expert_rows[size_t(e)].clear();
-    expert_weights[size_t(e)].clear();
-    expert_segments[size_t(e)].clear();
-  }
-  int64_t row = 0;
-  for (size_t sequence = 0; sequence < segments.size(); ++sequence) {
-    for (auto& counts : expert_segments) counts.push_back(0);
-    for (int64_t end = row + segments[sequence]; row < end; ++row) {
-      for (int i = 0; i < k; ++i) {
-        const size_t e = size_t(chosen[size_t(row * k + i)]);
-        expert_rows[e].push_back(int(row));
-        expert_weights[e].push_back(weights[size_t(row * k + i)]);
-        ++expert_segments[e].back();
-      }
-    }
+  backend_.RouteTopK(router_.data(), m, spec, chosen_.As<int>(), route_weights_.data());
+  expert_rows_.Reserve(m * k);                  // [M*k]
+  expert_weights_.Reserve(m * k);               // [M*k]
+  expert_counts_.Reserve(sequences * experts);  // [S, E]
+  backend_.GroupByExpert(chosen_.As<int>(), route_weights_.data(), step.segments, experts, k,
+                         expert_rows_.As<int>(), expert_weights_.data(), expert_counts_.As<int>());
+  // Each sequence downloads its own counts: the bytes its step alone would move.
+  expert_counts_host_.resize(size_t(sequences * experts));  // [S, E]
+  for (int64_t s = 0; s < sequences; ++s) {
+    step.sequences[size_t(s)].forward->Download(expert_counts_.As<int>() + s * experts, experts * 4,
+                                                expert_counts_host_.data() + s * experts);
   }
 
   backend_.Zero(proj_.data(), m * C);
-  for (int e = 0; e < moe.experts; ++e) {
-    const std::vector<int>& rows = expert_rows[size_t(e)];
-    if (rows.empty()) continue;
-    const int64_t n = int64_t(rows.size());
+  expert_segments_.resize(size_t(sequences));  // [S]
+  int64_t first = 0;                           // expert e's first row in expert_rows_
+  for (int e = 0; e < experts; ++e) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < sequences; ++s) {
+      expert_segments_[size_t(s)] = expert_counts_host_[size_t(s * experts + e)];
+      n += expert_segments_[size_t(s)];
+    }
+    if (n == 0) continue;
+    const int* rows = expert_rows_.As<int>() + first;
     expert_in_.Reserve(n * C);   // [n, C] the rows that chose expert e
     expert_out_.Reserve(n * C);  // [n, C]
-    backend_.CopyRows(normed_.data(), rows, expert_in_.data(), {}, C);
-    SwiGlu(w.experts[size_t(e)], expert_in_.data(), expert_segments[size_t(e)], n,
-           expert_out_.data());
-    backend_.ScaleAddRows(expert_out_.data(), expert_weights[size_t(e)], proj_.data(), rows, C);
+    backend_.GatherRows(normed_.data(), rows, n, expert_in_.data(), C);
+    SwiGlu(w.experts[size_t(e)], expert_in_.data(), expert_segments_, n, expert_out_.data());
+    backend_.ScaleAddRows(expert_out_.data(), expert_weights_.data() + first, proj_.data(), rows, n,
+                          C);
+    first += n;
   }
   if (moe.shared_ffn > 0) {
     expert_out_.Reserve(m * C);  // [M, C]
-    SwiGlu(w.shared, normed_.data(), segments, m, expert_out_.data());
+    SwiGlu(w.shared, normed_.data(), step.segments, m, expert_out_.data());
     backend_.AddInPlace(proj_.data(), expert_out_.data(), m * C);
   }
 }
@@ -571,20 +572,25 @@ void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs)
   Download(out.data(), out.bytes(), probs);
 }
 
-void Forward::CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const {
+void Forward::CachedRowsAttention(int layer, std::span<const int> positions, Buffer& probs) const {
   const ModelConfig& c = model_.config();
   const int64_t count = int64_t(positions.size());
-  const int64_t C = cache_.hidden_width();
-  Buffer inputs(backend_, count * C, Buffer::Init::kNone);                          // [|P|, C]
-  Buffer queries(backend_, count * c.heads * c.head_dim, Buffer::Init::kNone);      // [|P|, H*D]
-  Buffer out(backend_, count * c.heads * cache_.positions(), Buffer::Init::kNone);  // [|P|, H, L]
+  const int64_t C = cache_.hidden_width(), length = cache_.positions();
   PS_CHECK(cache_.keeps_hidden());
-  backend_.CopyRows(cache_.hidden(layer), positions, inputs.data(), {}, C);
-  Project(layer, inputs.data(), count, queries.data());
-  backend_.ApplyRope(queries.data(), positions, c.heads, weights_.rope, c.rope_interleaved);
-  backend_.AttentionProbabilities(queries.data(), count, cache_.keys(layer), cache_.positions(),
-                                  c.heads, c.kv_heads, c.head_dim, out.data());
-  Download(out.data(), out.bytes(), probs);
+  cached_inputs_.Reserve(count * C);                      // [|P|, C]
+  cached_queries_.Reserve(count * c.heads * c.head_dim);  // [|P|, H*D]
+  const int64_t size = count * c.heads * length;          // [|P|, H, L]
+  if (probs.backend() == &backend_) {
+    probs.Reserve(size);
+  } else {
+    probs = Buffer(backend_, size, Buffer::Init::kNone);
+  }
+  if (count == 0) return;
+  backend_.CopyRows(cache_.hidden(layer), positions, cached_inputs_.data(), {}, C);
+  Project(layer, cached_inputs_.data(), count, cached_queries_.data());
+  backend_.ApplyRope(cached_queries_.data(), positions, c.heads, weights_.rope, c.rope_interleaved);
+  backend_.AttentionProbabilities(cached_queries_.data(), count, cache_.keys(layer), length,
+                                  c.heads, c.kv_heads, c.head_dim, probs.data());
 }
 
 void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
@@ -600,13 +606,22 @@ void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* b
 }
 
 double Forward::MeanCrossHeadCosine(const RowsView& now, std::span<const int> now_rows,
-                                    const float* before) const {
-  const int64_t size = int64_t(now_rows.size()) * now.width();  // [|now_rows|, H, L]
-  Buffer before_rows(backend_, size, Buffer::Init::kNone);
-  Upload(before, before_rows.bytes(), before_rows.data());
+                                    const Buffer& before) const {
+  PS_CHECK(before.size() >= int64_t(now_rows.size()) * now.width());  // [|now_rows|, H, L]
   to_host_ += int64_t(sizeof(double));
-  return backend_.MeanCrossHeadCosine(now.data(), now_rows, before_rows.data(),
-                                      model_.config().heads, cache_.positions());
+  return backend_.MeanCrossHeadCosine(now.data(), now_rows, before.data(), model_.config().heads,
+                                      cache_.positions());
+}
+
+void Forward::MostAttendedKeys(const RowsView& probs, std::span<const int> rows,
+                               std::span<const int> keys, std::span<int> top) const {
+  const int64_t length = cache_.positions();
+  PS_CHECK(probs.width() == model_.config().heads * length);
+  for (const int r : rows) PS_CHECK(r >= 0 && r < probs.count());
+  key_mass_.Reserve(length);  // [L]
+  backend_.AttentionMass(probs.data(), rows, model_.config().heads, length, key_mass_.As<double>());
+  backend_.TopKeys(key_mass_.As<double>(), keys, top);
+  to_host_ += int64_t(top.size_bytes());
 }
 
 }  // namespace polestar

@@ -162,9 +162,8 @@ class StepRunner {
 
   // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).
   void SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m, float* out);
-  // proj_ = the mixture of experts of normed_ (M rows in `segments`).
-  void MixtureOfExperts(const LayerWeights& w, const ModelConfig& c, RowSegments segments,
-                        int64_t m);
+  // proj_ = the mixture of experts of normed_ (the step's M query rows).
+  void MixtureOfExperts(const Step& step, const LayerWeights& w);
 
   const Backend& backend_;
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes at
@@ -173,15 +172,14 @@ class StepRunner {
   Buffer logits_;     // [sum n_logits, V]
   Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]
   Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
-  // MoE routing on the host, kept so steps do not allocate afresh: per row its experts and
-  // weights ([M, k]), per expert its rows, their weights and its rows per sequence.
-  struct Routing {
-    std::vector<int> chosen;
-    std::vector<float> weights;
-    std::vector<std::vector<int>> expert_rows;
-    std::vector<std::vector<float>> expert_weights;
-    std::vector<std::vector<int64_t>> expert_segments;
-  } routing_;
+  // MoE routing, in backend memory: per row its experts and weights ([M, k], i32 and f32),
+  // the rows grouped by expert with their weights ([M*k], i32 and f32), and the rows of each
+  // sequence per expert ([S, E], i32; GroupByExpert).
+  Buffer chosen_, route_weights_, expert_rows_, expert_weights_, expert_counts_;
+  // On the host: the counts ([S, E], downloaded: the expert loop issues its products by
+  // them) and one expert's rows per sequence ([S]).
+  std::vector<int> expert_counts_host_;
+  std::vector<int64_t> expert_segments_;
 };
 
 // A sequence's view of the model over its cache: its steps alone, and the drift ops.
@@ -215,17 +213,25 @@ class Forward {
   // probs[M, H, L]: the attention of the proxy queries of x[M, C] (ProjectQueries) over the
   // un-rotated keys: Polestar's proxy attention of cluster centroids.
   void ProxyAttention(int layer, const float* x, int64_t m, float* probs) const;
-  // probs[|positions|, H, L]: the attention the cached layer inputs of `positions` pay over
-  // the cached keys, with RoPE as in Run: Elastic-Cache's attention before a step.
-  void CachedRowsAttention(int layer, std::span<const int> positions, float* probs) const;
+  // probs[|positions|, H, L] (backend memory, grown to fit): the attention the cached layer
+  // inputs of `positions` pay over the cached keys, with RoPE as in Run: Elastic-Cache's
+  // attention before a step. Its scratch persists (one call at a time).
+  void CachedRowsAttention(int layer, std::span<const int> positions, Buffer& probs) const;
   // out[r] = the mean over heads of the drift of now from before, both [rows, H, L]; `logs`
   // as the backend's.
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                      double* out, DriftLogs logs = {}) const;
   // The mean over rows i and keys j of the cosine across heads between before[i, :, j] and
-  // now[now_rows[i], :, j]; before[|now_rows|, H, L] (host), now[*, H, L] (a hook's view).
+  // now[now_rows[i], :, j]; before[|now_rows|, H, L] (CachedRowsAttention's), now[*, H, L] (a
+  // hook's view).
   double MeanCrossHeadCosine(const RowsView& now, std::span<const int> now_rows,
-                             const float* before) const;
+                             const Buffer& before) const;
+  // top[|top|] (host) = the |top| keys of `keys` (host, distinct) to which the rows `rows` of
+  // probs[*, H, L] (a hook's view) pay the most attention, summed over those rows and heads;
+  // largest first, ties to the lower key: Elastic-Cache's most-attended tokens. Its scratch
+  // persists (one call at a time).
+  void MostAttendedKeys(const RowsView& probs, std::span<const int> rows, std::span<const int> keys,
+                        std::span<int> top) const;
 
  private:
   friend class StepRunner;
@@ -240,6 +246,9 @@ class Forward {
   const ResidentWeights& weights_;  // the model on backend_
   StepRunner runner_;               // this sequence's steps alone
   mutable std::atomic<int64_t> to_backend_ = 0, to_host_ = 0;
+  // Elastic-Cache's drift ops' scratch, grown to the largest call: CachedRowsAttention's
+  // inputs [|P|, C] and queries [|P|, H*D], MostAttendedKeys' mass [L] (doubles).
+  mutable Buffer cached_inputs_, cached_queries_, key_mass_;
 };
 
 // A fresh cache sized for `positions` rows of this model, on the model's backend or `backend`.

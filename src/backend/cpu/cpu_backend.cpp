@@ -334,9 +334,9 @@ void CpuBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec& spe
   polestar::RouteTopK(logits, m, spec, chosen, weights);
 }
 
-void CpuBackend::ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
-                              std::span<const int> dst_rows, int64_t width) const {
-  polestar::ScaleAddRows(src, scales, dst, dst_rows, width);
+void CpuBackend::ScaleAddRows(const float* src, const float* scales, float* dst,
+                              const int* dst_rows, int64_t n, int64_t width) const {
+  polestar::ScaleAddRows(src, {scales, size_t(n)}, dst, {dst_rows, size_t(n)}, width);
 }
 
 void CpuBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
@@ -424,6 +424,64 @@ double CpuBackend::MeanCrossHeadCosine(const float* now, std::span<const int> no
     }
   }
   return sum / double(int64_t(now_rows.size()) * l);
+}
+
+// Each key's sum runs over the rows in order, then the heads: the order the policy's host
+// loop had, so the ranking and its ties keep their bits. Keys are independent.
+void CpuBackend::AttentionMass(const float* probs, std::span<const int> rows, int heads, int64_t l,
+                               double* mass) const {
+  std::fill(mass, mass + l, 0.0);
+  for (const int r : rows) {
+    for (int h = 0; h < heads; ++h) {
+      const float* paid = probs + (int64_t(r) * heads + h) * l;  // [L]
+      for (int64_t j = 0; j < l; ++j) mass[j] += paid[j];
+    }
+  }
+}
+
+void CpuBackend::TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const {
+  PS_CHECK(top.size() <= keys.size());
+  std::partial_sort_copy(keys.begin(), keys.end(), top.begin(), top.end(), [&](int a, int b) {
+    return mass[a] != mass[b] ? mass[a] > mass[b] : a < b;
+  });
+}
+
+void CpuBackend::GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
+                               int experts, int k, int* rows, float* row_weights,
+                               int* counts) const {
+  const int64_t sequences = int64_t(segments.size());
+  std::fill(counts, counts + sequences * experts, 0);
+  int64_t m = 0;
+  for (int64_t s = 0; s < sequences; ++s) {
+    for (int64_t end = m + segments[size_t(s)]; m < end; ++m) {
+      for (int i = 0; i < k; ++i) {
+        const int e = chosen[m * k + i];
+        PS_CHECK(e >= 0 && e < experts);
+        ++counts[s * experts + e];
+      }
+    }
+  }
+  // Expert e's rows start after every row of the experts before it; a row's place within
+  // them follows the row order, so each expert's rows come out ascending.
+  std::vector<int64_t> next(size_t(experts), 0);  // [E] the next free place of each expert
+  for (int e = 1; e < experts; ++e) {
+    next[size_t(e)] = next[size_t(e - 1)];
+    for (int64_t s = 0; s < sequences; ++s) next[size_t(e)] += counts[s * experts + e - 1];
+  }
+  for (int64_t r = 0; r < m; ++r) {
+    for (int i = 0; i < k; ++i) {
+      const int64_t at = next[size_t(chosen[r * k + i])]++;
+      rows[at] = int(r);
+      row_weights[at] = weights[r * k + i];
+    }
+  }
+}
+
+void CpuBackend::GatherRows(const float* src, const int* rows, int64_t n, float* dst,
+                            int64_t width) const {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * width, src + int64_t(rows[i]) * width, size_t(width) * 4);
+  }
 }
 
 }  // namespace polestar

@@ -56,8 +56,8 @@ class CpuBackend final : public Backend {
   void Clamp(float* x, int64_t n, float limit) const override;
   void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                  float* weights) const override;
-  void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
-                    std::span<const int> dst_rows, int64_t width) const override;
+  void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
+                    int64_t n, int64_t width) const override;
   void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                 std::span<const int> dst_rows, int64_t width) const override;
   void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
@@ -70,6 +70,14 @@ class CpuBackend final : public Backend {
                      int heads, int64_t l, double* out, DriftLogs logs = {}) const override;
   double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
                              int heads, int64_t l) const override;
+
+  void AttentionMass(const float* probs, std::span<const int> rows, int heads, int64_t l,
+                     double* mass) const override;
+  void TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const override;
+  void GroupByExpert(const int* chosen, const float* weights, RowSegments segments, int experts,
+                     int k, int* rows, float* row_weights, int* counts) const override;
+  void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
+                  int64_t width) const override;
 
  private:
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
