@@ -15,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/parallel.h"
+#include "drift/drift.h"
 #include "ops/avx2/avx2.h"
 #include "ops/avx512/avx512.h"
 #include "ops/isa.h"
@@ -1347,6 +1349,141 @@ TEST(CpuBackend, RowOpsGiveEveryElementItsBitsWhereverItFalls) {
     }
   }
   SetThreadCount(saved_threads);
+}
+
+}  // namespace
+}  // namespace polestar
+
+// ---------------------------------------------------------------------------------------
+// Polestar's clustering and NVFP4 store over backend memory, against their scalar twins
+// (drift/drift.h) and hand-computed values; every output starts poisoned.
+namespace polestar {
+namespace {
+
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+constexpr uint8_t kPoisonByte = 0xab;
+
+std::vector<float> RandomRows(int64_t rows, int64_t width, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(size_t(rows * width));  // [rows, width]
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+TEST(CpuBackend, SphericalKMeansHasItsTwinsBits) {
+  const CpuBackend& backend = CpuBackend::Host();
+  for (const auto& [n, d, k] : {std::tuple{40, 37, 3}, {7, 16, 2}, {3, 5, 4}, {50, 8, 1}}) {
+    SCOPED_TRACE(testing::Message() << n << "x" << d << " k " << k);
+    const std::vector<float> points = RandomRows(n, d, unsigned(n * d + k));
+    std::vector<float> centroids(size_t(k * d), kPoison);  // [k, d]
+    std::vector<int> labels(size_t(n), -7);                // [n]
+    backend.SphericalKMeans(points.data(), n, d, k, 5, centroids.data(), labels.data());
+    const Clustering twin = SphericalKMeans(points, n, d, k, 5);
+    for (size_t i = 0; i < centroids.size(); ++i)
+      ASSERT_EQ(Bits(centroids[i]), Bits(twin.centroids[i])) << i;
+    EXPECT_EQ(labels, twin.labels);
+    for (int label : labels) EXPECT_TRUE(label >= 0 && label < k);
+  }
+}
+
+// Pairs (now row, before row, cluster): cluster 0 gets two pairs, cluster 2 one, cluster 1
+// none, cluster 3 one but no members. Each moved centroid gains sum(now - before) / members.
+TEST(CpuBackend, ShiftCentroidsMovesTheNamedClustersByTheirMeanChange) {
+  const CpuBackend& backend = CpuBackend::Host();
+  constexpr int64_t kWidth = 3;
+  const std::vector<float> now = {1, 2, 3, 10, 20, 30, 0.5f, 0.25f, 4, 7, 7, 7};  // [4, 3]
+  const std::vector<float> before = {0, 0, 1, 1, 1, 1, 2, 4, 8, 6, 6, 6};         // [4, 3]
+  const std::vector<int> now_rows = {1, 0, 2, 3}, labels = {0, 2, 0, 3};
+  const std::vector<float> members = {4, 2, 1, 0};
+  std::vector<float> centroids = {1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4};  // [4, 3]
+  const std::vector<float> start = centroids;
+  backend.ShiftCentroids(now.data(), now_rows, before.data(), labels, members, kWidth,
+                         centroids.data());
+  for (int64_t j = 0; j < kWidth; ++j) {
+    // Cluster 0: pairs (now 1, before 0) and (now 2, before 2).
+    const double shift0 = (double(now[size_t(3 + j)]) - before[size_t(j)]) +
+                          (double(now[size_t(6 + j)]) - before[size_t(6 + j)]);
+    EXPECT_EQ(centroids[size_t(j)], start[size_t(j)] + float(shift0 / (4 + 1e-6)));
+    EXPECT_EQ(centroids[size_t(3 + j)], start[size_t(3 + j)]);  // no pair
+    const double shift2 = double(now[size_t(j)]) - before[size_t(3 + j)];
+    EXPECT_EQ(centroids[size_t(6 + j)], start[size_t(6 + j)] + float(shift2 / (1 + 1e-6)));
+    EXPECT_EQ(centroids[size_t(9 + j)], start[size_t(9 + j)]);  // no members
+  }
+  EXPECT_NEAR(centroids[0], 1 + (10.0 - 0 + 0.5 - 2) / 4, 1e-5);
+}
+
+TEST(CpuBackend, ResidualAbsMaxIsTheLargestDistanceFromTheRowsBases) {
+  const CpuBackend& backend = CpuBackend::Host();
+  const std::vector<float> x = {1, -2, 5, 0, 3, 3, 100, -100};  // [4, 2]; row 3 not named
+  const std::vector<float> base = {0, 0, 4, -4};                // [2, 2]
+  float amax = kPoison;
+  backend.ResidualAbsMax(x.data(), std::vector<int>{0, 1, 2}, base.data(),
+                         std::vector<int>{1, 0, 1}, 2, &amax);
+  // |1 - 4|, |-2 + 4|, |5 - 0|, |0 - 0|, |3 - 4|, |3 + 4|: 7.
+  EXPECT_EQ(amax, 7.0f);
+}
+
+// The store's rows are NVFP4 of each row's residual from its base row; reading them back
+// adds the base again. Rows the ops do not name keep their bytes.
+TEST(CpuBackend, Nvfp4ResidualsHaveTheirTwinsBits) {
+  const CpuBackend& backend = CpuBackend::Host();
+  for (const int64_t width : {int64_t(16), int64_t(37), int64_t(64)}) {
+    SCOPED_TRACE(width);
+    const int64_t scale_bytes = Nvfp4ScaleBytes(width), value_bytes = Nvfp4ValueBytes(width);
+    const std::vector<float> x = RandomRows(5, width, unsigned(width));         // [5, width]
+    const std::vector<float> base = RandomRows(2, width, unsigned(width) + 1);  // [2, width]
+    const std::vector<int> x_rows = {4, 0, 2}, labels = {1, 0, 1}, store_rows = {3, 0, 1};
+    float amax = kPoison;
+    backend.ResidualAbsMax(x.data(), x_rows, base.data(), labels, width, &amax);
+    const float tensor_scale = Nvfp4TensorScale(amax);
+    std::vector<uint8_t> scales(size_t(5 * scale_bytes), kPoisonByte);  // [5 rows, ...]
+    std::vector<uint8_t> values(size_t(5 * value_bytes), kPoisonByte);
+    backend.QuantizeResiduals(x.data(), x_rows, base.data(), labels, width, tensor_scale,
+                              scales.data(), values.data(), store_rows);
+    std::vector<float> residual(static_cast<size_t>(width));  // [width]
+    std::vector<uint8_t> want_scales(static_cast<size_t>(scale_bytes)),
+        want_values(static_cast<size_t>(value_bytes));
+    for (size_t i = 0; i < x_rows.size(); ++i) {
+      for (int64_t j = 0; j < width; ++j) {
+        residual[size_t(j)] =
+            x[size_t(x_rows[i] * width + j)] - base[size_t(labels[i] * width + j)];
+      }
+      QuantizeNvfp4(residual.data(), width, tensor_scale, want_scales.data(), want_values.data());
+      const int64_t r = store_rows[i];
+      EXPECT_TRUE(
+          std::equal(want_scales.begin(), want_scales.end(), scales.begin() + r * scale_bytes));
+      EXPECT_TRUE(
+          std::equal(want_values.begin(), want_values.end(), values.begin() + r * value_bytes));
+    }
+    for (int64_t r : {2, 4}) {  // not stored
+      for (int64_t b = 0; b < scale_bytes; ++b)
+        EXPECT_EQ(scales[size_t(r * scale_bytes + b)], kPoisonByte);
+      for (int64_t b = 0; b < value_bytes; ++b)
+        EXPECT_EQ(values[size_t(r * value_bytes + b)], kPoisonByte);
+    }
+
+    // Store rows 1 and 3 into out rows 2 and 0; out row 1 stays as it was.
+    std::vector<float> out(size_t(3 * width), kPoison);  // [3, width]
+    const std::vector<int> read_rows = {1, 3}, read_labels = {1, 1}, out_rows = {2, 0};
+    backend.DequantizeResiduals(scales.data(), values.data(), read_rows, base.data(), read_labels,
+                                width, tensor_scale, out.data(), out_rows);
+    std::vector<float> want(static_cast<size_t>(width));  // [width]
+    for (size_t i = 0; i < read_rows.size(); ++i) {
+      DequantizeNvfp4(scales.data() + read_rows[i] * scale_bytes,
+                      values.data() + read_rows[i] * value_bytes, width, tensor_scale, want.data());
+      for (int64_t j = 0; j < width; ++j) {
+        const float expected = want[size_t(j)] + base[size_t(read_labels[i] * width + j)];
+        ASSERT_EQ(Bits(out[size_t(out_rows[i] * width + j)]), Bits(expected)) << i << " " << j;
+        // Close to the row it stored (x row 4, stored at row 3; x row 2 at row 1): within
+        // half the widest E2M1 gap (1) of a block scale of at most about amax / 6.
+        const int64_t x_row = read_rows[i] == 3 ? 4 : 2;
+        EXPECT_NEAR(out[size_t(out_rows[i] * width + j)], x[size_t(x_row * width + j)],
+                    0.2f * amax);
+      }
+    }
+    for (int64_t j = 0; j < width; ++j) EXPECT_TRUE(std::isnan(out[size_t(width + j)]));
+  }
 }
 
 }  // namespace

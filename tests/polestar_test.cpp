@@ -141,17 +141,18 @@ TEST(Nvfp4, RepresentableRowsRoundTripExactlyAndOthersStayClose) {
   // amax 6: tensor scale 6 / (6 * 448); the block scale is then exactly 448 (0x7e).
   std::vector<float> row = {6, 3, -1.5f, 0.5f, 0, -6, 4, 2, 1, -0.5f, 1.5f, -3, 2, 4, -4, 1};
   const float scale = Nvfp4TensorScale(6.0f);
-  Nvfp4Row q = QuantizeNvfp4(row.data(), int64_t(row.size()), scale);
-  EXPECT_EQ(q.scales[0], 0x7e);
+  uint8_t scales[3], values[20];  // a row of 40 at most: 3 blocks, 20 bytes of codes
+  QuantizeNvfp4(row.data(), int64_t(row.size()), scale, scales, values);
+  EXPECT_EQ(scales[0], 0x7e);
   std::vector<float> back(row.size());
-  DequantizeNvfp4(q, int64_t(row.size()), scale, back.data());
+  DequantizeNvfp4(scales, values, int64_t(row.size()), scale, back.data());
   for (size_t i = 0; i < row.size(); ++i) EXPECT_NEAR(back[i], row[i], 1e-6) << i;
   std::vector<float> smooth(40);
   for (size_t i = 0; i < smooth.size(); ++i) smooth[i] = std::sin(float(i));
   const float s2 = Nvfp4TensorScale(1.0f);
-  Nvfp4Row q2 = QuantizeNvfp4(smooth.data(), 40, s2);
+  QuantizeNvfp4(smooth.data(), 40, s2, scales, values);
   std::vector<float> back2(40);
-  DequantizeNvfp4(q2, 40, s2, back2.data());
+  DequantizeNvfp4(scales, values, 40, s2, back2.data());
   for (size_t i = 0; i < 40; ++i)
     EXPECT_NEAR(back2[i], smooth[i], 0.26);  // half of the widest gap (2 -> 3, scaled 1/6)
 }
@@ -239,6 +240,14 @@ std::vector<int> PromptAndMasks(const ModelConfig& config, int length) {
   return canvas;
 }
 
+// `size` floats of a forward's backend memory, all NaN: an op that leaves one unwritten shows.
+Buffer Poisoned(const Forward& forward, int64_t size) {
+  Buffer buffer(forward.backend(), size, Buffer::Init::kNone);
+  const std::vector<float> nans(size_t(size), std::numeric_limits<float>::quiet_NaN());
+  forward.Upload(nans.data(), buffer.bytes(), buffer.data());
+  return buffer;
+}
+
 TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
   for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
     SCOPED_TRACE(fixture);
@@ -252,12 +261,28 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
     const int layer = c.layers - 1;
     const std::vector<int> rows = {3, 17};
     const int64_t m = int64_t(rows.size()), q_width = int64_t(c.heads) * c.head_dim;
-    std::vector<float> x(size_t(m * c.width));  // [M, C]
-    forward.ReadHidden(layer, rows, x.data());
-    for (int64_t j = 0; j < c.width; ++j)
-      ASSERT_EQ(x[size_t(c.width + j)], cache.hidden(layer)[17 * c.width + j]);
+    const Backend& backend = forward.backend();
+    // The ops write backend memory, poisoned first; ReadHidden lays row i at out_rows[i].
+    Buffer read = Poisoned(forward, m * c.width);  // [M, C]
+    forward.ReadHidden(layer, rows, read.data(), std::vector<int>{1, 0});
+    std::vector<float> x(size_t(m * c.width));  // [M, C] rows 17, 3
+    forward.Download(read.data(), read.bytes(), x.data());
+    for (int64_t j = 0; j < c.width; ++j) {
+      ASSERT_EQ(x[size_t(j)], cache.hidden(layer)[17 * c.width + j]);
+      ASSERT_EQ(x[size_t(c.width + j)], cache.hidden(layer)[3 * c.width + j]);
+    }
     std::vector<float> got(size_t(m * c.heads * length));  // [M, H, L]
-    forward.ProxyAttention(layer, x.data(), m, got.data());
+    DriftScratch scratch(backend);
+    for (int call = 0; call < 2; ++call) {  // the second with warm scratch: the same bits
+      Buffer probs = Poisoned(forward, int64_t(got.size()));  // [M, H, L]
+      forward.ProxyAttention(layer, read.data(), m, probs.data(), scratch);
+      std::vector<float> again(got.size());
+      forward.Download(probs.data(), probs.bytes(), again.data());
+      if (call == 1) {
+        ASSERT_EQ(again, got);
+      }
+      got = again;
+    }
 
     const LayerWeights& w = model->layer(layer);
     std::vector<float> normed(x.size()), q(size_t(m * q_width));
@@ -275,8 +300,10 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
                          c.head_dim, out.data(), want.data());
     for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
     // The un-rotated keys really differ from the cached ones (RoPE was applied).
+    Buffer unrotated_keys = Poisoned(forward, int64_t(keys.size()));  // [L, Hkv*D]
+    forward.UnrotatedKeys(layer, unrotated_keys.data());
     std::vector<float> unrotated(keys.size());
-    forward.UnrotatedKeys(layer, unrotated.data());
+    forward.Download(unrotated_keys.data(), unrotated_keys.bytes(), unrotated.data());
     EXPECT_EQ(unrotated, keys);
     EXPECT_NE(unrotated[size_t(5 * kv + 1)], cache.keys(layer)[5 * kv + 1]);
   }

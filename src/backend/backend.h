@@ -108,8 +108,10 @@ struct BackendContract {
 // backend runs jobs on a worker thread, a device backend on a second stream. One job is in
 // flight at a time. Which ops a job may issue: the drift ops of model/forward.h that only
 // read the cache (ReadHidden, ProjectQueries, UnrotatedKeys, ProxyAttention,
-// CachedRowsAttention, HeadMeanDrift), their downloads, and host work on their results;
-// never an op that writes the cache or the main queue's scratch.
+// CachedRowsAttention, HeadMeanDrift), with a DriftScratch of the job's own; the clustering
+// and NVFP4 ops (SphericalKMeans, ResidualAbsMax, QuantizeResiduals) and Copy into memory the
+// main queue does not touch meanwhile; their downloads, and host work on their results; never
+// an op that writes the cache or the main queue's scratch.
 class SideQueue {
  public:
   virtual ~SideQueue() = default;
@@ -120,7 +122,8 @@ class SideQueue {
 };
 
 enum class DriftMetric { kKl, kCosine };
-// The KL's logs of HeadMeanDrift's two distributions, each [rows, H, L] (host), for a caller
+// The KL's logs of HeadMeanDrift's two distributions, each [rows, H, L] (backend memory,
+// F64 Buffers), for a caller
 // that compares every distribution twice: as `now`, then as the next call's `before`. `now`
 // (if set) receives now's logs; `before` (if set) supplies before's, the `now` of the call
 // before. Each log is then taken once; the drift keeps its bits.
@@ -228,7 +231,7 @@ class Backend {
   }
   // out[r] (host) = the mean over H heads of the drift between now and before, both
   // [rows, H, L] distributions: KL(now || before) with entries floored at 1e-12, or
-  // 1 - cos(now, before). `logs` (host) serves the KL only.
+  // 1 - cos(now, before). `logs` (backend memory) serves the KL only.
   virtual void HeadMeanDrift(DriftMetric metric, const float* now, const float* before,
                              int64_t rows, int heads, int64_t l, double* out,
                              DriftLogs logs = {}) const = 0;
@@ -258,6 +261,36 @@ class Backend {
   // dst row i [width] = src row rows[i], for i < n (rows[n] backend memory).
   virtual void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
                           int64_t width) const = 0;
+
+  // Polestar's clustering and hidden-state store, over backend memory (drift/drift.h has the
+  // math, and the CPU backend runs that code: it is their scalar twin). Row lists are host.
+  // Spherical k-means of points[n, d] with deterministic seeding: centroids[k, d] and
+  // labels[n] (i32, in [0, k)).
+  virtual void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
+                               float* centroids, int* labels) const = 0;
+  // The centroid shift: pair i is now row now_rows[i] and before row i (before[|pairs|,
+  // width]) of cluster labels[i]; each cluster a pair names moves by the sum of its pairs'
+  // now - before over members[c] + 1e-6 (members host, [K]), unless it has no members.
+  virtual void ShiftCentroids(const float* now, std::span<const int> now_rows, const float* before,
+                              std::span<const int> labels, std::span<const float> members,
+                              int64_t width, float* centroids) const = 0;
+  // amax[1] = the largest |x row x_rows[i] - base row labels[i]|: an NVFP4 residual store's
+  // tensor amax (drift.h Nvfp4TensorScale).
+  virtual void ResidualAbsMax(const float* x, std::span<const int> x_rows, const float* base,
+                              std::span<const int> labels, int64_t width, float* amax) const = 0;
+  // An NVFP4 store of rows of `width` (drift/drift.h has the format): row r's E4M3 block
+  // scales at scales[r * ceil(width / 16)] (u8), its E2M1 codes at values[r * ceil(width / 2)]
+  // (u8), one FP32 tensor scale (host). Store row store_rows[i] = NVFP4 of (x row x_rows[i] -
+  // base row labels[i]).
+  virtual void QuantizeResiduals(const float* x, std::span<const int> x_rows, const float* base,
+                                 std::span<const int> labels, int64_t width, float tensor_scale,
+                                 uint8_t* scales, uint8_t* values,
+                                 std::span<const int> store_rows) const = 0;
+  // out row out_rows[i] = store row store_rows[i] dequantised + base row labels[i].
+  virtual void DequantizeResiduals(const uint8_t* scales, const uint8_t* values,
+                                   std::span<const int> store_rows, const float* base,
+                                   std::span<const int> labels, int64_t width, float tensor_scale,
+                                   float* out, std::span<const int> out_rows) const = 0;
 };
 
 }  // namespace polestar

@@ -225,18 +225,24 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
                       : 0;
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
   StepTiming kmeans{kKMeansTiming, 0, {}};
-  std::vector<float> hidden(window.size() * size_t(C));  // [window, C] cached layer inputs
+  const Backend& backend = forward.backend();
+  const int clusters = prefix_clusters + suffix_clusters;
+  Buffer hidden(backend, int64_t(window.size()) * C);                 // [window, C] layer inputs
+  Buffer centroids(backend, int64_t(std::max(clusters, 1)) * C);      // [K, C]
+  Buffer labels(backend, int64_t(window.size()), ElementType::kI32);  // [window]
   for (int r = 0; r < options.reps; ++r) {
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
       forward.ReadHidden(l, window, hidden.data());
       if (prefix_clusters > 0) {
-        SphericalKMeans({hidden.data(), size_t(prefix_rows) * C}, prefix_rows, C, prefix_clusters,
-                        o.kmeans_iters);
+        backend.SphericalKMeans(hidden.data(), prefix_rows, C, prefix_clusters, o.kmeans_iters,
+                                centroids.data(), labels.As<int>());
       }
       if (suffix_clusters > 0) {
-        SphericalKMeans({hidden.data() + int64_t(prefix_rows) * C, size_t(suffix_rows) * C},
-                        suffix_rows, C, suffix_clusters, o.kmeans_iters);
+        backend.SphericalKMeans(hidden.data() + int64_t(prefix_rows) * C, suffix_rows, C,
+                                suffix_clusters, o.kmeans_iters,
+                                centroids.data() + int64_t(prefix_clusters) * C,
+                                labels.As<int>() + prefix_rows);
       }
     }
     kmeans.seconds.push_back(ClockSeconds(options.clock) - start);
@@ -245,20 +251,19 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   // The proxy step exactly as Polestar runs it (the model's drift ops): every layer's proxy
   // attention of the centroids and its drift from the last time.
   StepTiming proxy{kProxyTiming, 0, {}};
-  const int clusters = prefix_clusters + suffix_clusters;
   std::vector<int> seeds;  // [K] one window row per cluster
   for (int c = 0; c < clusters; ++c)
     seeds.push_back(window[size_t(c) * window.size() / size_t(clusters)]);
-  std::vector<float> centroids(size_t(clusters) * C);  // [K, C]
   forward.ReadHidden(0, seeds, centroids.data());
-  std::vector<float> probs(size_t(clusters) * config.heads * g.length);  // [K, H, L]
-  std::vector<float> previous = probs;
+  const int64_t probs_size = int64_t(clusters) * config.heads * g.length;
+  Buffer probs(backend, probs_size), previous(backend, probs_size);  // [K, H, L]
+  DriftScratch scratch(backend);
   std::vector<double> drift(static_cast<size_t>(clusters));  // [K]
   double drift_sum = 0;  // keeps the drift from being optimised away
   for (int r = 0; r < options.reps; ++r) {
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
-      forward.ProxyAttention(l, centroids.data(), clusters, probs.data());
+      forward.ProxyAttention(l, centroids.data(), clusters, probs.data(), scratch);
       forward.HeadMeanDrift(DriftMetric::kKl, probs.data(), previous.data(), clusters,
                             drift.data());
       for (double d : drift) drift_sum += d;

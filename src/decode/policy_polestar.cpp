@@ -26,9 +26,13 @@
 //     residual (one FP32 scale per layer window); packet rows are re-quantised.
 //   - "cosine" drift (the ablation) replaces the per-cluster KL with 1 - cos; the token
 //     drift of Polestar-Commit stays KL (its gate is calibrated for KL).
-//   - With overlap on, block-start clustering, quantisation and baseline proxies run on a
-//     worker thread while the forward moves to the next layers; decode-step proxies are on
-//     the critical path (a layer's selection needs them) and stay synchronous.
+//   - With overlap on, block-start clustering, quantisation and baseline proxies run on the
+//     backend's side queue while the forward moves to the next layers; decode-step proxies
+//     are on the critical path (a layer's selection needs them) and stay synchronous.
+//   - Everything the drift work reads or keeps lives in backend memory (centroids, proxies
+//     and their logs, the NVFP4 store, the last step's attention) and runs as backend ops;
+//     the host gets the plan's inputs only: the window's cluster labels once a block, each
+//     refresh layer's K cluster drifts, each step's token drifts.
 //
 // On block diffusion (LLaDA 2.x) Polestar is Polestar-Commit alone: earlier blocks are final
 // and later ones invisible, so nothing is stale and there is no window to refresh or to
@@ -39,6 +43,7 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "base/error.h"
@@ -49,37 +54,44 @@
 namespace polestar {
 namespace {
 
-// One layer's view of the current block's window.
+// One layer's view of the current block's window: the plan on the host, the rest in backend
+// memory (Buffers grown to the largest block, kept across blocks).
 struct LayerClusters {
-  int count = 0;                            // K
-  std::vector<int> labels;                  // [L] cluster of each window row, -1 elsewhere
-  std::vector<float> centroids;             // [K, C] moved by update packets
-  std::vector<float> members;               // [K]
-  std::vector<float> previous_proxy;        // [K, H, L] proxy attention the last time it ran
-  std::vector<double> previous_proxy_logs;  // [K, H, L] its KL logs, once a drift took them
-  // NVFP4 store of the window's hidden states (when enabled).
-  std::vector<float> base;  // [K, C] centroids at clustering time
+  explicit LayerClusters(const Backend& backend)
+      : centroids(backend, 0),
+        previous_proxy(backend, 0),
+        previous_proxy_logs(backend, 0, ElementType::kF64),
+        base(backend, 0),
+        scales(backend, 0, ElementType::kU8),
+        values(backend, 0, ElementType::kU8) {}
+  int count = 0;                // K
+  std::vector<int> labels;      // [L] cluster of each window row, -1 elsewhere
+  std::vector<float> members;   // [K]
+  Buffer centroids;             // [K, C] moved by update packets
+  Buffer previous_proxy;        // [K, H, L] proxy attention the last time it ran
+  Buffer previous_proxy_logs;   // [K, H, L] f64: its KL logs, once a drift took them
+  bool has_proxy_logs = false;  // whether previous_proxy_logs holds them
+  // NVFP4 store of the window's hidden states (when enabled): row p - window begin of
+  // scales/values is row p's residual from its cluster's base row.
+  Buffer base;    // [K, C] centroids at clustering time
+  Buffer scales;  // [window, ceil(C / 16)] u8
+  Buffer values;  // [window, ceil(C / 2)] u8
   float tensor_scale = 1;
-  std::vector<Nvfp4Row> residuals;  // [L], rows outside the window empty
 };
 
 enum class Mode { kBlockStart, kDecode, kRefresh };
 
-const double* DataOrNull(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
-
 class PolestarPolicy final : public Policy, public LayerHook, public HiddenSource {
  public:
   PolestarPolicy(const DecodeOptions& options, const Model& model)
-      : options_(options), model_(model), rng_(options.seed ^ 0x9e3779b97f4a7c15ull) {
-    layers_.resize(size_t(model.config().layers));
-  }
+      : options_(options), model_(model), rng_(options.seed ^ 0x9e3779b97f4a7c15ull) {}
   ~PolestarPolicy() override { WaitForWorker(); }
 
   bool NeedsHiddenStates() const override { return !block_diffusion_; }
 
   StepPlan Plan(const DecodeContext& context) override {
     WaitForWorker();
-    forward_ = &context.forward;
+    if (forward_ != &context.forward) Bind(context.forward);
     canvas_ = context.canvas;
     stats_ = nlohmann::json::object();
     const ModelConfig& config = model_.config();
@@ -184,34 +196,31 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   void BeforeFreshRowsStored(int layer, std::span<const int> fresh, const RowsView& rows) override {
     if (mode_ != Mode::kRefresh || layer == 0) return;
-    std::vector<float> packet(size_t(rows.count() * rows.width()));  // [|F|, C]
-    rows.Download(packet.data());
-    const float* x = packet.data();
     // Rows of the previous layer's packet arrive here: move their clusters' centroids by
     // (sum h_new - sum h_old) / members and re-quantise their NVFP4 residuals.
     LayerClusters& lc = layers_[size_t(layer)];
-    const int64_t C = model_.config().width;
-    std::vector<float> old_row(static_cast<size_t>(C));    // [C]
-    std::vector<double> shift(size_t(lc.count) * C, 0.0);  // [K, C]
-    std::vector<bool> moved(static_cast<size_t>(lc.count), false);
+    if (lc.labels.empty()) return;
+    std::vector<int> packet_rows, positions, labels, store_rows;  // per moved row
     for (size_t i = 0; i < fresh.size(); ++i) {
       const int p = fresh[i];
-      const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
+      const int label = lc.labels[size_t(p)];
       if (label < 0 || IsBlockRow(p)) continue;
-      const int position[1] = {p};
-      ReadHost(layer, position, old_row.data());
-      const float* new_row = x + int64_t(i) * C;
-      for (int64_t j = 0; j < C; ++j)
-        shift[size_t(label * C + j)] += double(new_row[j]) - old_row[size_t(j)];
-      moved[size_t(label)] = true;
-      if (options_.nvfp4_hidden) StoreResidual(lc, p, new_row);
+      packet_rows.push_back(int(i));
+      positions.push_back(p);
+      labels.push_back(label);
+      store_rows.push_back(p - window_begin_);
     }
-    for (int c = 0; c < lc.count; ++c) {
-      if (!moved[size_t(c)] || lc.members[size_t(c)] <= 0) continue;
-      for (int64_t j = 0; j < C; ++j) {
-        lc.centroids[size_t(c * C + j)] +=
-            float(shift[size_t(c * C + j)] / (lc.members[size_t(c)] + 1e-6));
-      }
+    if (positions.empty()) return;
+    const int64_t C = model_.config().width;
+    const Backend& backend = forward_->backend();
+    old_rows_.Reserve(int64_t(positions.size()) * C);  // [moved, C]
+    Read(layer, positions, old_rows_.data());
+    backend.ShiftCentroids(rows.data(), packet_rows, old_rows_.data(), labels, lc.members, C,
+                           lc.centroids.data());
+    if (options_.nvfp4_hidden) {
+      backend.QuantizeResiduals(rows.data(), packet_rows, lc.base.data(), labels, C,
+                                lc.tensor_scale, lc.scales.As<uint8_t>(), lc.values.As<uint8_t>(),
+                                store_rows);
     }
   }
 
@@ -232,19 +241,20 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const ModelConfig& config = model_.config();
     LayerClusters& lc = layers_[size_t(rows.layer)];
     if (lc.count == 0) return;
-    std::vector<float> proxy;  // [K, H, L]
-    ComputeProxy(rows.layer, lc, proxy);
+    const int64_t proxy_size = int64_t(lc.count) * config.heads * int64_t(canvas_.size());
+    proxy_.Reserve(proxy_size);  // [K, H, L]
+    forward_->ProxyAttention(rows.layer, lc.centroids.data(), lc.count, proxy_.data(), *scratch_);
     const int64_t length = int64_t(canvas_.size());
     std::vector<double> drift(static_cast<size_t>(lc.count), 0.0);  // [K]
-    if (!lc.previous_proxy.empty()) {
-      const bool kl = options_.drift_metric == DriftMetric::kKl;
-      std::vector<double> logs(kl ? proxy.size() : 0);  // [K, H, L]
-      forward_->HeadMeanDrift(options_.drift_metric, proxy.data(), lc.previous_proxy.data(),
-                              lc.count, drift.data(),
-                              {kl ? logs.data() : nullptr, DataOrNull(lc.previous_proxy_logs)});
-      lc.previous_proxy_logs = std::move(logs);
-    }
-    lc.previous_proxy = std::move(proxy);
+    const bool kl = options_.drift_metric == DriftMetric::kKl;
+    if (kl) proxy_logs_.Reserve(proxy_size);  // [K, H, L]
+    forward_->HeadMeanDrift(
+        options_.drift_metric, proxy_.data(), lc.previous_proxy.data(), lc.count, drift.data(),
+        {kl ? proxy_logs_.As<double>() : nullptr,
+         lc.has_proxy_logs ? lc.previous_proxy_logs.As<const double>() : nullptr});
+    if (kl) std::swap(lc.previous_proxy_logs, proxy_logs_);
+    lc.has_proxy_logs = kl;
+    std::swap(lc.previous_proxy, proxy_);
     const bool last = rows.layer == config.layers - 1;
     const size_t top = size_t(std::min(last ? 1 : options_.topk_clusters, lc.count));
     const std::vector<size_t> chosen = SelectTopK(drift, top);
@@ -275,54 +285,79 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 
   void OnAttention(int layer, std::span<const int> query_rows, const RowsView& probs) override {
     // The last layer's attention rows of the block queries: token drift vs the last step.
-    const ModelConfig& config = model_.config();
-    const int64_t length = int64_t(canvas_.size());
-    const int64_t row_size = int64_t(config.heads) * length;
+    const int64_t row_size = probs.width();  // H * L
     const int block = block_end_ - block_start_;
-    std::vector<float> current(size_t(block) * row_size);  // [B, H, L]
+    std::vector<int> from, to;  // the block's rows among the query rows, and their offsets
     for (size_t i = 0; i < query_rows.size(); ++i) {
       const int p = query_rows[i];
       if (p < block_start_ || p >= block_end_) continue;
-      const int index[1] = {int(i)};
-      probs.Download(index, &current[size_t(p - block_start_) * row_size]);
+      from.push_back(int(i));
+      to.push_back(p - block_start_);
     }
-    token_drift_valid_ = mode_ != Mode::kBlockStart && !previous_attention_.empty();
-    std::vector<double> logs;  // [B, H, L]
+    const Backend& backend = forward_->backend();
+    attention_.Reserve(block * row_size);  // [B, H, L]
+    if (int(from.size()) < block) backend.Zero(attention_.data(), block * row_size);
+    if (!from.empty()) backend.CopyRows(probs.data(), from, attention_.data(), to, row_size);
+    token_drift_valid_ = mode_ != Mode::kBlockStart && has_previous_attention_;
     if (token_drift_valid_) {
       token_drift_.assign(size_t(block), 0.0);
-      logs.resize(current.size());
-      forward_->HeadMeanDrift(DriftMetric::kKl, current.data(), previous_attention_.data(), block,
-                              token_drift_.data(),
-                              {logs.data(), DataOrNull(previous_attention_logs_)});
+      attention_logs_.Reserve(block * row_size);  // [B, H, L]
+      forward_->HeadMeanDrift(
+          DriftMetric::kKl, attention_.data(), previous_attention_.data(), block,
+          token_drift_.data(),
+          {attention_logs_.As<double>(),
+           has_previous_attention_logs_ ? previous_attention_logs_.As<const double>() : nullptr});
+      std::swap(previous_attention_logs_, attention_logs_);
     }
-    previous_attention_ = std::move(current);
-    previous_attention_logs_ = std::move(logs);
+    has_previous_attention_logs_ = token_drift_valid_;
+    std::swap(previous_attention_, attention_);
+    has_previous_attention_ = true;
   }
 
-  // HiddenSource: window rows from the NVFP4 store, others from the engine's cache.
+  // HiddenSource: window rows from the NVFP4 store (when enabled), others from the engine's
+  // cache.
   void Read(int layer, std::span<const int> positions, float* out) const override {
-    const int64_t C = model_.config().width;
-    std::vector<float> rows(positions.size() * size_t(C));  // [|P|, C]
-    ReadHost(layer, positions, rows.data());
-    forward_->Upload(rows.data(), int64_t(rows.size()) * 4, out);
+    const LayerClusters& lc = layers_[size_t(layer)];
+    std::vector<int> cached, cached_at, stored, labels, stored_at;  // positions, their rows
+    for (int i = 0; i < int(positions.size()); ++i) {
+      const int p = positions[size_t(i)];
+      const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
+      if (options_.nvfp4_hidden && label >= 0) {
+        stored.push_back(p - window_begin_);
+        labels.push_back(label);
+        stored_at.push_back(i);
+      } else {
+        cached.push_back(p);
+        cached_at.push_back(i);
+      }
+    }
+    forward_->ReadHidden(layer, cached, out, cached_at);
+    if (!stored.empty()) {
+      forward_->backend().DequantizeResiduals(lc.scales.As<uint8_t>(), lc.values.As<uint8_t>(),
+                                              stored, lc.base.data(), labels, model_.config().width,
+                                              lc.tensor_scale, out, stored_at);
+    }
   }
 
  private:
-  // Read's rows, into host memory.
-  void ReadHost(int layer, std::span<const int> positions, float* out) const {
-    const LayerClusters& lc = layers_[size_t(layer)];
-    const int64_t C = model_.config().width;
-    for (size_t i = 0; i < positions.size(); ++i) {
-      const int p = positions[i];
-      float* row = out + int64_t(i) * C;
-      const int label = lc.labels.empty() ? -1 : lc.labels[size_t(p)];
-      if (options_.nvfp4_hidden && label >= 0 && !lc.residuals[size_t(p)].values.empty()) {
-        DequantizeNvfp4(lc.residuals[size_t(p)], C, lc.tensor_scale, row);
-        for (int64_t j = 0; j < C; ++j) row[j] += lc.base[size_t(label * C + j)];
-      } else {
-        forward_->ReadHidden(layer, positions.subspan(i, 1), row);
-      }
-    }
+  // The backend memory of a sequence's forward; the policy's Buffers live there.
+  void Bind(Forward& forward) {
+    forward_ = &forward;
+    const Backend& backend = forward.backend();
+    layers_.clear();
+    for (int l = 0; l < model_.config().layers; ++l) layers_.emplace_back(backend);
+    scratch_.emplace(backend);
+    side_scratch_.emplace(backend);
+    window_ = Buffer(backend, 0);
+    window_labels_ = Buffer(backend, 0, ElementType::kI32);
+    amax_ = Buffer(backend, 1);
+    old_rows_ = Buffer(backend, 0);
+    proxy_ = Buffer(backend, 0);
+    proxy_logs_ = Buffer(backend, 0, ElementType::kF64);
+    for (Buffer* b : {&attention_, &previous_attention_}) *b = Buffer(backend, 0);
+    for (Buffer* b : {&attention_logs_, &previous_attention_logs_})
+      *b = Buffer(backend, 0, ElementType::kF64);
+    has_previous_attention_ = has_previous_attention_logs_ = false;
   }
 
   bool IsBlockRow(int p) const { return p >= block_rows_.front() && p < block_end_; }
@@ -357,64 +392,60 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   }
 
   // Clusters one layer's window at block start and records its baseline proxy attention.
+  // May run on the side queue: it touches only this layer's state, window_, window_labels_,
+  // amax_ and side_scratch_.
   void ClusterLayer(int layer) {
     const int64_t C = model_.config().width;
     const int64_t length = int64_t(canvas_.size());
+    const Backend& backend = forward_->backend();
     LayerClusters& lc = layers_[size_t(layer)];
-    lc = LayerClusters{};
     lc.count = total_clusters_;
+    lc.has_proxy_logs = false;
+    lc.labels.clear();
+    lc.members.assign(size_t(lc.count), 0.0f);
     if (lc.count == 0) return;
     lc.labels.assign(size_t(length), -1);
-    lc.centroids.assign(size_t(lc.count) * C, 0.0f);
-    lc.members.assign(size_t(lc.count), 0.0f);
-    // The window's cached layer inputs; hidden(p) is row p's.
-    std::vector<float> window(size_t(window_end_ - window_begin_) * C);  // [window, C]
-    forward_->ReadHidden(layer, Range(window_begin_, window_end_), window.data());
-    auto hidden = [&](int p) { return window.data() + int64_t(p - window_begin_) * C; };
+    lc.centroids.Reserve(lc.count * C);  // [K, C]
+    // The window's cached layer inputs; row p - window_begin_ is row p's.
+    const int window = window_end_ - window_begin_;
+    window_.Reserve(window * C);     // [window, C]
+    window_labels_.Reserve(window);  // [window] i32
+    forward_->ReadHidden(layer, Range(window_begin_, window_end_), window_.data());
     auto cluster_part = [&](int begin, int end, int k, int first_label) {
       if (end <= begin || k == 0) return;
-      std::span<const float> points(hidden(begin), size_t(end - begin) * C);
-      const Clustering part = SphericalKMeans(points, end - begin, C, k, options_.kmeans_iters);
-      std::copy(part.centroids.begin(), part.centroids.end(),
-                lc.centroids.begin() + int64_t(first_label) * C);
-      for (int i = 0; i < end - begin; ++i) {
-        lc.labels[size_t(begin + i)] = first_label + part.labels[size_t(i)];
-        lc.members[size_t(first_label + part.labels[size_t(i)])] += 1;
+      const int64_t offset = begin - window_begin_;
+      int* labels = window_labels_.As<int>() + offset;
+      backend.SphericalKMeans(window_.data() + offset * C, end - begin, C, k, options_.kmeans_iters,
+                              lc.centroids.data() + first_label * C, labels);
+      forward_->Download(labels, int64_t(end - begin) * 4, &lc.labels[size_t(begin)]);
+      for (int p = begin; p < end; ++p) {
+        lc.labels[size_t(p)] += first_label;
+        lc.members[size_t(lc.labels[size_t(p)])] += 1;
       }
     };
     cluster_part(window_begin_, block_start_, prefix_clusters_, 0);
     cluster_part(block_end_, window_end_, suffix_clusters_, prefix_clusters_);
     if (options_.nvfp4_hidden) {
-      lc.base = lc.centroids;
-      lc.residuals.assign(size_t(length), Nvfp4Row{});
+      lc.base.Reserve(lc.count * C);  // [K, C]
+      backend.Copy(lc.centroids.data(), lc.count * C, lc.base.data());
+      lc.scales.Reserve(window * Nvfp4ScaleBytes(C));
+      lc.values.Reserve(window * Nvfp4ValueBytes(C));
+      std::vector<int> rows, labels;  // the clustered window rows, their clusters
+      for (int p = window_begin_; p < window_end_; ++p) {
+        if (lc.labels[size_t(p)] < 0) continue;
+        rows.push_back(p - window_begin_);
+        labels.push_back(lc.labels[size_t(p)]);
+      }
+      backend.ResidualAbsMax(window_.data(), rows, lc.base.data(), labels, C, amax_.data());
       float amax = 0;
-      for (int p = window_begin_; p < window_end_; ++p) {
-        const int label = lc.labels[size_t(p)];
-        if (label < 0) continue;
-        for (int64_t j = 0; j < C; ++j) {
-          amax = std::max(amax, std::fabs(hidden(p)[j] - lc.base[size_t(label * C + j)]));
-        }
-      }
+      forward_->Download(amax_.data(), 4, &amax);
       lc.tensor_scale = Nvfp4TensorScale(amax);
-      for (int p = window_begin_; p < window_end_; ++p) {
-        if (lc.labels[size_t(p)] >= 0) StoreResidual(lc, p, hidden(p));
-      }
+      backend.QuantizeResiduals(window_.data(), rows, lc.base.data(), labels, C, lc.tensor_scale,
+                                lc.scales.As<uint8_t>(), lc.values.As<uint8_t>(), rows);
     }
-    ComputeProxy(layer, lc, lc.previous_proxy);
-  }
-
-  void StoreResidual(LayerClusters& lc, int p, const float* row) {
-    const int64_t C = model_.config().width;
-    const int label = lc.labels[size_t(p)];
-    std::vector<float> residual(static_cast<size_t>(C));  // [C]
-    for (int64_t j = 0; j < C; ++j) residual[size_t(j)] = row[j] - lc.base[size_t(label * C + j)];
-    lc.residuals[size_t(p)] = QuantizeNvfp4(residual.data(), C, lc.tensor_scale);
-  }
-
-  // proxy[K, H, L]: attention of q_c = W_q rmsnorm(centroid) (no RoPE) over un-rotated keys.
-  void ComputeProxy(int layer, const LayerClusters& lc, std::vector<float>& proxy) const {
-    proxy.resize(size_t(lc.count) * model_.config().heads * canvas_.size());
-    forward_->ProxyAttention(layer, lc.centroids.data(), lc.count, proxy.data());
+    lc.previous_proxy.Reserve(lc.count * model_.config().heads * length);  // [K, H, L]
+    forward_->ProxyAttention(layer, lc.centroids.data(), lc.count, lc.previous_proxy.data(),
+                             *side_scratch_);
   }
 
   int SuffixCommits(const DecodeContext& context, const StepResult& result,
@@ -454,10 +485,20 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
   int block_start_ = 0, block_end_ = 0, window_begin_ = 0, window_end_ = 0;
   int prefix_clusters_ = 0, suffix_clusters_ = 0, total_clusters_ = 0;
   std::vector<int> block_rows_;  // rows computed every decode step
+  // Backend memory, bound to the sequence's forward by Bind.
   std::vector<LayerClusters> layers_;
-  std::vector<float> previous_attention_;        // [B, H, L] last layer, block queries
-  std::vector<double> previous_attention_logs_;  // [B, H, L] its KL logs, if a drift took them
-  std::vector<double> token_drift_;              // [B]
+  std::optional<DriftScratch> scratch_;       // the main queue's drift ops
+  std::optional<DriftScratch> side_scratch_;  // ClusterLayer's (maybe on the side queue)
+  Buffer window_;                             // [window, C] ClusterLayer's window rows
+  Buffer window_labels_;                      // [window] i32 their clusters
+  Buffer amax_;                               // [1] the NVFP4 store's amax
+  Buffer old_rows_;                           // [moved, C] a packet's rows before it
+  Buffer proxy_, proxy_logs_;                 // [K, H, L] a refresh layer's proxy, f64 logs
+  Buffer attention_, attention_logs_;         // [B, H, L] last layer, block queries; f64 KL logs
+  Buffer previous_attention_, previous_attention_logs_;  // the same, the step before
+  bool has_previous_attention_ = false;
+  bool has_previous_attention_logs_ = false;  // if a drift took them
+  std::vector<double> token_drift_;           // [B]
   bool token_drift_valid_ = false;
   std::deque<std::vector<double>> drift_history_;
   std::vector<int> packet_rows_;  // the last layer's refreshed rows this step

@@ -1,7 +1,9 @@
 // Grouping, gates and compressed storage for the drift-aware policies (Polestar,
 // Elastic-Cache): pure functions on rows of floats. Nothing here knows about models. The
 // drift measurements themselves (proxy attention, KL and cosine drift) are the model's
-// drift ops (model/forward.h) on the backend's kernels.
+// drift ops (model/forward.h) on the backend's kernels; the work here that runs over backend
+// memory (k-means, the centroid shift, the NVFP4 store) is a backend op too, whose CPU
+// implementation (and scalar twin) is this code.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +17,23 @@ namespace polestar {
 // sum / (count + 1e-6) like the released code; an empty cluster keeps its centroid.
 // Deterministic seeding: initial centroid i is point floor(i * n / k). With n <= k each
 // point is its own cluster (centroids beyond n repeat the points cyclically).
+// Writes centroids[k, d] and labels[n] (in [0, k)).
+void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
+                     float* centroids, int* labels);
 struct Clustering {
   std::vector<float> centroids;  // [k, d]
   std::vector<int> labels;       // [n], in [0, k)
 };
 Clustering SphericalKMeans(std::span<const float> points, int64_t n, int64_t d, int k,
                            int iterations);
+
+// Polestar's centroid shift: rows that changed move their clusters' centroids[K, width] by
+// (sum of now - before) / (members + 1e-6), summed in double in the pairs' order. Pair i is
+// now[now_rows[i]] and before[i] (before[|pairs|, width]) of cluster labels[i]; a cluster
+// no pair names, or with no members, keeps its centroid.
+void ShiftCentroids(const float* now, std::span<const int> now_rows, const float* before,
+                    std::span<const int> labels, std::span<const float> members, int64_t width,
+                    float* centroids);
 
 // Polestar-Commit's gate: a masked position with floor < conf < tau_s commits early when
 // alpha (tau_s - conf)^2 <= delta < cap (delta: its drift jump over the recent mean).
@@ -57,12 +70,13 @@ uint8_t FloatToE4M3(float value);  // nearest, ties to even; saturates at 448
 // largest block scale (amax / 6) onto E4M3's largest value, 448.
 float Nvfp4TensorScale(float amax);
 
-// One row of an NVFP4 tensor; the tensor scale is shared by all rows of the tensor.
-struct Nvfp4Row {
-  std::vector<uint8_t> scales;  // [ceil(n / 16)] E4M3
-  std::vector<uint8_t> values;  // [ceil(n / 2)] two E2M1 codes per byte, low nibble first
-};
-Nvfp4Row QuantizeNvfp4(const float* x, int64_t n, float tensor_scale);
-void DequantizeNvfp4(const Nvfp4Row& row, int64_t n, float tensor_scale, float* out);
+// One row of n values of an NVFP4 tensor: scales[ceil(n / 16)] E4M3 block scales and
+// values[ceil(n / 2)], two E2M1 codes per byte, low nibble first. The tensor scale is shared
+// by all rows of the tensor.
+constexpr int64_t Nvfp4ScaleBytes(int64_t n) { return (n + 15) / 16; }
+constexpr int64_t Nvfp4ValueBytes(int64_t n) { return (n + 1) / 2; }
+void QuantizeNvfp4(const float* x, int64_t n, float tensor_scale, uint8_t* scales, uint8_t* values);
+void DequantizeNvfp4(const uint8_t* scales, const uint8_t* values, int64_t n, float tensor_scale,
+                     float* out);
 
 }  // namespace polestar

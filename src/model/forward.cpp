@@ -24,6 +24,7 @@ Forward::Forward(const Model& model, KvCache& cache)
       weights_(model.On(backend_)),
       runner_(backend_),
       cached_inputs_(backend_, 0),
+      cached_normed_(backend_, 0),
       cached_queries_(backend_, 0),
       key_mass_(backend_, 0, ElementType::kF64) {}
 
@@ -514,39 +515,31 @@ void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
   }
 }
 
-void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q) const {
-  const ModelConfig& c = model_.config();
-  const int64_t q_width = int64_t(c.heads) * c.head_dim;
-  Buffer inputs(backend_, m * c.width, Buffer::Init::kNone);   // [M, C]
-  Buffer queries(backend_, m * q_width, Buffer::Init::kNone);  // [M, H*D]
-  Upload(x, inputs.bytes(), inputs.data());
-  Project(layer, inputs.data(), m, queries.data());
-  Download(queries.data(), queries.bytes(), q);
+DriftScratch::DriftScratch(const Backend& backend)
+    : normed_(backend, 0), queries_(backend, 0), keys_(backend, 0) {}
+
+void Forward::ProjectQueries(int layer, const float* x, int64_t m, float* q,
+                             DriftScratch& scratch) const {
+  Project(layer, x, m, q, scratch.normed_);
 }
 
-void Forward::Project(int layer, const float* x, int64_t m, float* q) const {
+void Forward::Project(int layer, const float* x, int64_t m, float* q, Buffer& normed) const {
   const ModelConfig& c = model_.config();
   const LayerWeights& w = weights_.layers[size_t(layer)];
-  Buffer normed(backend_, m * c.width, Buffer::Init::kNone);  // [M, C]
+  normed.Reserve(m * c.width);  // [M, C]
   backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
   backend_.MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
   if (c.qk_norm) backend_.RmsNorm(q, m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q);
 }
 
-void Forward::ReadHidden(int layer, std::span<const int> positions, float* out) const {
+void Forward::ReadHidden(int layer, std::span<const int> positions, float* out,
+                         std::span<const int> out_rows) const {
   PS_CHECK(cache_.keeps_hidden());
   if (positions.empty()) return;
-  const int64_t C = cache_.hidden_width();
-  Buffer rows(backend_, int64_t(positions.size()) * C, Buffer::Init::kNone);  // [|P|, C]
-  backend_.CopyRows(cache_.hidden(layer), positions, rows.data(), {}, C);
-  Download(rows.data(), rows.bytes(), out);
+  backend_.CopyRows(cache_.hidden(layer), positions, out, out_rows, cache_.hidden_width());
 }
 
-void Forward::UnrotatedKeys(int layer, float* out) const {
-  Buffer keys(backend_, cache_.positions() * cache_.kv_width(), Buffer::Init::kNone);  // [L, Hkv*D]
-  Unrotate(layer, keys.data());
-  Download(keys.data(), keys.bytes(), out);
-}
+void Forward::UnrotatedKeys(int layer, float* out) const { Unrotate(layer, out); }
 
 void Forward::Unrotate(int layer, float* out) const {
   const ModelConfig& c = model_.config();
@@ -557,19 +550,16 @@ void Forward::Unrotate(int layer, float* out) const {
   backend_.UndoRope(out, positions, c.kv_heads, weights_.rope, c.rope_interleaved);
 }
 
-void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs) const {
+void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs,
+                             DriftScratch& scratch) const {
   const ModelConfig& c = model_.config();
   const int64_t length = cache_.positions();
-  Buffer inputs(backend_, m * c.width, Buffer::Init::kNone);                // [M, C]
-  Buffer queries(backend_, m * c.heads * c.head_dim, Buffer::Init::kNone);  // [M, H*D]
-  Buffer keys(backend_, length * cache_.kv_width(), Buffer::Init::kNone);   // [L, Hkv*D]
-  Buffer out(backend_, m * c.heads * length, Buffer::Init::kNone);          // [M, H, L]
-  Upload(x, inputs.bytes(), inputs.data());
-  Project(layer, inputs.data(), m, queries.data());
-  Unrotate(layer, keys.data());
-  backend_.AttentionProbabilities(queries.data(), m, keys.data(), length, c.heads, c.kv_heads,
-                                  c.head_dim, out.data());
-  Download(out.data(), out.bytes(), probs);
+  scratch.queries_.Reserve(m * c.heads * c.head_dim);  // [M, H*D]
+  scratch.keys_.Reserve(length * cache_.kv_width());   // [L, Hkv*D]
+  Project(layer, x, m, scratch.queries_.data(), scratch.normed_);
+  Unrotate(layer, scratch.keys_.data());
+  backend_.AttentionProbabilities(scratch.queries_.data(), m, scratch.keys_.data(), length, c.heads,
+                                  c.kv_heads, c.head_dim, probs);
 }
 
 void Forward::CachedRowsAttention(int layer, std::span<const int> positions, Buffer& probs) const {
@@ -587,7 +577,7 @@ void Forward::CachedRowsAttention(int layer, std::span<const int> positions, Buf
   }
   if (count == 0) return;
   backend_.CopyRows(cache_.hidden(layer), positions, cached_inputs_.data(), {}, C);
-  Project(layer, cached_inputs_.data(), count, cached_queries_.data());
+  Project(layer, cached_inputs_.data(), count, cached_queries_.data(), cached_normed_);
   backend_.ApplyRope(cached_queries_.data(), positions, c.heads, weights_.rope, c.rope_interleaved);
   backend_.AttentionProbabilities(cached_queries_.data(), count, cache_.keys(layer), length,
                                   c.heads, c.kv_heads, c.head_dim, probs.data());
@@ -595,13 +585,8 @@ void Forward::CachedRowsAttention(int layer, std::span<const int> positions, Buf
 
 void Forward::HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                             double* out, DriftLogs logs) const {
-  const int64_t size = rows * model_.config().heads * cache_.positions();  // [rows, H, L]
-  Buffer now_rows(backend_, size, Buffer::Init::kNone),
-      before_rows(backend_, size, Buffer::Init::kNone);
-  Upload(now, now_rows.bytes(), now_rows.data());
-  Upload(before, before_rows.bytes(), before_rows.data());
-  backend_.HeadMeanDrift(metric, now_rows.data(), before_rows.data(), rows, model_.config().heads,
-                         cache_.positions(), out, logs);
+  backend_.HeadMeanDrift(metric, now, before, rows, model_.config().heads, cache_.positions(), out,
+                         logs);
   to_host_ += rows * int64_t(sizeof(double));
 }
 

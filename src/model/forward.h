@@ -182,6 +182,20 @@ class StepRunner {
   std::vector<int64_t> expert_segments_;
 };
 
+// The scratch of the drift ops that need some (ProjectQueries, ProxyAttention), grown to the
+// largest call and kept, so they do not allocate once warm. A caller keeps one per queue it
+// issues drift ops on: a side queue's job and the main queue may run at once.
+class DriftScratch {
+ public:
+  explicit DriftScratch(const Backend& backend);
+
+ private:
+  friend class Forward;
+  Buffer normed_;   // [M, C]
+  Buffer queries_;  // [M, H*D]
+  Buffer keys_;     // [L, Hkv*D] un-rotated
+};
+
 // A sequence's view of the model over its cache: its steps alone, and the drift ops.
 class Forward {
  public:
@@ -199,26 +213,30 @@ class Forward {
 
   // Drift ops: the model operations the drift-aware policies (and the scale bench, which
   // times them) measure drift with, so no policy touches the cache or re-derives model math.
-  // Their inputs and outputs are host memory, uploaded and downloaded (and counted) here.
-  // They allocate their own scratch and only read the cache, so a policy may call them from
-  // a side queue (backend.h SideQueue) while Run computes other layers. L is the cache's
-  // length.
+  // They only read the cache, so a policy may call them from a side queue (backend.h
+  // SideQueue) while Run computes other layers. L is the cache's length. Polestar's
+  // (ProjectQueries, ReadHidden, UnrotatedKeys, ProxyAttention, HeadMeanDrift) take and
+  // write backend memory; what comes back to the host is HeadMeanDrift's per-row drift
+  // (counted here). Scratch is the caller's (DriftScratch).
 
   // q[M, H*D] = W_q · rmsnorm(x[M, C]) (+ bias), without RoPE: Polestar's proxy queries.
-  void ProjectQueries(int layer, const float* x, int64_t m, float* q) const;
-  // out[|positions|, C]: the cached layer-input hidden states of `positions` at `layer`.
-  void ReadHidden(int layer, std::span<const int> positions, float* out) const;
+  void ProjectQueries(int layer, const float* x, int64_t m, float* q, DriftScratch& scratch) const;
+  // out row out_rows[i] (i when out_rows is empty) [C] = the cached layer-input hidden state
+  // of positions[i] at `layer`.
+  void ReadHidden(int layer, std::span<const int> positions, float* out,
+                  std::span<const int> out_rows = {}) const;
   // out[L, Hkv*D]: the layer's cached keys with RoPE undone.
   void UnrotatedKeys(int layer, float* out) const;
   // probs[M, H, L]: the attention of the proxy queries of x[M, C] (ProjectQueries) over the
   // un-rotated keys: Polestar's proxy attention of cluster centroids.
-  void ProxyAttention(int layer, const float* x, int64_t m, float* probs) const;
+  void ProxyAttention(int layer, const float* x, int64_t m, float* probs,
+                      DriftScratch& scratch) const;
   // probs[|positions|, H, L] (backend memory, grown to fit): the attention the cached layer
   // inputs of `positions` pay over the cached keys, with RoPE as in Run: Elastic-Cache's
   // attention before a step. Its scratch persists (one call at a time).
   void CachedRowsAttention(int layer, std::span<const int> positions, Buffer& probs) const;
-  // out[r] = the mean over heads of the drift of now from before, both [rows, H, L]; `logs`
-  // as the backend's.
+  // out[r] (host) = the mean over heads of the drift of now from before, both [rows, H, L];
+  // `logs` as the backend's.
   void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
                      double* out, DriftLogs logs = {}) const;
   // The mean over rows i and keys j of the cosine across heads between before[i, :, j] and
@@ -236,8 +254,8 @@ class Forward {
  private:
   friend class StepRunner;
 
-  // ProjectQueries and UnrotatedKeys over backend memory.
-  void Project(int layer, const float* x, int64_t m, float* q) const;
+  // ProjectQueries and UnrotatedKeys over backend memory; normed[M, C] is scratch.
+  void Project(int layer, const float* x, int64_t m, float* q, Buffer& normed) const;
   void Unrotate(int layer, float* out) const;
 
   const Model& model_;
@@ -247,8 +265,9 @@ class Forward {
   StepRunner runner_;               // this sequence's steps alone
   mutable std::atomic<int64_t> to_backend_ = 0, to_host_ = 0;
   // Elastic-Cache's drift ops' scratch, grown to the largest call: CachedRowsAttention's
-  // inputs [|P|, C] and queries [|P|, H*D], MostAttendedKeys' mass [L] (doubles).
-  mutable Buffer cached_inputs_, cached_queries_, key_mass_;
+  // inputs [|P|, C], their norms [|P|, C] and queries [|P|, H*D], MostAttendedKeys' mass [L]
+  // (doubles).
+  mutable Buffer cached_inputs_, cached_normed_, cached_queries_, key_mass_;
 };
 
 // A fresh cache sized for `positions` rows of this model, on the model's backend or `backend`.

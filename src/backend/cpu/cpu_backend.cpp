@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "backend/registry.h"
 #include "base/error.h"
 #include "base/parallel.h"
+#include "drift/drift.h"
 #include "ops/avx2/avx2.h"
 #include "ops/avx512/avx512.h"
 #include "ops/bf16_matmul.h"
@@ -481,6 +483,61 @@ void CpuBackend::GatherRows(const float* src, const int* rows, int64_t n, float*
                             int64_t width) const {
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(dst + i * width, src + int64_t(rows[i]) * width, size_t(width) * 4);
+  }
+}
+
+void CpuBackend::SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
+                                 float* centroids, int* labels) const {
+  polestar::SphericalKMeans(points, n, d, k, iterations, centroids, labels);
+}
+
+void CpuBackend::ShiftCentroids(const float* now, std::span<const int> now_rows,
+                                const float* before, std::span<const int> labels,
+                                std::span<const float> members, int64_t width,
+                                float* centroids) const {
+  polestar::ShiftCentroids(now, now_rows, before, labels, members, width, centroids);
+}
+
+void CpuBackend::ResidualAbsMax(const float* x, std::span<const int> x_rows, const float* base,
+                                std::span<const int> labels, int64_t width, float* amax) const {
+  PS_CHECK(x_rows.size() == labels.size());
+  float largest = 0;
+  for (size_t i = 0; i < x_rows.size(); ++i) {
+    const float* row = x + int64_t(x_rows[i]) * width;
+    const float* base_row = base + int64_t(labels[i]) * width;
+    for (int64_t j = 0; j < width; ++j)
+      largest = std::max(largest, std::fabs(row[j] - base_row[j]));
+  }
+  *amax = largest;
+}
+
+void CpuBackend::QuantizeResiduals(const float* x, std::span<const int> x_rows, const float* base,
+                                   std::span<const int> labels, int64_t width, float tensor_scale,
+                                   uint8_t* scales, uint8_t* values,
+                                   std::span<const int> store_rows) const {
+  PS_CHECK(x_rows.size() == labels.size() && x_rows.size() == store_rows.size());
+  std::vector<float> residual(static_cast<size_t>(width));  // [width]
+  for (size_t i = 0; i < x_rows.size(); ++i) {
+    const float* row = x + int64_t(x_rows[i]) * width;
+    const float* base_row = base + int64_t(labels[i]) * width;
+    for (int64_t j = 0; j < width; ++j) residual[size_t(j)] = row[j] - base_row[j];
+    QuantizeNvfp4(residual.data(), width, tensor_scale,
+                  scales + store_rows[i] * Nvfp4ScaleBytes(width),
+                  values + store_rows[i] * Nvfp4ValueBytes(width));
+  }
+}
+
+void CpuBackend::DequantizeResiduals(const uint8_t* scales, const uint8_t* values,
+                                     std::span<const int> store_rows, const float* base,
+                                     std::span<const int> labels, int64_t width, float tensor_scale,
+                                     float* out, std::span<const int> out_rows) const {
+  PS_CHECK(store_rows.size() == labels.size() && store_rows.size() == out_rows.size());
+  for (size_t i = 0; i < store_rows.size(); ++i) {
+    float* row = out + int64_t(out_rows[i]) * width;
+    const float* base_row = base + int64_t(labels[i]) * width;
+    DequantizeNvfp4(scales + store_rows[i] * Nvfp4ScaleBytes(width),
+                    values + store_rows[i] * Nvfp4ValueBytes(width), width, tensor_scale, row);
+    for (int64_t j = 0; j < width; ++j) row[j] += base_row[j];
   }
 }
 

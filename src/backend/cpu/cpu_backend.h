@@ -79,6 +79,23 @@ class CpuBackend final : public Backend {
   void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
                   int64_t width) const override;
 
+  // Polestar's clustering and NVFP4 store: drift/drift.h's code.
+  void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
+                       float* centroids, int* labels) const override;
+  void ShiftCentroids(const float* now, std::span<const int> now_rows, const float* before,
+                      std::span<const int> labels, std::span<const float> members, int64_t width,
+                      float* centroids) const override;
+  void ResidualAbsMax(const float* x, std::span<const int> x_rows, const float* base,
+                      std::span<const int> labels, int64_t width, float* amax) const override;
+  void QuantizeResiduals(const float* x, std::span<const int> x_rows, const float* base,
+                         std::span<const int> labels, int64_t width, float tensor_scale,
+                         uint8_t* scales, uint8_t* values,
+                         std::span<const int> store_rows) const override;
+  void DequantizeResiduals(const uint8_t* scales, const uint8_t* values,
+                           std::span<const int> store_rows, const float* base,
+                           std::span<const int> labels, int64_t width, float tensor_scale,
+                           float* out, std::span<const int> out_rows) const override;
+
  private:
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
                                    float*, int64_t);
