@@ -234,6 +234,12 @@ class Backend {
   // cosine taken across the H heads; before[|now_rows|, H, L], now[*, H, L].
   virtual double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows,
                                      const float* before, int heads, int64_t l) const = 0;
+
+  // out[M] (host) = the greedy choice of each row of logits[M, V] by `spec` (ops.h
+  // GreedyChoiceOf: a commit rule's token and confidence at temperature 0, and the row's
+  // first non-finite logit), so the rows need not cross to the host.
+  virtual void GreedyChoices(const float* logits, int64_t m, int64_t vocab, const GreedySpec& spec,
+                             GreedyChoice* out) const = 0;
 };
 
 }  // namespace polestar

@@ -71,6 +71,9 @@ class CpuBackend final : public Backend {
   double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
                              int heads, int64_t l) const override;
 
+  void GreedyChoices(const float* logits, int64_t m, int64_t vocab, const GreedySpec& spec,
+                     GreedyChoice* out) const override;
+
  private:
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
                                    float*, int64_t);
