@@ -45,7 +45,7 @@ TokenChoice ChooseDream(std::span<const float> logits_in, int excluded, double t
     for (float& l : logits) l = float(l / temperature);
   }
   const float kRemoved = -3.4028234663852886e38f;  // torch.finfo(float32).min
-  if (top_p > 0 && top_p < 1) {                    // DreamFilters' first half
+  if (top_p > 0 && top_p < 1) {
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
