@@ -436,6 +436,60 @@ TEST(StepKinds, CachedPoliciesNameTheStepsTheyRun) {
   }
 }
 
+// Each logit row crosses to the host as what its sampler reads: at temperature 0 the
+// backend's greedy choice (16 bytes), otherwise (sampling, guidance, Dream's top-p) its
+// logits; guidance's second pass doubles them. Nothing else crosses in these steps.
+TEST(Transfers, LogitRowsCrossAsChoicesUnlessASamplerReadsTheDistribution) {
+  const std::vector<int> prompt = {1, 5, 9, 14};
+  struct Case {
+    const char* fixture;
+    const char* policy;
+    double temperature, cfg_scale, top_p;
+    Remasking remasking;
+    std::optional<DreamAlg> alg;
+    int64_t bytes_per_row;  // 0: the row's logits, 4V
+  } cases[] = {
+      {"llada-tiny", "fast-dllm-dual", 0, 0, 1, Remasking::kLowConfidence, {}, 16},
+      {"llada-tiny", "vanilla", 0, 0, 1, Remasking::kRandom, {}, 16},
+      {"llada-tiny", "fast-dllm-dual", 1, 0, 1, Remasking::kLowConfidence, {}, 0},
+      {"llada-tiny", "vanilla", 0, 1, 1, Remasking::kLowConfidence, {}, 0},
+      {"dream-tiny", "fast-dllm-dual", 0, 0, 1, Remasking::kLowConfidence, DreamAlg::kTopkMargin,
+       16},
+      {"dream-tiny", "vanilla", 0, 0, 0.9, Remasking::kLowConfidence, {}, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.fixture) + " " + c.policy + " T=" + std::to_string(c.temperature) +
+                 " cfg=" + std::to_string(c.cfg_scale) + " top_p=" + std::to_string(c.top_p));
+    auto model = Model::Load(testing::FixtureDir(c.fixture));
+    DecodeOptions options;
+    options.policy = c.policy;
+    options.gen_length = 16;
+    options.block_length = 8;
+    options.steps = 16;
+    options.temperature = c.temperature;
+    options.cfg_scale = c.cfg_scale;
+    options.top_p = c.top_p;
+    options.remasking = c.remasking;
+    if (c.alg) options.alg = *c.alg;
+    const GenerationResult got = Generate(*model, prompt, options, nullptr, true);
+    const int64_t per_row = (c.bytes_per_row > 0 ? c.bytes_per_row : 4 * model->config().vocab) *
+                            (c.cfg_scale > 0 ? 2 : 1);
+    // The logit rows of a step: the block's masks before it.
+    std::map<int, int> masks;  // block -> masks left
+    int64_t total = 0;
+    for (const nlohmann::json& step : got.trace) {
+      const int block = step["block"].get<int>();
+      const int before = masks.emplace(block, options.block_length).first->second;
+      EXPECT_EQ(step["bytes_to_host"].get<int64_t>(), before * per_row) << step.dump();
+      masks[block] -= int(step["committed"].size());
+      total += step["bytes_to_host"].get<int64_t>();
+    }
+    int64_t counted = 0;
+    for (const auto& [kind, bytes] : got.step_transfers) counted += bytes.to_host;
+    EXPECT_EQ(counted, total);
+  }
+}
+
 std::vector<std::string> RegisteredPolicyNames() {
   std::vector<std::string> names;
   for (const PolicyEntry& entry : RegisteredPolicies()) names.emplace_back(entry.name);
@@ -798,13 +852,20 @@ TEST(Termination, NonFiniteLogitsAreAnErrorNotTokens) {
   checkpoint.Floats("model.transformer.blocks.1.ff_out.weight")[7] =
       std::numeric_limits<float>::quiet_NaN();
   const std::string dir = testing::WriteCheckpoint(checkpoint, testing::TempDir());
-  std::string out;
-  EXPECT_EQ(testing::RunCli("generate -m " + dir +
-                                " --prompt-ids 1,2,3 --gen-length 8 "
-                                "--block-length 8 --steps 8",
-                            &out, /*merge_stderr=*/true),
-            1);
+  auto generate = [&](const std::string& flags) {
+    std::string out;
+    EXPECT_EQ(
+        testing::RunCli("generate -m " + dir +
+                            " --prompt-ids 1,2,3 --gen-length 8 --block-length 8 --steps 8" + flags,
+                        &out, /*merge_stderr=*/true),
+        1);
+    return out;
+  };
+  const std::string out = generate("");
   EXPECT_NE(out.find("non-finite logit"), std::string::npos) << out;
+  // The backend's greedy choices (temperature 0) report the logit the host finds in the rows
+  // (temperature > 0): the same message.
+  EXPECT_EQ(generate(" --temperature 1"), out);
 }
 
 }  // namespace

@@ -1351,6 +1351,98 @@ TEST(CpuBackend, RowOpsGiveEveryElementItsBitsWhereverItFalls) {
   SetThreadCount(saved_threads);
 }
 
+// ---------------------------------------------------------------------------------------
+// Greedy choices: what a logit row returns at temperature 0 in place of its logits
+
+TEST(GreedyChoiceOf, TokensAndConfidencesOfHandMadeRows) {
+  std::vector<float> probs(4);  // [V] scratch
+  const std::vector<float> tied = {1.0f, 3.0f, 2.0f, 3.0f};
+  const double total = std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0);
+  GreedyChoice c = GreedyChoiceOf(tied, {GreedyConfidence::kFloat64Softmax, -1}, {});
+  EXPECT_EQ(c.token, 1);  // ties: the first index
+  EXPECT_NEAR(c.confidence, std::exp(3.0) / total, 1e-15);
+  EXPECT_EQ(c.non_finite, 0.0f);
+  c = GreedyChoiceOf(tied, {GreedyConfidence::kFloat64Softmax, 1}, {});
+  EXPECT_EQ(c.token, 3);  // the excluded token is never chosen
+  EXPECT_NEAR(c.confidence, std::exp(3.0) / total, 1e-15);
+  c = GreedyChoiceOf(tied, {GreedyConfidence::kNone, 3}, {});
+  EXPECT_EQ(c.token, 1);
+  EXPECT_EQ(c.confidence, 0.0);
+
+  // probabilities 0.1, 0.3, 0.6
+  const std::vector<float> row = {0.0f, std::log(3.0f), std::log(6.0f)};
+  const std::span<float> three(probs.data(), 3);
+  c = GreedyChoiceOf(row, {GreedyConfidence::kFp32Probability, -1}, three);
+  EXPECT_EQ(c.token, 2);
+  EXPECT_NEAR(c.confidence, 0.6, 1e-6);
+  c = GreedyChoiceOf(row, {GreedyConfidence::kFp32Probability, 2}, three);
+  EXPECT_EQ(c.token, 1);
+  EXPECT_NEAR(c.confidence, 0.3, 1e-6);
+  c = GreedyChoiceOf(row, {GreedyConfidence::kFp32Margin, 2}, three);
+  EXPECT_EQ(c.token, 1);
+  EXPECT_NEAR(c.confidence, 0.3, 1e-6);  // top-1 minus top-2 over the whole row
+  c = GreedyChoiceOf(row, {GreedyConfidence::kFp32NegEntropy, -1}, three);
+  EXPECT_NEAR(c.confidence, 0.1 * std::log(0.1) + 0.3 * std::log(0.3) + 0.6 * std::log(0.6), 1e-5);
+
+  // A row with a NaN or an infinity reports its first one, whatever the kind.
+  const float inf = std::numeric_limits<float>::infinity();
+  for (GreedyConfidence kind : {GreedyConfidence::kNone, GreedyConfidence::kFloat64Softmax,
+                                GreedyConfidence::kFp32Probability, GreedyConfidence::kFp32Margin,
+                                GreedyConfidence::kFp32NegEntropy}) {
+    const std::vector<float> bad = {1.0f, -inf, std::nanf(""), 2.0f};
+    EXPECT_EQ(GreedyChoiceOf(bad, {kind, -1}, probs).non_finite, -inf);
+    const std::vector<float> nan_first = {std::nanf(""), inf, 0.0f, 2.0f};
+    EXPECT_TRUE(std::isnan(GreedyChoiceOf(nan_first, {kind, -1}, probs).non_finite));
+  }
+}
+
+// Every kernel set's GreedyChoices, threaded over rows (several chunks), against
+// GreedyChoiceOf row by row, bit for bit, into poisoned outputs: rows with ties, with the
+// excluded token on top, with NaN and infinities; vocabularies shrinking and growing between
+// calls (the fp32 kinds' scratch is kept across calls).
+TEST(CpuBackend, GreedyChoicesGiveEveryRowTheBitsOfGreedyChoiceOf) {
+  std::mt19937 rng(44);
+  const int saved_threads = ThreadCount();
+  SetThreadCount(2);
+  const int64_t m = 37;
+  const int excluded = 5;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    const CpuBackend backend(isa);
+    for (int64_t vocab : {4099, 17, 4099}) {
+      std::vector<float> logits = RandomVector(m * vocab, 8.0f, rng);  // [1 + M * V]
+      float* rows = logits.data() + 1;                                 // off the alignment
+      for (int64_t r = 0; r < m; ++r) {
+        float* row = rows + r * vocab;
+        const int64_t top = std::max_element(row, row + vocab) - row;
+        if (r % 5 == 1) row[(top + 3) % vocab] = row[top];      // a tie
+        if (r % 5 == 2) std::swap(row[top], row[excluded]);     // the excluded on top
+        if (r % 7 == 3) row[(r * 31) % vocab] = std::nanf("");  // non-finite rows
+        if (r % 7 == 4) row[(r * 13) % vocab] = -std::numeric_limits<float>::infinity();
+      }
+      for (GreedyConfidence kind :
+           {GreedyConfidence::kNone, GreedyConfidence::kFloat64Softmax,
+            GreedyConfidence::kFp32Probability, GreedyConfidence::kFp32Margin,
+            GreedyConfidence::kFp32NegEntropy}) {
+        SCOPED_TRACE(std::string(backend.name()) + " V=" + std::to_string(vocab) + " kind " +
+                     std::to_string(int(kind)));
+        const GreedySpec spec{kind, excluded};
+        const GreedyChoice poison{-12345, 777.0f, std::numeric_limits<double>::quiet_NaN()};
+        std::vector<GreedyChoice> got(size_t(m) + 1, poison);  // [M] and one past the end
+        backend.GreedyChoices(rows, m, vocab, spec, got.data());
+        std::vector<float> probs(static_cast<size_t>(vocab));  // [V]
+        for (int64_t r = 0; r < m; ++r) {
+          const GreedyChoice want = GreedyChoiceOf({rows + r * vocab, size_t(vocab)}, spec, probs);
+          ASSERT_EQ(std::memcmp(&got[size_t(r)], &want, sizeof(GreedyChoice)), 0) << "row " << r;
+          ASSERT_NE(got[size_t(r)].token, excluded);
+        }
+        EXPECT_EQ(std::memcmp(&got[size_t(m)], &poison, sizeof(GreedyChoice)), 0);
+      }
+    }
+  }
+  SetThreadCount(saved_threads);
+}
+
 }  // namespace
 }  // namespace polestar
 

@@ -291,6 +291,12 @@ class Backend {
                                    std::span<const int> store_rows, const float* base,
                                    std::span<const int> labels, int64_t width, float tensor_scale,
                                    float* out, std::span<const int> out_rows) const = 0;
+
+  // out[M] (host) = the greedy choice of each row of logits[M, V] by `spec` (ops.h
+  // GreedyChoiceOf: a commit rule's token and confidence at temperature 0, and the row's
+  // first non-finite logit), so the rows need not cross to the host.
+  virtual void GreedyChoices(const float* logits, int64_t m, int64_t vocab, const GreedySpec& spec,
+                             GreedyChoice* out) const = 0;
 };
 
 }  // namespace polestar

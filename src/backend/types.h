@@ -69,4 +69,30 @@ struct RouterSpec {
   float scaling = 1.0f;
 };
 
+// How a logit row gives the token and the confidence a commit rule's sampler takes from it at
+// temperature 0 (decode/sampling.h; the row math is ops.h GreedyChoiceOf), so the backend
+// can choose and the host read 16 bytes a row in place of the vocabulary's logits.
+enum class GreedyConfidence {
+  kNone,             // the argmax alone (LLaDA's random remasking draws its confidence)
+  kFloat64Softmax,   // LLaDA: argmax of the logits, its float64 softmax probability
+  kFp32Probability,  // Dream, LLaDA 2.x: argmax of the fp32 softmax, its probability
+  kFp32Margin,       // ... the top-1 minus the top-2 probability
+  kFp32NegEntropy,   // ... sum p log(p + 1e-10) over the row
+};
+
+struct GreedySpec {
+  GreedyConfidence confidence = GreedyConfidence::kFloat64Softmax;
+  int excluded = -1;  // a token never chosen (the mask token); -1: none
+  bool operator==(const GreedySpec&) const = default;
+};
+
+// One row's choice (host memory).
+struct GreedyChoice {
+  int32_t token = 0;
+  // The row's first NaN or infinite logit; 0 when every logit is finite (else token and
+  // confidence mean nothing).
+  float non_finite = 0;
+  double confidence = 0;
+};
+
 }  // namespace polestar

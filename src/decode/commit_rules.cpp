@@ -11,15 +11,35 @@ TokenSampler::TokenSampler(const ModelConfig& config, const DecodeOptions& optio
                            DreamConfidence confidence)
     : config_(config), options_(options), confidence_(confidence) {}
 
-TokenChoice TokenSampler::operator()(std::span<const float> logits, Rng& rng) const {
-  // LLaDA 2.x generate samples as Dream does (logits / T, top-k, top-p, fp32 softmax;
-  // the chosen token's probability is its confidence).
-  if (config_.sampler == SamplerFamily::kDream || config_.sampler == SamplerFamily::kLlada2) {
-    return ChooseDream(logits, config_.mask_id, options_.temperature, options_.top_p,
+namespace {
+
+// LLaDA 2.x generate samples as Dream does (logits / T, top-k, top-p, fp32 softmax; the
+// chosen token's probability is its confidence).
+bool SamplesAsDream(const ModelConfig& config) {
+  return config.sampler == SamplerFamily::kDream || config.sampler == SamplerFamily::kLlada2;
+}
+
+}  // namespace
+
+TokenChoice TokenSampler::operator()(const LogitRow& row, Rng& rng) const {
+  if (row.choice != nullptr) {
+    PS_CHECK(Greedy() == *row.spec);
+    return FromGreedy(*row.choice, *row.spec, rng);
+  }
+  if (SamplesAsDream(config_)) {
+    return ChooseDream(row.logits, config_.mask_id, options_.temperature, options_.top_p,
                        options_.top_k, confidence_, rng);
   }
-  return ChooseLlada(logits, config_.mask_id, options_.temperature,
+  return ChooseLlada(row.logits, config_.mask_id, options_.temperature,
                      options_.remasking == Remasking::kRandom, rng);
+}
+
+std::optional<GreedySpec> TokenSampler::Greedy() const {
+  if (options_.temperature > 0) return std::nullopt;
+  if (!SamplesAsDream(config_))
+    return LladaGreedySpec(config_.mask_id, options_.remasking == Remasking::kRandom);
+  if (DreamFilters(options_.top_p, options_.top_k)) return std::nullopt;
+  return DreamGreedySpec(config_.mask_id, confidence_);
 }
 
 namespace {
@@ -40,6 +60,7 @@ class SelectingRule : public CommitRule {
     decision.selected = Select(confidence, step, rng);
     return decision;
   }
+  std::optional<GreedySpec> Greedy() const override { return sampler_.Greedy(); }
 
  protected:
   virtual std::vector<size_t> Select(std::span<const double> confidence, int step, Rng& rng) = 0;
@@ -212,6 +233,7 @@ class DreamOriginRule : public CommitRule {
     }
     return decision;
   }
+  std::optional<GreedySpec> Greedy() const override { return sampler_.Greedy(); }
 
  private:
   TokenSampler sampler_;

@@ -15,12 +15,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "decode/options.h"
 #include "decode/sampling.h"
 #include "model/config.h"
+#include "model/forward.h"
 
 namespace polestar {
 
@@ -30,7 +32,12 @@ class TokenSampler {
  public:
   TokenSampler(const ModelConfig& config, const DecodeOptions& options,
                DreamConfidence confidence = DreamConfidence::kProbability);
-  TokenChoice operator()(std::span<const float> logits, Rng& rng) const;
+  // From the row's logits, or from the backend's greedy choice by Greedy()'s spec.
+  TokenChoice operator()(const LogitRow& row, Rng& rng) const;
+  // The spec by which the backend's greedy choice of a row is this sampler's choice: at
+  // temperature 0, unless Dream's top-p / top-k filter the row first. Otherwise the sampler
+  // reads the logits.
+  std::optional<GreedySpec> Greedy() const;
 
  private:
   const ModelConfig& config_;
@@ -38,8 +45,8 @@ class TokenSampler {
   DreamConfidence confidence_;
 };
 
-// The logits row [V] that predicts a canvas position, from the step's result.
-using LogitsOf = std::function<std::span<const float>(int position)>;
+// The logit row that predicts a canvas position, from the step's result.
+using LogitsOf = std::function<LogitRow(int position)>;
 
 struct RuleDecision {
   std::vector<TokenChoice> choices;  // [|masked|]: what the rule drew for each position
@@ -58,6 +65,8 @@ class CommitRule {
   // first forward.
   virtual RuleDecision Decide(std::span<const int> masked, int step, const LogitsOf& logits,
                               Rng& rng) = 0;
+  // Its sampler's Greedy(): what the step's logit rows may return in place of their logits.
+  virtual std::optional<GreedySpec> Greedy() const = 0;
 };
 
 // The rule the options select for this model (Dream's --alg, --threshold, --factor, or the

@@ -132,6 +132,9 @@ class Decoder {
     for (int p : masked_) plan_.logit_rows.push_back(config_.PredictingRow(p));
 
     if (config_.sampler == SamplerFamily::kLlada2) plan_.attention_block = layout_.block_length;
+    // The rows cross as the backend's greedy choices where the rule reads no more, and as
+    // logits where a sampler reads the distribution or guidance combines two passes' logits.
+    plan_.greedy = guidance_ ? std::nullopt : rule_->Greedy();
     std::sort(plan_.logit_rows.begin(), plan_.logit_rows.end());
     plan_.logit_rows.erase(std::unique(plan_.logit_rows.begin(), plan_.logit_rows.end()),
                            plan_.logit_rows.end());
@@ -158,16 +161,12 @@ class Decoder {
     result_.rows_computed += step_result.rows_computed;
     result_.kv_rows_written += step_result.kv_rows_written;
     if (guidance_) guidance_->Apply(results[1], step_result);
-    RequireFinite(step_result.logits);
+    RequireFinite(step_result);
 
     auto logits_of = [&](int position) {
-      const int row = config_.PredictingRow(position);
-      const auto it =
-          std::lower_bound(step_result.logit_rows.begin(), step_result.logit_rows.end(), row);
-      PS_CHECK(it != step_result.logit_rows.end() && *it == row);
-      const size_t index = size_t(it - step_result.logit_rows.begin());
-      return std::span<const float>(&step_result.logits[index * config_.vocab],
-                                    size_t(config_.vocab));
+      const std::optional<LogitRow> row = step_result.Row(config_.PredictingRow(position));
+      PS_CHECK(row.has_value());
+      return *row;
     };
     const RuleDecision decision = rule_->Decide(masked_, step_, logits_of, rng_);
     std::vector<Commit> commits;
@@ -280,13 +279,17 @@ class Decoder {
     return std::find(canvas_.begin() + prompt_length_, first_end, config_.mask_id) == first_end;
   }
 
-  void RequireFinite(std::span<const float> logits) const {
-    for (float logit : logits) {
+  // Every logit of the step, or every greedy choice's row (which reports its first
+  // non-finite logit), is finite.
+  void RequireFinite(const StepResult& step) const {
+    auto require = [&](float logit) {
       if (!std::isfinite(logit)) {
         Fail(model_.source(), ": the model produced a non-finite logit (", logit,
              ") in forward pass ", result_.nfe, " (NaN or infinite weights?)");
       }
-    }
+    };
+    for (float logit : step.logits) require(logit);
+    for (const GreedyChoice& choice : step.choices) require(choice.non_finite);
   }
 
   // Writes the commits into the canvas, records the step; false when the callback cancels.

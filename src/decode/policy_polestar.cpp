@@ -457,11 +457,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       const int p = config.PredictedPosition(r);
       if (p < block_end_ || p >= int(canvas_.size()) || canvas_[size_t(p)] != config.mask_id)
         continue;
-      const auto it = std::lower_bound(result.logit_rows.begin(), result.logit_rows.end(), r);
-      if (it == result.logit_rows.end() || *it != r) continue;
-      const size_t index = size_t(it - result.logit_rows.begin());
-      std::span<const float> logits(&result.logits[index * config.vocab], size_t(config.vocab));
-      const TokenChoice choice = sample(logits, rng_);
+      const std::optional<LogitRow> row = result.Row(r);
+      if (!row) continue;
+      const TokenChoice choice = sample(*row, rng_);
       if (choice.confidence >= options_.tau_s) {
         commits.push_back({p, choice.token});
         ++added;

@@ -5,27 +5,10 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "ops/ops.h"
 
 namespace polestar {
 namespace {
-
-size_t ArgMax(std::span<const float> x) {
-  size_t best = 0;  // first index wins ties, like torch.argmax
-  for (size_t i = 1; i < x.size(); ++i) {
-    if (x[i] > x[best]) best = i;
-  }
-  return best;
-}
-
-// ArgMax over every index but `excluded` (which may lie outside x).
-size_t ArgMaxExcept(std::span<const float> x, int excluded) {
-  size_t best = x.size();
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (int(i) != excluded && (best == x.size() || x[i] > x[best])) best = i;
-  }
-  PS_CHECK(best < x.size());
-  return best;
-}
 
 double Uniform(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.0)(rng); }
 
@@ -33,32 +16,24 @@ double Uniform(Rng& rng) { return std::uniform_real_distribution<double>(0.0, 1.
 
 TokenChoice ChooseLlada(std::span<const float> logits, int excluded, double temperature,
                         bool random_remasking, Rng& rng) {
+  if (temperature <= 0) {
+    const GreedySpec spec = LladaGreedySpec(excluded, random_remasking);
+    return FromGreedy(GreedyChoiceOf(logits, spec, {}), spec, rng);
+  }
   TokenChoice choice;
-  if (temperature > 0) {
-    // argmax exp(l) / (-log u)^T == argmax l - T log(-log u): compare in log space, in float64.
-    double best = -INFINITY;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      double u = Uniform(rng);
-      u = std::max(u, 1e-300);
-      const double score = double(logits[i]) - temperature * std::log(-std::log(u));
-      if (score > best &&
-          int(i) != excluded) {  // the draw is made anyway: the stream stays aligned
-        best = score;
-        choice.token = int(i);
-      }
+  // argmax exp(l) / (-log u)^T == argmax l - T log(-log u): compare in log space, in float64.
+  double best = -INFINITY;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    double u = Uniform(rng);
+    u = std::max(u, 1e-300);
+    const double score = double(logits[i]) - temperature * std::log(-std::log(u));
+    if (score > best && int(i) != excluded) {  // the draw is made anyway: the stream stays aligned
+      best = score;
+      choice.token = int(i);
     }
-  } else {
-    choice.token = int(ArgMaxExcept(logits, excluded));
   }
-  if (random_remasking) {
-    choice.confidence = Uniform(rng);
-  } else {
-    double max_logit = -INFINITY;
-    for (float l : logits) max_logit = std::max(max_logit, double(l));
-    double total = 0;
-    for (float l : logits) total += std::exp(double(l) - max_logit);
-    choice.confidence = std::exp(double(logits[size_t(choice.token)]) - max_logit) / total;
-  }
+  choice.confidence =
+      random_remasking ? Uniform(rng) : Float64SoftmaxProbability(logits, size_t(choice.token));
   return choice;
 }
 
@@ -100,55 +75,48 @@ TokenChoice ChooseDream(std::span<const float> logits_in, int excluded, double t
       if (l < kth) l = kRemoved;
     }
   }
-  const float max_logit = logits[ArgMax(logits)];
   std::vector<float> probs(n);  // [V] fp32 softmax, as torch.softmax on float32 logits
-  float total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    probs[i] = std::exp(logits[i] - max_logit);
-    total += probs[i];
-  }
-  for (float& p : probs) p /= total;
-
+  const GreedySpec spec = DreamGreedySpec(excluded, kind);
+  if (temperature <= 0) return FromGreedy(GreedyChoiceOf(logits, spec, probs), spec, rng);
+  Fp32Softmax(logits, probs);
   TokenChoice choice;
-  if (temperature > 0) {
-    double u = Uniform(rng), cumulative = 0;
-    choice.token = int(n - 1);
-    for (size_t i = 0; i < n; ++i) {
-      cumulative += probs[i];
-      if (u < cumulative) {
-        choice.token = int(i);
-        break;
-      }
+  double u = Uniform(rng), cumulative = 0;
+  choice.token = int(n - 1);
+  for (size_t i = 0; i < n; ++i) {
+    cumulative += probs[i];
+    if (u < cumulative) {
+      choice.token = int(i);
+      break;
     }
-    if (choice.token == excluded) choice.token = int(ArgMaxExcept(probs, excluded));
-  } else {
-    choice.token = int(ArgMaxExcept(probs, excluded));
   }
+  if (choice.token == excluded) choice.token = int(ArgMaxExcept(probs, excluded));
+  choice.confidence = Fp32Confidence(probs, size_t(choice.token), spec.confidence);
+  return choice;
+}
+
+bool DreamFilters(double top_p, int top_k) { return (top_p > 0 && top_p < 1) || top_k > 0; }
+
+GreedySpec LladaGreedySpec(int excluded, bool random_remasking) {
+  return {random_remasking ? GreedyConfidence::kNone : GreedyConfidence::kFloat64Softmax, excluded};
+}
+
+GreedySpec DreamGreedySpec(int excluded, DreamConfidence kind) {
   switch (kind) {
     case DreamConfidence::kProbability:
-      choice.confidence = probs[size_t(choice.token)];
-      break;
-    case DreamConfidence::kMargin: {
-      float first = -1, second = -1;
-      for (float p : probs) {
-        if (p > first) {
-          second = first;
-          first = p;
-        } else if (p > second) {
-          second = p;
-        }
-      }
-      choice.confidence = double(first - second);
-      break;
-    }
-    case DreamConfidence::kNegEntropy: {
-      float sum = 0;
-      for (float p : probs) sum += p * std::log(p + 1e-10f);
-      choice.confidence = sum;
-      break;
-    }
+      return {GreedyConfidence::kFp32Probability, excluded};
+    case DreamConfidence::kMargin:
+      return {GreedyConfidence::kFp32Margin, excluded};
+    case DreamConfidence::kNegEntropy:
+      return {GreedyConfidence::kFp32NegEntropy, excluded};
   }
-  return choice;
+  PS_CHECK(false);
+  return {};
+}
+
+TokenChoice FromGreedy(const GreedyChoice& greedy, const GreedySpec& spec, Rng& rng) {
+  PS_CHECK(greedy.non_finite == 0);
+  return {greedy.token,
+          spec.confidence == GreedyConfidence::kNone ? Uniform(rng) : greedy.confidence};
 }
 
 std::vector<int> NumTransferTokens(int masks, int steps) {

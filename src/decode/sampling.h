@@ -8,6 +8,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/types.h"
+
 namespace polestar {
 
 using Rng = std::mt19937_64;
@@ -34,6 +36,18 @@ enum class DreamConfidence { kProbability, kMargin, kNegEntropy };
 // probable other token.
 TokenChoice ChooseDream(std::span<const float> logits, int excluded, double temperature,
                         double top_p, int top_k, DreamConfidence kind, Rng& rng);
+
+// Whether ChooseDream filters the logits (top-p, top-k) before its softmax.
+bool DreamFilters(double top_p, int top_k);
+
+// At temperature 0 each sampler's choice is the greedy choice of its row (ops/ops.h
+// GreedyChoiceOf) by these specs, ChooseDream's when it does not filter; a backend computes it
+// from the logits where they are (Backend::GreedyChoices), bit for bit the sampler's.
+GreedySpec LladaGreedySpec(int excluded, bool random_remasking);
+GreedySpec DreamGreedySpec(int excluded, DreamConfidence kind);
+// The sampler's choice from the greedy choice of its row by `spec`: random remasking (kNone)
+// draws its confidence here, from the host's stream, as ChooseLlada does.
+TokenChoice FromGreedy(const GreedyChoice& greedy, const GreedySpec& spec, Rng& rng);
 
 // LLaDA get_num_transfer_tokens: `masks` split over `steps`, remainder to the first steps.
 std::vector<int> NumTransferTokens(int masks, int steps);

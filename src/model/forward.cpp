@@ -424,6 +424,7 @@ void StepRunner::ComputeLogits(Step& step) {
       logit_sources.push_back(int(s.fresh_offset) + it->second);
     }
     step.segments.push_back(int64_t(step.results[i].logit_rows.size()));
+    step.results[i].greedy = step.sequences[i].plan->greedy;
   }
   const int64_t n_logits = int64_t(logit_sources.size());
   if (n_logits == 0) return;
@@ -432,13 +433,31 @@ void StepRunner::ComputeLogits(Step& step) {
   logits_.Reserve(n_logits * c.vocab);  // [sum n_logits, V]
   backend_.LmHeadBatch(final_.data(), step.segments, c.width, step.weights.final_norm.data(),
                        c.rms_eps, step.weights.lm_head, logits_.data());
+  // Each sequence's rows cross as its plan asks: their greedy choices, or their logits.
   const float* from = logits_.data();
   for (size_t i = 0; i < n; ++i) {
-    const int64_t count = step.segments[i] * c.vocab;
-    step.results[i].logits.resize(size_t(count));
-    step.sequences[i].forward->Download(from, count * 4, step.results[i].logits.data());
-    from += count;
+    const int64_t rows = step.segments[i];
+    StepResult& result = step.results[i];
+    const Forward& forward = *step.sequences[i].forward;
+    if (result.greedy) {
+      result.choices.resize(size_t(rows));
+      backend_.GreedyChoices(from, rows, c.vocab, *result.greedy, result.choices.data());
+      forward.to_host_ += rows * int64_t(sizeof(GreedyChoice));
+    } else {
+      result.logits.resize(size_t(rows * c.vocab));
+      forward.Download(from, rows * c.vocab * 4, result.logits.data());
+    }
+    from += rows * c.vocab;
   }
+}
+
+std::optional<LogitRow> StepResult::Row(int row) const {
+  const auto it = std::lower_bound(logit_rows.begin(), logit_rows.end(), row);
+  if (it == logit_rows.end() || *it != row) return std::nullopt;
+  const size_t index = size_t(it - logit_rows.begin());
+  if (greedy) return LogitRow(choices[index], *greedy);
+  const size_t vocab = logits.size() / logit_rows.size();
+  return LogitRow(std::span<const float>(&logits[index * vocab], vocab));
 }
 
 void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m,

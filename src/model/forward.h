@@ -22,6 +22,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -100,13 +101,33 @@ struct StepPlan {
   int attention_block = 0;  // B > 0: block-causal attention
   // The query rows whose attention the hook reads at the captured layers (empty: all).
   std::vector<int> attention_rows = {};
+  // What each logit row returns: its logits [V] (a sampler reads the distribution), or, when
+  // set, the backend's greedy choice by this spec alone (16 bytes to the host, not 4V).
+  std::optional<GreedySpec> greedy = {};
+};
+
+// One logit row of a step's result, as its plan asked: the row's logits, or the backend's
+// greedy choice from them.
+struct LogitRow {
+  // Implicit: a row of logits is what every sampler reads.
+  LogitRow(std::span<const float> logits) : logits(logits) {}
+  LogitRow(const GreedyChoice& choice, const GreedySpec& spec) : choice(&choice), spec(&spec) {}
+  std::span<const float> logits;         // [V]; empty with a choice
+  const GreedyChoice* choice = nullptr;  // with StepPlan::greedy: the choice by *spec
+  const GreedySpec* spec = nullptr;
 };
 
 struct StepResult {
-  std::vector<int> logit_rows;  // as planned (and extended by the hook)
-  std::vector<float> logits;    // [logit_rows, V]
-  int64_t rows_computed = 0;    // sum over layers of |Q_l|
-  int64_t kv_rows_written = 0;  // sum over layers of |F_l|
+  std::vector<int> logit_rows;        // as planned (and extended by the hook)
+  std::optional<GreedySpec> greedy;   // as planned
+  std::vector<float> logits;          // [logit_rows, V] without greedy
+  std::vector<GreedyChoice> choices;  // [logit_rows] with greedy
+  int64_t rows_computed = 0;          // sum over layers of |Q_l|
+  int64_t kv_rows_written = 0;        // sum over layers of |F_l|
+
+  // What the step returned for logit row `row` (logit_rows is ascending); nullopt when it is
+  // not a logit row.
+  std::optional<LogitRow> Row(int row) const;
 };
 
 class Forward;
@@ -157,7 +178,8 @@ class StepRunner {
   // x_[M, C] += the MLP of rmsnorm(x_): SwiGLU, or a mixture of SwiGLU experts (proj_[M, C]).
   void FeedForward(const Step& step, int layer);
   // Final norm and LM head over each sequence's logit rows (final_[sum n_logits, C]), which
-  // must be query rows of the last layer: its result's logits [n_logits, V].
+  // must be query rows of the last layer: its result's logits [n_logits, V], or with
+  // StepPlan::greedy their choices [n_logits] (the logits stay in backend memory).
   void ComputeLogits(Step& step);
 
   // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).

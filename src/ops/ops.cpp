@@ -152,4 +152,93 @@ void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
   }
 }
 
+size_t ArgMaxExcept(std::span<const float> x, int excluded) {
+  size_t best = x.size();  // the first index wins ties, as torch.argmax
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (int64_t(i) != excluded && (best == x.size() || x[i] > x[best])) best = i;
+  }
+  PS_CHECK(best < x.size());
+  return best;
+}
+
+double Float64SoftmaxProbability(std::span<const float> logits, size_t index) {
+  double max_logit = -INFINITY;
+  for (float l : logits) max_logit = std::max(max_logit, double(l));
+  double total = 0;
+  for (float l : logits) total += std::exp(double(l) - max_logit);
+  return std::exp(double(logits[index]) - max_logit) / total;
+}
+
+void Fp32Softmax(std::span<const float> logits, std::span<float> probs) {
+  PS_CHECK(probs.size() == logits.size() && !logits.empty());
+  const float max_logit = logits[ArgMaxExcept(logits, -1)];
+  float total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    probs[i] = std::exp(logits[i] - max_logit);
+    total += probs[i];
+  }
+  for (float& p : probs) p /= total;
+}
+
+double Fp32Confidence(std::span<const float> probs, size_t token, GreedyConfidence kind) {
+  switch (kind) {
+    case GreedyConfidence::kFp32Probability:
+      return probs[token];
+    case GreedyConfidence::kFp32Margin: {
+      float first = -1, second = -1;
+      for (float p : probs) {
+        if (p > first) {
+          second = first;
+          first = p;
+        } else if (p > second) {
+          second = p;
+        }
+      }
+      return double(first - second);
+    }
+    case GreedyConfidence::kFp32NegEntropy: {
+      float sum = 0;
+      for (float p : probs) sum += p * std::log(p + 1e-10f);
+      return sum;
+    }
+    case GreedyConfidence::kNone:
+    case GreedyConfidence::kFloat64Softmax:
+      break;
+  }
+  PS_CHECK(false);
+  return 0;
+}
+
+GreedyChoice GreedyChoiceOf(std::span<const float> logits, const GreedySpec& spec,
+                            std::span<float> probs) {
+  GreedyChoice choice;
+  for (float l : logits) {
+    if (!std::isfinite(l)) {
+      choice.non_finite = l;
+      return choice;
+    }
+  }
+  switch (spec.confidence) {
+    case GreedyConfidence::kNone:
+    case GreedyConfidence::kFloat64Softmax: {
+      const size_t token = ArgMaxExcept(logits, spec.excluded);
+      choice.token = int32_t(token);
+      if (spec.confidence == GreedyConfidence::kFloat64Softmax)
+        choice.confidence = Float64SoftmaxProbability(logits, token);
+      return choice;
+    }
+    case GreedyConfidence::kFp32Probability:
+    case GreedyConfidence::kFp32Margin:
+    case GreedyConfidence::kFp32NegEntropy: {
+      Fp32Softmax(logits, probs);
+      const size_t token = ArgMaxExcept(probs, spec.excluded);  // of the probabilities, as Dream
+      choice.token = int32_t(token);
+      choice.confidence = Fp32Confidence(probs, token, spec.confidence);
+      return choice;
+    }
+  }
+  PS_CHECK(false);
+  return choice;
+}
+
 }  // namespace polestar

@@ -43,4 +43,20 @@ void Clamp(float* x, int64_t n, float limit);
 void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
                   std::span<const int> dst_rows, int64_t width);
 
+// The commit rules' row math (decode/sampling.h), shared by the host samplers and every
+// backend's GreedyChoices so that a token and its confidence have the same bits wherever
+// they are computed.
+
+// The first index of the largest x[i] over i != excluded (which may lie outside x).
+size_t ArgMaxExcept(std::span<const float> x, int excluded);
+// The float64 softmax probability of logits[index] (LLaDA's confidence).
+double Float64SoftmaxProbability(std::span<const float> logits, size_t index);
+// probs[V] = the fp32 softmax of logits[V], as torch.softmax on float32 (Dream's sampler).
+void Fp32Softmax(std::span<const float> logits, std::span<float> probs);
+// A kFp32* confidence of `token` from the fp32 softmax probs[V].
+double Fp32Confidence(std::span<const float> probs, size_t token, GreedyConfidence kind);
+// The greedy choice of logits[V] by `spec`; probs[V] is scratch for the kFp32* kinds.
+GreedyChoice GreedyChoiceOf(std::span<const float> logits, const GreedySpec& spec,
+                            std::span<float> probs);
+
 }  // namespace polestar

@@ -541,4 +541,18 @@ void CpuBackend::DequantizeResiduals(const uint8_t* scales, const uint8_t* value
   }
 }
 
+void CpuBackend::GreedyChoices(const float* logits, int64_t m, int64_t vocab,
+                               const GreedySpec& spec, GreedyChoice* out) const {
+  const bool fp32 = spec.confidence != GreedyConfidence::kNone &&
+                    spec.confidence != GreedyConfidence::kFloat64Softmax;
+  ParallelFor(m, GrainFor(vocab), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> probs;  // [V] the fp32 kinds' softmax, kept across calls
+    if (fp32 && probs.size() < size_t(vocab)) probs.resize(size_t(vocab));
+    const std::span<float> scratch(probs.data(), fp32 ? size_t(vocab) : 0);
+    for (int64_t r = begin; r < end; ++r) {
+      out[r] = GreedyChoiceOf({logits + r * vocab, size_t(vocab)}, spec, scratch);
+    }
+  });
+}
+
 }  // namespace polestar

@@ -96,6 +96,9 @@ class CpuBackend final : public Backend {
                            std::span<const int> labels, int64_t width, float tensor_scale,
                            float* out, std::span<const int> out_rows) const override;
 
+  void GreedyChoices(const float* logits, int64_t m, int64_t vocab, const GreedySpec& spec,
+                     GreedyChoice* out) const override;
+
  private:
   using MatMulColumnsFn = void (*)(const float*, int64_t, const WeightView&, int64_t, int64_t,
                                    float*, int64_t);
