@@ -1023,7 +1023,7 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
 }
 
 StepTiming Timed(const std::string& kind, double seconds, int64_t rows = 0) {
-  return {kind, rows, {seconds}};
+  return {kind, rows, {seconds}, {}};
 }
 
 TEST(Scale, ExtrapolatesEachStepLayerByLayer) {

@@ -41,6 +41,7 @@
 
 #include "bench/machine.h"
 #include "decode/options.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 namespace polestar::bench {
@@ -71,12 +72,14 @@ struct ScaleOptions {
   std::string out_dir;  // scale.json and scale.md
   Clock clock = Clock::kWall;
   bool progress = true;
+  const Backend* backend = nullptr;  // what runs the checkpoint; nullptr: the default
 };
 
 struct StepTiming {
   std::string kind;           // "full pass", "dual-cache step", "refresh step, k=4", ...
   int64_t rows_computed = 0;  // (layer, position) rows; 0 for the overheads
   std::vector<double> seconds;
+  TransferBytes transfers;  // host <-> backend bytes of one step (of each overhead's pass)
   double Median() const;
 };
 
@@ -86,10 +89,11 @@ struct ForcedRun {
   int tokens = 0;  // committed
   double seconds = 0;
   int64_t rows_computed = 0;
-  double start_seconds = 0;   // median of the block-start steps
-  double step_seconds = 0;    // median of the other steps
-  nlohmann::json step_kinds;  // kind -> {"count", "median_seconds"}
-  std::string error;          // when the policy could not run (e.g. not built yet)
+  double start_seconds = 0;          // median of the block-start steps
+  double step_seconds = 0;           // median of the other steps
+  nlohmann::json step_kinds;         // kind -> {"count", "median_seconds"}
+  nlohmann::ordered_json transfers;  // host <-> backend bytes by kind (TransfersJson)
+  std::string error;                 // when the policy could not run (e.g. not built yet)
 };
 
 // Step timings on `model` for a canvas of prompt_length + gen_length.
@@ -124,8 +128,8 @@ struct PromptLengths {
 PromptLengths SuitePromptLengths(const std::string& suite_name, const std::string& tokenizer_dir,
                                  const std::string& data_dir);
 
-// Step timings at layers_a and layers_b layers, extrapolated linearly to `layers` (rows
-// scaled with the layers).
+// Step timings at layers_a and layers_b layers, extrapolated linearly to `layers` (rows and
+// bytes crossing between host and backend scaled with the layers).
 std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, int layers_a,
                                           const std::vector<StepTiming>& at_b, int layers_b,
                                           int layers);
