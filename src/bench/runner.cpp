@@ -95,7 +95,7 @@ ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
   if (j.contains("step_kinds")) r.step_kinds = Field<std::map<std::string, int>>(j, "step_kinds");
   // ... nor transfers, counted later still.
   if (j.contains("transfers")) {
-    for (const auto& [kind, bytes] : Field<nlohmann::json>(j, "transfers").items()) {
+    for (const auto& [kind, bytes] : j.at("transfers").items()) {
       r.step_transfers[kind] = {Field<int64_t>(bytes, "bytes_to_backend"),
                                 Field<int64_t>(bytes, "bytes_to_host")};
     }
