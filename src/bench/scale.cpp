@@ -523,10 +523,6 @@ std::string PaperSection(const ScaleOptions& options, const std::vector<StepTimi
   return md;
 }
 
-}  // namespace
-
-namespace {
-
 // Each forced run's bytes between host and backend per step, by kind of step: what a device
 // backend would move across its bus (the plan in; logits, hook rows and drift results out).
 std::string ForcedTransfersTable(const std::vector<ForcedRun>& forced) {

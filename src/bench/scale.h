@@ -10,12 +10,13 @@
 //    of every layer's window at block start, and one step's proxy attention at every layer.
 //    On LLaDA 2.x (block diffusion) also its own steps, block-causal with the earlier blocks
 //    cached: a block step (the block) and a block start (the previous block and this one).
+//    Each also reports the bytes it moved between host and backend (Forward::transfers()).
 // 2. Forced commit schedule: every policy decodes the first `blocks` blocks (at most
 //    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's
 //    distributions are flat (confidence about 1/V), so Fast-dLLM's factor rule with f = k + 1
 //    commits exactly k tokens a step for every policy and nothing else commits (Polestar's early
 //    and suffix commits need confidence above 0.7); the NFE is checked against the schedule. This
-//    measures system cost alone.
+//    measures system cost alone; each kind of step's bytes between host and backend too.
 // 3. Projection: seconds for a whole generation at a policy's TPF tau (from a suite run):
 //    n blocks, s = B / tau steps a block,
 //      vanilla           n s t_full (LLaDA 2.x: n (t_block_start + (s - 1) t_block_step))
