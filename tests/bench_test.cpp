@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "bench/random_model.h"
@@ -294,6 +295,40 @@ TEST(Runner, TotalsAreRatiosOfSums) {
   EXPECT_DOUBLE_EQ(s.per_task[1].second.Accuracy("m"), 0.0);
   const ItemRecord back = ItemRecord::FromJson(b.ToJson());
   EXPECT_EQ(back.ToJson(), b.ToJson());
+}
+
+// Bytes between host and backend: each record's by kind of step, summed over the items, per
+// step the mean over the steps of that kind; records from before the count have none.
+TEST(Runner, TransfersAddUpByKindOfStep) {
+  ItemRecord a;
+  a.id = "a";
+  a.task = "add";
+  a.step_kinds = {{"full pass", 2}, {"dual-cache step", 6}};
+  a.step_transfers = {{"full pass", {10, 4000}}, {"dual-cache step", {30, 600}}};
+  ItemRecord b = a;
+  b.id = "b";
+  b.step_kinds = {{"full pass", 1}, {"dual-cache step", 3}};
+  b.step_transfers = {{"full pass", {5, 2000}}, {"dual-cache step", {15, 300}}};
+  const nlohmann::json item = a.ToJson();
+  EXPECT_EQ(item["transfers"]["dual-cache step"],
+            nlohmann::json({{"steps", 6},
+                            {"bytes_to_backend", 30},
+                            {"bytes_to_host", 600},
+                            {"bytes_to_backend_per_step", 5.0},
+                            {"bytes_to_host_per_step", 100.0}}));
+  const ItemRecord back = ItemRecord::FromJson(item);
+  EXPECT_EQ(back.step_transfers.at("full pass").to_host, 4000);
+  EXPECT_EQ(back.ToJson(), item);
+  nlohmann::json old = item;
+  old.erase("transfers");
+  EXPECT_TRUE(ItemRecord::FromJson(old).step_transfers.empty());
+  const nlohmann::json summary = Summarize({a, b}, {"m"}).ToJson();
+  const nlohmann::json& full = summary["transfers"]["full pass"];
+  EXPECT_EQ(full["steps"], 3);
+  EXPECT_EQ(full["bytes_to_host"], 6000);
+  EXPECT_DOUBLE_EQ(full["bytes_to_host_per_step"].get<double>(), 2000.0);
+  EXPECT_DOUBLE_EQ(full["bytes_to_backend_per_step"].get<double>(), 5.0);
+  EXPECT_EQ(summary["per_task"]["add"]["transfers"]["dual-cache step"]["bytes_to_host"], 900);
 }
 
 // ---- the stand-in suite ----------------------------------------------------------------------
@@ -950,6 +985,7 @@ TEST(Scale, RunsAGgufConversionOfAMixtureOfExperts) {
   options.tokens_per_step = 2;
   options.policies = {"fast-dllm-dual", "polestar"};
   options.progress = false;
+  options.backend = &BackendNamed("cpu:isa=scalar");
   const nlohmann::json out = RunScaleBenchmark(options, MachineInfo{});
   EXPECT_EQ(out["model"]["file"], dir + "/moe-q8_0.gguf");
   EXPECT_TRUE(fs::exists(dir + "/moe-q8_0.gguf"));
@@ -957,7 +993,18 @@ TEST(Scale, RunsAGgufConversionOfAMixtureOfExperts) {
   EXPECT_EQ(out["model"]["experts"], 8);
   EXPECT_EQ(out["model"]["experts_per_token"], 2);
   EXPECT_GT(out["model"]["peak_rss_bytes"].get<int64_t>(), 0);
-  for (const auto& run : out["forced"]) EXPECT_FALSE(run.contains("error")) << run.dump();
+  EXPECT_EQ(out["model"]["backend"], "cpu-scalar");  // options.backend's
+  for (const auto& step : out["steps"]) {
+    EXPECT_TRUE(step.contains("bytes_to_backend")) << step.dump();
+    EXPECT_GT(step["bytes_to_host"].get<int64_t>(), 0) << step.dump();
+  }
+  for (const auto& run : out["forced"]) {
+    EXPECT_FALSE(run.contains("error")) << run.dump();
+    // Every kind of step the run took, counted as often as it was taken.
+    ASSERT_EQ(run["transfers"].size(), run["step_kinds"].size()) << run.dump();
+    for (const auto& [kind, t] : run["transfers"].items())
+      EXPECT_EQ(t["steps"], run["step_kinds"][kind]["count"]) << kind;
+  }
   options.gguf_type = "q3_k";
   EXPECT_THAT([&] { RunScaleBenchmark(options, MachineInfo{}); },
               testing::ThrowsErrorContaining({"unknown GGUF type 'q3_k'"}));
@@ -1018,12 +1065,23 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   // Fast-dLLM dual: a full pass at each block start, then the block alone.
   EXPECT_EQ(runs[2].step_kinds["full pass"]["count"], 4);
   EXPECT_EQ(runs[2].step_kinds["dual-cache step"]["count"], 12);
+  // Bytes between host and backend, per kind of step: each kind counted once a step.
+  for (const ForcedRun& r : runs) {
+    int steps = 0;
+    for (const auto& [kind, t] : r.transfers.items()) {
+      steps += t["steps"].get<int>();
+      EXPECT_GT(t["bytes_to_host"].get<int64_t>(), 0) << r.policy << " " << kind;
+    }
+    EXPECT_EQ(steps, r.nfe) << r.policy;
+  }
+  EXPECT_EQ(runs[2].transfers["dual-cache step"]["steps"], 12);
+  for (const StepTiming& s : steps) EXPECT_GT(s.transfers.to_host, 0) << s.kind;
   EXPECT_GT(ProjectSeconds("polestar", 4, options, steps, nullptr), 0);
   EXPECT_LT(ProjectSeconds("unknown", 4, options, steps, nullptr), 0);
 }
 
 StepTiming Timed(const std::string& kind, double seconds, int64_t rows = 0) {
-  return {kind, rows, {seconds}};
+  return {kind, rows, {seconds}, {}};
 }
 
 TEST(Scale, ExtrapolatesEachStepLayerByLayer) {
@@ -1040,6 +1098,18 @@ TEST(Scale, ExtrapolatesEachStepLayerByLayer) {
   EXPECT_EQ(at_32[0].rows_computed, 31 * 100 + 8);
   EXPECT_EQ(at_32[1].rows_computed, 32 * 8);
   EXPECT_DOUBLE_EQ(at_32[1].Median(), 1 + 0.5 * 32);
+}
+
+// Bytes alike: what a layer's hooks and drift ops move grows with the layers, the plan and the
+// logits do not.
+TEST(Scale, ExtrapolatesEachStepsBytesLayerByLayer) {
+  StepTiming at_two = Timed("refresh step, k=4", 1, 8), at_four = at_two;
+  at_two.transfers = {100 + 2 * 30, 5000 + 2 * 700};  // 100 and 5000 fixed, 30 and 700 a layer
+  at_four.transfers = {100 + 4 * 30, 5000 + 4 * 700};
+  const std::vector<StepTiming> at_32 = ExtrapolateLayers({at_two}, 2, {at_four}, 4, 32);
+  ASSERT_EQ(at_32.size(), 1u);
+  EXPECT_EQ(at_32[0].transfers.to_backend, 100 + 32 * 30);
+  EXPECT_EQ(at_32[0].transfers.to_host, 5000 + 32 * 700);
 }
 
 TEST(Scale, PricesAStepMixKindByKind) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -627,6 +628,94 @@ TEST(CliEnvironment, BadActivationPrecisionIsAClearError) {
   const CliResult exact = Polestar(generate);
   unsetenv("POLESTAR_ACTIVATIONS");
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
+}
+
+// --backend on every command that runs a model: a name or option the registry refuses is a
+// usage error (status 2) with the registry's message, before any model is read (the model
+// path here does not exist, and its error never comes); so is a bad POLESTAR_BACKEND.
+TEST(CliBackend, AnUnknownBackendIsAUsageErrorBeforeLoading) {
+  const std::string missing = Quote(testing::TempDir() + "/no-such-model");
+  for (const std::string& command :
+       {"generate -m " + missing + " --prompt-ids 1,2", "eval -m " + missing,
+        "bench -m " + missing + " -o " + Quote(testing::TempDir() + "/bench"),
+        "bench --scale --random-model " + missing, "serve --port 0 -m " + missing,
+        "tasks-eval -m " + missing,
+        "forward -m " + missing + " --input " + missing + " --output " + missing}) {
+    CliResult r = Polestar(command + " --backend tpu");
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("--backend: unknown backend 'tpu' (known: auto, cpu)"))
+        << command;
+    EXPECT_THAT(r.output, Not(HasSubstr("no-such-model"))) << command;
+    r = Polestar(command + " --backend cpu:isa=avx9");
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("isa=avx9: expected scalar, avx2 or avx512")) << command;
+  }
+  setenv("POLESTAR_BACKEND", "cpu:threads=2", 1);
+  const CliResult r = Polestar("generate -m " + missing + " --prompt-ids 1,2");
+  unsetenv("POLESTAR_BACKEND");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("POLESTAR_BACKEND: backend 'cpu' has no option 'threads' (its "
+                                  "options: isa, activations)"));
+  const CliResult help = Polestar("generate --help");
+  EXPECT_THAT(help.output, HasSubstr(":isa=scalar|avx2|avx512"));
+}
+
+// The scalar kernels give the bundled model's tokens bit for bit (the CPU backend's
+// contract), and --json says which backend ran and what crossed between it and the host, by
+// kind of step: every step counted once, the per-step figure the mean.
+TEST(CliBackend, ScalarKernelsGiveTheSameTokensAndJsonRecordsBackendAndTransfers) {
+  const std::string generate =
+      "generate -t 1 --json --prompt-ids 5,6,7,8 --gen-length 16 --block-length 8 --policy "
+      "polestar --backend ";
+  auto run = [&](const std::string& backend) {
+    const CliResult r = Polestar(generate + backend);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(0, r.output.find('\n')));
+  };
+  const nlohmann::json scalar = run("cpu:isa=scalar"), best = run("auto");
+  EXPECT_EQ(scalar["generated"], best["generated"]);
+  EXPECT_EQ(scalar["backend"], "cpu-scalar");
+  EXPECT_EQ(best["backend"].get<std::string>().rfind("cpu-", 0), 0u) << best["backend"];
+  int steps = 0;
+  for (const auto& [kind, t] : scalar["transfers"].items()) {
+    steps += t["steps"].get<int>();
+    // Each step at least hands its commits' tokens back to the host.
+    EXPECT_GT(t["bytes_to_host"].get<int64_t>(), 0) << kind;
+    EXPECT_DOUBLE_EQ(t["bytes_to_host_per_step"].get<double>(),
+                     t["bytes_to_host"].get<double>() / t["steps"].get<double>());
+    EXPECT_DOUBLE_EQ(t["bytes_to_backend_per_step"].get<double>(),
+                     t["bytes_to_backend"].get<double>() / t["steps"].get<double>());
+  }
+  EXPECT_EQ(steps, scalar["nfe"]);
+  EXPECT_TRUE(scalar["transfers"].contains("full pass")) << scalar["transfers"];
+  EXPECT_EQ(scalar["transfers"], best["transfers"]);  // what crosses is the plan's, not the ISA's
+}
+
+// eval records the backend, and each item's transfers, summed in the summary.
+TEST(CliBackend, EvalRecordsTheBackendAndTransfersPerItemAndInTotal) {
+  const CliResult r = Polestar(
+      "eval --suite tiny --limit 3 -t 1 --json --items -q --policy fast-dllm-dual --backend "
+      "cpu:isa=avx2");
+  if (r.exit_code == 2 && r.output.find("does not run the avx2") != std::string::npos)
+    GTEST_SKIP() << "this CPU has no AVX2";
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json out = nlohmann::json::parse(r.output);
+  EXPECT_EQ(out["backend"], "cpu-avx2");
+  std::map<std::string, std::pair<int64_t, int64_t>> sums;  // kind -> (steps, bytes to host)
+  for (const nlohmann::json& item : out["items"]) {
+    ASSERT_TRUE(item["transfers"].contains("dual-cache step")) << item["transfers"];
+    for (const auto& [kind, t] : item["transfers"].items()) {
+      EXPECT_EQ(t["steps"], item["step_kinds"][kind]) << kind;
+      sums[kind].first += t["steps"].get<int64_t>();
+      sums[kind].second += t["bytes_to_host"].get<int64_t>();
+    }
+  }
+  const nlohmann::json& total = out["summary"]["transfers"];
+  ASSERT_EQ(total.size(), sums.size()) << total;
+  for (const auto& [kind, sum] : sums) {
+    EXPECT_EQ(total[kind]["steps"], sum.first) << kind;
+    EXPECT_EQ(total[kind]["bytes_to_host"], sum.second) << kind;
+  }
 }
 
 TEST(CliDecodeFlags, SettingsByNameOrAliasReachTheSameOption) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <variant>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "decode/generate.h"
@@ -632,6 +633,29 @@ TEST(Server, ModelsListsTheModel) {
   EXPECT_EQ(r.body["data"][0]["object"], "model");
   EXPECT_EQ(r.body["data"][0]["meta"]["vocab"], 50);
   EXPECT_EQ(r.body["data"][0]["meta"]["n_ctx"], 128);
+}
+
+// The meta names the backend the model's generations run on: the default one unless
+// `serve --backend` bound another, here the scalar kernels, which answer as the default does.
+TEST(Server, ModelsNameTheBackend) {
+  TestServer by_default(ProbeOptions());
+  Reply r = by_default.Get("/v1/models");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body["data"][0]["meta"]["backend"],
+            std::string(BackendNamed(DefaultBackendSpec()).name()));
+  TestServer scalar(ProbeOptions(), "llada-probe", nullptr, /*load=*/false);
+  const std::string dir = testing::FixtureDir("llada-probe");
+  auto model = Model::Load(dir);
+  model->UseBackend(BackendNamed("cpu:isa=scalar"));
+  auto codec = LoadTextCodec(dir, model->config());
+  scalar.server().SetModel(std::move(model), std::move(codec));
+  r = scalar.Get("/v1/models/" + r.body["data"][0]["id"].get<std::string>());
+  ASSERT_EQ(r.status, 200) << r.text;
+  EXPECT_EQ(r.body["meta"]["backend"], "cpu-scalar");
+  const json request = {{"prompt", ProbeCases()[0].prompt}, {"max_tokens", 32}, {"seed", 3}};
+  const Reply answer = scalar.Post("/v1/completions", request);
+  ASSERT_EQ(answer.status, 200) << answer.text;
+  EXPECT_EQ(answer.body["choices"][0]["text"], ProbeCases()[0].reference_text);
 }
 
 // The page builds its policy list and per-policy fields from these.

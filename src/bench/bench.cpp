@@ -113,6 +113,10 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   selection["clock"] = ClockName(request.clock);
   // Batch 1 keeps the keys runs had before batching, so their results stay valid.
   if (request.batch > 1) selection["batch"] = request.batch;
+  // A backend that gives the CPU's tokens shares its keys (its timings differ as a machine's
+  // do); one that does not keeps its own results.
+  const std::string backend(model.backend().name());
+  if (!model.backend().contract().exact_to_scalar_twins) selection["backend"] = backend;
 
   struct Planned {
     GridPoint point;
@@ -183,6 +187,7 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
                                   {"model", request.model_dir},
                                   {"model_id", model_id},
                                   {"batch", request.batch},
+                                  {"backend", backend},
                                   {"policy", p.point.policy},
                                   {"settings", p.point.SettingsText()},
                                   {"label", p.point.Label()},
@@ -208,10 +213,13 @@ BenchOutcome RunBench(const Model& model, const BenchSuite& suite, const BenchRe
   context.machine = request.machine.Summary();
   context.protocol = request.protocol;
   context.clock = request.clock;
-  nlohmann::ordered_json run = {
-      {"machine", request.machine.ToJson()},  {"suite", selection},
-      {"model", request.model_dir},           {"runs", outcome.rows.size()},
-      {"runs_skipped", outcome.runs_skipped}, {"items_decoded", outcome.items_decoded}};
+  nlohmann::ordered_json run = {{"machine", request.machine.ToJson()},
+                                {"suite", selection},
+                                {"model", request.model_dir},
+                                {"backend", backend},
+                                {"runs", outcome.rows.size()},
+                                {"runs_skipped", outcome.runs_skipped},
+                                {"items_decoded", outcome.items_decoded}};
   WriteReports(outcome, context, run, request.out_dir, request.plot);
   return outcome;
 }

@@ -67,6 +67,7 @@ nlohmann::json ItemRecord::ToJson() const {
           {"cache_bytes", cache_bytes},
           {"peak_rss_bytes", peak_rss_bytes},
           {"step_kinds", step_kinds},
+          {"transfers", TransfersJson(step_kinds, step_transfers)},
           {"metrics", m},
           {"metric_order",
            [&] {
@@ -92,6 +93,13 @@ ItemRecord ItemRecord::FromJson(const nlohmann::json& j) {
   r.peak_rss_bytes = Field<int64_t>(j, "peak_rss_bytes");
   // Records written before step kinds were counted have none.
   if (j.contains("step_kinds")) r.step_kinds = Field<std::map<std::string, int>>(j, "step_kinds");
+  // ... nor transfers, counted later still.
+  if (j.contains("transfers")) {
+    for (const auto& [kind, bytes] : j.at("transfers").items()) {
+      r.step_transfers[kind] = {Field<int64_t>(bytes, "bytes_to_backend"),
+                                Field<int64_t>(bytes, "bytes_to_host")};
+    }
+  }
   const nlohmann::json& metrics = Field<nlohmann::json>(j, "metrics");
   for (const std::string& name : Field<std::vector<std::string>>(j, "metric_order")) {
     if (!metrics.contains(name)) Fail("item record lacks metric '", name, "'");
@@ -119,6 +127,7 @@ ItemRecord GradedRecord(const BenchSuite& suite, std::size_t index, const Genera
   r.non_eos_tokens = g.non_eos_tokens;
   r.cache_bytes = g.cache_bytes;
   r.step_kinds = g.step_kinds;
+  r.step_transfers = g.step_transfers;
   const ItemGrade graded = suite.grade(index, g.generated);
   for (const eval::MetricScore& m : graded.grade.metrics)
     r.metrics.emplace_back(m.metric, m.correct);
@@ -198,6 +207,10 @@ void Totals::Add(const ItemRecord& r) {
   non_eos_tokens += r.non_eos_tokens;
   for (const auto& [metric, ok] : r.metrics) correct[metric] += ok ? 1 : 0;
   for (const auto& [kind, count] : r.step_kinds) step_kinds[kind] += count;
+  for (const auto& [kind, bytes] : r.step_transfers) {
+    step_transfers[kind].to_backend += bytes.to_backend;
+    step_transfers[kind].to_host += bytes.to_host;
+  }
 }
 
 double Totals::Accuracy(const std::string& metric) const {
@@ -220,6 +233,7 @@ nlohmann::ordered_json TotalsJson(const Totals& t, const std::vector<std::string
       {"tps", {{"until_eos", t.TpsUntilEos()}, {"non_eos", t.TpsNonEos()}}},
       {"rows_per_token", t.RowsPerToken()},
       {"step_kinds", t.step_kinds},
+      {"transfers", TransfersJson(t.step_kinds, t.step_transfers)},
       {"seconds", t.seconds},
       {"items_per_second", t.ItemsPerSecond()}};
   return j;

@@ -23,9 +23,29 @@
 #include "bench/machine.h"
 #include "bench/suites.h"
 #include "decode/options.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 namespace polestar::bench {
+
+// Bytes between host and backend by step kind, from step counts and byte sums per kind (a
+// generation's, or several added up): {kind: {"steps", "bytes_to_backend", "bytes_to_host",
+// "bytes_to_backend_per_step", "bytes_to_host_per_step"}}, per step as the mean over them.
+template <typename Count>
+nlohmann::ordered_json TransfersJson(const std::map<std::string, Count>& steps,
+                                     const std::map<std::string, TransferBytes>& bytes) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& [kind, sum] : bytes) {
+    const auto it = steps.find(kind);
+    const int64_t n = it == steps.end() ? 0 : int64_t(it->second);
+    out[kind] = {{"steps", n},
+                 {"bytes_to_backend", sum.to_backend},
+                 {"bytes_to_host", sum.to_host},
+                 {"bytes_to_backend_per_step", n > 0 ? double(sum.to_backend) / double(n) : 0.0},
+                 {"bytes_to_host_per_step", n > 0 ? double(sum.to_host) / double(n) : 0.0}};
+  }
+  return out;
+}
 
 struct ItemRecord {
   std::string id;
@@ -38,8 +58,9 @@ struct ItemRecord {
   int non_eos_tokens = 0;
   int64_t cache_bytes = 0;
   int64_t peak_rss_bytes = 0;
-  std::map<std::string, int> step_kinds;              // forwards by cost class
-  std::vector<std::pair<std::string, bool>> metrics;  // suite metrics in order
+  std::map<std::string, int> step_kinds;                // forwards by cost class
+  std::map<std::string, TransferBytes> step_transfers;  // host <-> backend bytes by cost class
+  std::vector<std::pair<std::string, bool>> metrics;    // suite metrics in order
   std::string extracted;
   std::string completion;
 
@@ -67,8 +88,9 @@ struct Totals {
   int64_t positions = 0;
   int64_t tokens_until_eos = 0;
   int64_t non_eos_tokens = 0;
-  std::map<std::string, int64_t> correct;     // per metric
-  std::map<std::string, int64_t> step_kinds;  // forwards by cost class
+  std::map<std::string, int64_t> correct;               // per metric
+  std::map<std::string, int64_t> step_kinds;            // forwards by cost class
+  std::map<std::string, TransferBytes> step_transfers;  // host <-> backend bytes by cost class
 
   void Add(const ItemRecord& r);
   double Accuracy(const std::string& metric) const;
@@ -91,8 +113,8 @@ struct RunSummary {
 
   double Accuracy() const { return overall.Accuracy(metric_names.at(0)); }
   // {"items", "accuracy", "metrics": {m: acc}, "nfe_mean", "tpf": {...}, "tps": {...},
-  //  "rows_per_token", "seconds", "items_per_second", "peak_rss_bytes", "cache_bytes", "per_task":
-  //  {...}}
+  //  "rows_per_token", "step_kinds", "transfers", "seconds", "items_per_second", "peak_rss_bytes",
+  //  "cache_bytes", "per_task": {...}}
   nlohmann::ordered_json ToJson() const;
 };
 

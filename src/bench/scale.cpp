@@ -10,6 +10,8 @@
 #include "base/error.h"
 #include "bench/random_model.h"
 #include "bench/report.h"
+#include "bench/runner.h"
+#include "decode/commit_rules.h"
 #include "decode/generate.h"
 #include "decode/policy.h"
 #include "drift/drift.h"
@@ -120,6 +122,15 @@ const StepTiming* FindStep(const std::vector<StepTiming>& steps, const std::stri
   return nullptr;
 }
 
+// What crossed between host and backend since `before`, over `count` steps.
+TransferBytes TransfersSince(const Forward& forward, TransferBytes before, int64_t count) {
+  const TransferBytes now = forward.transfers();
+  return {(now.to_backend - before.to_backend) / count, (now.to_host - before.to_host) / count};
+}
+
+// Kilobytes (10^3 bytes) for the tables.
+std::string Kb(double bytes) { return Fixed(bytes / 1e3, bytes < 1e5 ? 1 : 0); }
+
 // The bytes of a model file, or of every file of a checkpoint folder.
 int64_t ModelFileBytes(const std::string& path) {
   if (!fs::is_directory(path)) return int64_t(fs::file_size(path));
@@ -161,14 +172,20 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   const int middle = g.blocks / 2;
   auto block_rows = [&](int b) { return Range(g.BlockStart(b), g.BlockStart(b) + g.block); };
   std::vector<StepTiming> timings;
-  auto time_plan = [&](const std::string& kind, const std::vector<StepPlan>& plans) {
-    StepTiming t{kind, 0, {}};
+  // What the base options' commit rule asks of each logit row, as decoding asks it.
+  const std::optional<GreedySpec> greedy =
+      MakeCommitRule(options.base.Resolved(config), config)->Greedy();
+  auto time_plan = [&](const std::string& kind, std::vector<StepPlan> plans) {
+    StepTiming t{kind, 0, {}, {}};
+    for (StepPlan& plan : plans) plan.greedy = greedy;
     for (int r = 0; r < options.reps; ++r) {
+      const TransferBytes before = forward.transfers();
       const double start = ClockSeconds(options.clock);
       int64_t rows = 0;
       for (const StepPlan& plan : plans) rows += forward.Run(canvas, plan).rows_computed;
       t.seconds.push_back((ClockSeconds(options.clock) - start) / double(plans.size()));
       t.rows_computed = rows / int64_t(plans.size());
+      t.transfers = TransfersSince(forward, before, int64_t(plans.size()));
     }
     timings.push_back(std::move(t));
   };
@@ -224,13 +241,15 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       prefix_rows > 0 ? std::clamp(o.clusters * prefix_rows / int(window.size()), 1, o.clusters - 1)
                       : 0;
   const int suffix_clusters = suffix_rows > 0 ? o.clusters - prefix_clusters : 0;
-  StepTiming kmeans{kKMeansTiming, 0, {}};
+  StepTiming kmeans{kKMeansTiming, 0, {}, {}};
   const Backend& backend = forward.backend();
   const int clusters = prefix_clusters + suffix_clusters;
   Buffer hidden(backend, int64_t(window.size()) * C);                 // [window, C] layer inputs
   Buffer centroids(backend, int64_t(std::max(clusters, 1)) * C);      // [K, C]
   Buffer labels(backend, int64_t(window.size()), ElementType::kI32);  // [window]
+  std::vector<int> host_labels(window.size());                        // [window], as Polestar's
   for (int r = 0; r < options.reps; ++r) {
+    const TransferBytes before = forward.transfers();
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
       forward.ReadHidden(l, window, hidden.data());
@@ -244,13 +263,15 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
                                 centroids.data() + int64_t(prefix_clusters) * C,
                                 labels.As<int>() + prefix_rows);
       }
+      forward.Download(labels.As<int>(), labels.bytes(), host_labels.data());  // the plan's
     }
     kmeans.seconds.push_back(ClockSeconds(options.clock) - start);
+    kmeans.transfers = TransfersSince(forward, before, 1);
   }
   timings.push_back(kmeans);
   // The proxy step exactly as Polestar runs it (the model's drift ops): every layer's proxy
   // attention of the centroids and its drift from the last time.
-  StepTiming proxy{kProxyTiming, 0, {}};
+  StepTiming proxy{kProxyTiming, 0, {}, {}};
   std::vector<int> seeds;  // [K] one window row per cluster
   for (int c = 0; c < clusters; ++c)
     seeds.push_back(window[size_t(c) * window.size() / size_t(clusters)]);
@@ -261,6 +282,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   std::vector<double> drift(static_cast<size_t>(clusters));  // [K]
   double drift_sum = 0;  // keeps the drift from being optimised away
   for (int r = 0; r < options.reps; ++r) {
+    const TransferBytes before = forward.transfers();
     const double start = ClockSeconds(options.clock);
     for (int l = 0; l < config.layers; ++l) {
       forward.ProxyAttention(l, centroids.data(), clusters, probs.data(), scratch);
@@ -270,6 +292,7 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       std::swap(probs, previous);
     }
     proxy.seconds.push_back(ClockSeconds(options.clock) - start);
+    proxy.transfers = TransfersSince(forward, before, 1);
   }
   volatile double sink = drift_sum;
   (void)sink;
@@ -333,6 +356,7 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
       for (const auto& [kind, times] : kinds) {
         run.step_kinds[kind] = {{"count", times.size()}, {"median_seconds", Median(times)}};
       }
+      run.transfers = TransfersJson(r.step_kinds, r.step_transfers);
     } catch (const Error& e) {
       run.error = e.what();
     }
@@ -402,7 +426,9 @@ std::unique_ptr<Model> LoadRandomModel(const ScaleOptions& options, double layer
       ConvertToGguf(dir, *model_path, type);
     }
   }
-  return Model::Load(*model_path);
+  std::unique_ptr<Model> model = Model::Load(*model_path);
+  if (options.backend != nullptr) model->UseBackend(*options.backend);
+  return model;
 }
 
 // The step-mix projection: each policy's forwards per block by kind in its suite row, priced
@@ -506,6 +532,24 @@ std::string PaperSection(const ScaleOptions& options, const std::vector<StepTimi
         std::to_string(options.base.topk_clusters) +
         ") with a windowed pass at every 4th block start; Elastic-Cache's steps are priced "
         "as dual-cache steps (no refreshes).\n";
+  return md;
+}
+
+// Each forced run's bytes between host and backend per step, by kind of step: what a device
+// backend would move across its bus (the plan in; logits, hook rows and drift results out).
+std::string ForcedTransfersTable(const std::vector<ForcedRun>& forced) {
+  std::string md =
+      "\nBytes between host and backend per step of the forced runs, by kind (the mean over "
+      "its steps; KB = 10^3 bytes):\n\n| policy | step | steps | KB to host per step | KB to "
+      "backend per step |\n|---|---|--:|--:|--:|\n";
+  for (const ForcedRun& r : forced) {
+    if (!r.error.empty()) continue;
+    for (const auto& [kind, entry] : r.transfers.items()) {
+      md += "| " + r.policy + " | " + kind + " | " + std::to_string(entry["steps"].get<int64_t>()) +
+            " | " + Kb(entry["bytes_to_host_per_step"].get<double>()) + " | " +
+            Kb(entry["bytes_to_backend_per_step"].get<double>()) + " |\n";
+    }
+  }
   return md;
 }
 
@@ -613,7 +657,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                   {"heads", config.heads},
                   {"kv_heads", config.kv_heads},
                   {"vocab", config.vocab},
-                  {"parameters", parameters}};
+                  {"parameters", parameters},
+                  {"backend", model->backend().name()}};
   out["canvas"] = {
       {"prompt", g.prompt}, {"gen_length", options.base.gen_length}, {"block_length", g.block}};
   if (!options.prompt_suite.empty()) {
@@ -627,7 +672,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
   std::string md = "### Scale benchmark: " + shape.name + " (random weights, " +
                    std::to_string(layers) + " layers, width " + std::to_string(config.width) +
                    ", " + Fixed(parameters / 1e9, 2) + " B parameters)\n\n";
-  md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "\n\n";
+  md += "Command: `" + machine.command + "`  \nMachine: " + machine.Summary() + "; backend " +
+        std::string(model->backend().name()) + "\n\n";
   if (config.moe.experts > 0) {
     md += "Mixture of experts: " + std::to_string(config.moe.experts) + " experts of width " +
           std::to_string(config.moe.expert_ffn) + ", " +
@@ -652,11 +698,13 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
           " layers of the shape and extrapolated linearly to " + std::to_string(layers) +
           " (t(L) = t(a) + (L - a) (t(b) - t(a)) / (b - a)); no forced runs.\n\n";
   }
-  md += "| step | rows computed | ms | µs per row | time / full | rows / full |" +
-        (timed.empty() ? std::string()
-                       : " ms at " + std::to_string(options.fit_layers[0]) + " / " +
-                             std::to_string(options.fit_layers[1]) + " layers |") +
-        "\n|---|--:|--:|--:|--:|--:|" + (timed.empty() ? "" : "--:|") + "\n";
+  md +=
+      "| step | rows computed | ms | µs per row | time / full | rows / full | KB to host | KB "
+      "to backend |" +
+      (timed.empty() ? std::string()
+                     : " ms at " + std::to_string(options.fit_layers[0]) + " / " +
+                           std::to_string(options.fit_layers[1]) + " layers |") +
+      "\n|---|--:|--:|--:|--:|--:|--:|--:|" + (timed.empty() ? "" : "--:|") + "\n";
   out["steps"] = nlohmann::json::array();
   for (const StepTiming& s : steps) {
     const double ms = 1e3 * s.Median();
@@ -675,11 +723,14 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
           (has_rows ? Fixed(1e6 * s.Median() / double(s.rows_computed), 1) : "-") + " | " +
           Fixed(s.Median() / full->Median(), 3) + " | " +
           (has_rows ? Fixed(double(s.rows_computed) / double(full->rows_computed), 3) : "-") +
+          " | " + Kb(double(s.transfers.to_host)) + " | " + Kb(double(s.transfers.to_backend)) +
           " |" + measured + "\n";
     out["steps"].push_back({{"kind", s.kind},
                             {"rows_computed", s.rows_computed},
                             {"median_seconds", s.Median()},
-                            {"seconds", s.seconds}});
+                            {"seconds", s.seconds},
+                            {"bytes_to_backend", s.transfers.to_backend},
+                            {"bytes_to_host", s.transfers.to_host}});
     if (!timed.empty()) out["steps"].back()["seconds_at_fit_layers"] = measured_json;
   }
 
@@ -720,8 +771,10 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                                {"tokens_per_second", r.tokens / r.seconds},
                                {"block_start_seconds", r.start_seconds},
                                {"step_seconds", r.step_seconds},
-                               {"step_kinds", r.step_kinds}});
+                               {"step_kinds", r.step_kinds},
+                               {"transfers", r.transfers}});
     }
+    md += ForcedTransfersTable(forced);
   }
   md += "\nProjected tokens/s for a whole generation (" + std::to_string(options.base.gen_length) +
         " tokens, block " + std::to_string(g.block) + ")";

@@ -10,12 +10,13 @@
 //    of every layer's window at block start, and one step's proxy attention at every layer.
 //    On LLaDA 2.x (block diffusion) also its own steps, block-causal with the earlier blocks
 //    cached: a block step (the block) and a block start (the previous block and this one).
+//    Each also reports the bytes it moved between host and backend (Forward::transfers()).
 // 2. Forced commit schedule: every policy decodes the first `blocks` blocks (at most
 //    `max_steps` steps) committing exactly `tokens_per_step` tokens a step. A random model's
 //    distributions are flat (confidence about 1/V), so Fast-dLLM's factor rule with f = k + 1
 //    commits exactly k tokens a step for every policy and nothing else commits (Polestar's early
 //    and suffix commits need confidence above 0.7); the NFE is checked against the schedule. This
-//    measures system cost alone.
+//    measures system cost alone; each kind of step's bytes between host and backend too.
 // 3. Projection: seconds for a whole generation at a policy's TPF tau (from a suite run):
 //    n blocks, s = B / tau steps a block,
 //      vanilla           n s t_full (LLaDA 2.x: n (t_block_start + (s - 1) t_block_step))
@@ -41,6 +42,7 @@
 
 #include "bench/machine.h"
 #include "decode/options.h"
+#include "model/forward.h"
 #include "model/model.h"
 
 namespace polestar::bench {
@@ -71,12 +73,14 @@ struct ScaleOptions {
   std::string out_dir;  // scale.json and scale.md
   Clock clock = Clock::kWall;
   bool progress = true;
+  const Backend* backend = nullptr;  // what runs the checkpoint; nullptr: the default
 };
 
 struct StepTiming {
   std::string kind;           // "full pass", "dual-cache step", "refresh step, k=4", ...
   int64_t rows_computed = 0;  // (layer, position) rows; 0 for the overheads
   std::vector<double> seconds;
+  TransferBytes transfers;  // host <-> backend bytes of one step (of each overhead's pass)
   double Median() const;
 };
 
@@ -86,10 +90,11 @@ struct ForcedRun {
   int tokens = 0;  // committed
   double seconds = 0;
   int64_t rows_computed = 0;
-  double start_seconds = 0;   // median of the block-start steps
-  double step_seconds = 0;    // median of the other steps
-  nlohmann::json step_kinds;  // kind -> {"count", "median_seconds"}
-  std::string error;          // when the policy could not run (e.g. not built yet)
+  double start_seconds = 0;          // median of the block-start steps
+  double step_seconds = 0;           // median of the other steps
+  nlohmann::json step_kinds;         // kind -> {"count", "median_seconds"}
+  nlohmann::ordered_json transfers;  // host <-> backend bytes by kind (TransfersJson)
+  std::string error;                 // when the policy could not run (e.g. not built yet)
 };
 
 // Step timings on `model` for a canvas of prompt_length + gen_length.
@@ -124,8 +129,8 @@ struct PromptLengths {
 PromptLengths SuitePromptLengths(const std::string& suite_name, const std::string& tokenizer_dir,
                                  const std::string& data_dir);
 
-// Step timings at layers_a and layers_b layers, extrapolated linearly to `layers` (rows
-// scaled with the layers).
+// Step timings at layers_a and layers_b layers, extrapolated linearly to `layers` (rows and
+// bytes crossing between host and backend scaled with the layers).
 std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, int layers_a,
                                           const std::vector<StepTiming>& at_b, int layers_b,
                                           int layers);

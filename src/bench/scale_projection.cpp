@@ -65,9 +65,15 @@ std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, i
     // does not grow with the layers (embedding, final norm, LM head) stays. Rows alike: the
     // last layer computes only the rows whose outputs are read, the others every row.
     const int64_t rows_per_layer = (b->rows_computed - a.rows_computed) / (layers_b - layers_a);
-    StepTiming t{a.kind, a.rows_computed + (layers - layers_a) * rows_per_layer, {}};
+    StepTiming t{a.kind, a.rows_computed + (layers - layers_a) * rows_per_layer, {}, {}};
     const double per_layer = (b->Median() - a.Median()) / double(layers_b - layers_a);
     t.seconds.push_back(std::max(0.0, a.Median() + double(layers - layers_a) * per_layer));
+    // Bytes alike: a layer's hooks and drift ops move the same, the plan and logits once.
+    auto bytes = [&](int64_t at_a, int64_t at_b) {
+      return at_a + (layers - layers_a) * ((at_b - at_a) / (layers_b - layers_a));
+    };
+    t.transfers = {bytes(a.transfers.to_backend, b->transfers.to_backend),
+                   bytes(a.transfers.to_host, b->transfers.to_host)};
     out.push_back(std::move(t));
   }
   return out;

@@ -358,6 +358,8 @@ json Server::Impl::ModelEntry() const {
             // The file or folder name only: a path would tell every client about the
             // server's file system.
             {"source", SourceName(model->source())},
+            // What runs it: the backend serve --backend chose ("cpu-avx512", ...).
+            {"backend", model->backend().name()},
             {"defaults", defaults},
             {"policies", policies}}}};
 }

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "bench/bench.h"
@@ -22,6 +23,7 @@ struct BenchArgs {
   std::vector<std::string> grids;
   std::vector<std::string> merge;  // shard folders
   std::string protocol = "until-eos", clock = "wall";
+  std::string backend;
   DecodeOptions options;
   int threads = 0;
   bool quiet = false, no_plot = false, dry_run = false;
@@ -137,6 +139,7 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_flag("--paper", so.paper,
                 "--scale: the paper's protocol: --like llada-8b unless given, --prompt-suite "
                 "gsm8k, gen 256 / block 32, and a projection at the paper's TPF values");
+  AddBackendFlag(cmd, args->backend);
   AddDecodeFlags(cmd, args->options);
   cmd->footer(kGridHelp);
   cmd->callback([args, cmd, like] {
@@ -173,6 +176,7 @@ void AddBenchCommand(CLI::App& app) {
       options.out_dir = args->out.empty() ? "bench/out/scale" : args->out;
       options.progress = !args->quiet;
       options.clock = bench::ClockFromName(args->clock);
+      options.backend = &ChosenBackend(args->backend);
       bench::RunScaleBenchmark(options, machine);
       return;
     }
@@ -183,7 +187,7 @@ void AddBenchCommand(CLI::App& app) {
     }
     const bench::SuiteOptions suite_options = ResolveSuiteFlags(args->suite, args->options.seed);
     const std::string& model_dir = suite_options.model_dir;
-    auto model = Model::Load(model_dir);
+    auto model = LoadModelOnBackend(model_dir, args->backend);
     const bench::BenchSuite suite = bench::LoadBenchSuite(suite_options, model->config());
 
     bench::BenchRequest request;

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "bench/bench.h"
@@ -15,6 +16,7 @@ namespace {
 struct EvalArgs {
   SuiteFlags suite;
   std::string clock = "wall";
+  std::string backend;
   DecodeOptions options;
   int threads = 0;
   bool json = false, quiet = false, items = false;
@@ -40,6 +42,7 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
+  AddBackendFlag(cmd, args->backend);
   args->options = defaults;
   AddDecodeFlags(cmd, args->options);
   cmd->footer(
@@ -52,7 +55,7 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     SetThreadCount(args->threads);
     const bench::SuiteOptions so = ResolveSuiteFlags(args->suite, args->options.seed);
     const std::string& model_dir = so.model_dir;
-    auto model = Model::Load(model_dir);
+    auto model = LoadModelOnBackend(model_dir, args->backend);
     const bench::BenchSuite suite = bench::LoadBenchSuite(so, model->config());
     if (suite.items.empty())
       Fail("suite ", suite.name, " has no items (check --limit / --shard / --per-task)");
@@ -74,6 +77,7 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
           {"model", model_dir},
           {"suite", suite.selection},
           {"batch", args->suite.batch},
+          {"backend", model->backend().name()},
           {"options", bench::OptionsToJson(options.Resolved(model->config()))},
           {"summary", summary.ToJson()}};
       if (args->items) {
@@ -85,8 +89,9 @@ void AddEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
       return;
     }
     const std::string& metric = suite.metric_names.at(0);
-    std::printf("%s on %s, policy %s (%s)\n", suite.name.c_str(), model_dir.c_str(),
-                options.policy.c_str(), metric.c_str());
+    std::printf("%s on %s (%s), policy %s (%s)\n", suite.name.c_str(), model_dir.c_str(),
+                std::string(model->backend().name()).c_str(), options.policy.c_str(),
+                metric.c_str());
     // Both counting protocols: tokens before the first EOS (Fast-dLLM's), all non-EOS tokens.
     std::printf("%-12s %6s  %8s  %7s  %13s  %11s  %13s  %11s\n", "task", "items", "accuracy", "NFE",
                 "TPF until EOS", "TPF non-EOS", "TPS until EOS", "TPS non-EOS");

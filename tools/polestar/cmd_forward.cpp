@@ -2,6 +2,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "commands.h"
 #include "io/atomic_file.h"
@@ -13,15 +14,16 @@ namespace polestar::cli {
 void AddForwardCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("forward", "Run one full forward pass: input_ids -> logits");
   struct Args {
-    std::string model, input, output;
+    std::string model, input, output, backend;
   };
   auto args = std::make_shared<Args>();
   cmd->add_option("-m,--model", args->model, "model folder or .gguf file")->required();
   cmd->add_option("--input", args->input, "safetensors with I64 input_ids [1, L]")->required();
   cmd->add_option("--output", args->output, "safetensors to write F32 logits [1, L, V]")
       ->required();
+  AddBackendFlag(cmd, args->backend);
   cmd->callback([args] {
-    auto model = Model::Load(args->model);
+    auto model = LoadModelOnBackend(args->model, args->backend);
     FailIfOutputIsAnInput(args->output, {args->input});
     TensorStore input;
     input.set_origin(args->input);

@@ -11,9 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "base/json_nesting.h"
 #include "base/parallel.h"
+#include "bench/runner.h"
 #include "canvas_view.h"
 #include "commands.h"
 #include "decode/generate.h"
@@ -29,6 +31,7 @@ namespace {
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, prompts_file, chat_template, system;
   std::string compare;  // a second policy decoding the same prompt
+  std::string backend;  // --backend
   int batch = 1;
   DecodeOptions options;
   bool raw = false, json = false, trace = false, visual = false;
@@ -105,9 +108,10 @@ std::vector<int> EncodeTextPrompt(const Tokenizer& tokenizer, const GenerateArgs
   return ApplyChatTemplate(tokenizer, messages, ChatTemplateFor(tokenizer, args.chat_template));
 }
 
-// The JSON of one generation, as --json prints it; "text" when there is a tokenizer.
-nlohmann::ordered_json ResultJson(const GenerationResult& r, const Tokenizer* tokenizer,
-                                  const std::string& text, bool trace) {
+// The JSON of one generation on `model`'s backend, as --json prints it; "text" when there is
+// a tokenizer.
+nlohmann::ordered_json ResultJson(const GenerationResult& r, const Model& model,
+                                  const Tokenizer* tokenizer, const std::string& text, bool trace) {
   nlohmann::ordered_json out = {
       {"tokens", r.tokens},
       {"generated", r.generated},
@@ -119,7 +123,9 @@ nlohmann::ordered_json ResultJson(const GenerationResult& r, const Tokenizer* to
       {"tps", {{"until_eos", r.TpsUntilEos()}, {"non_eos", r.TpsNonEos()}}},
       {"tokens_generated", r.tokens_until_eos},
       {"rows_computed", r.rows_computed},
-      {"seconds", r.seconds}};
+      {"seconds", r.seconds},
+      {"backend", model.backend().name()},
+      {"transfers", bench::TransfersJson(r.step_kinds, r.step_transfers)}};
   if (tokenizer != nullptr) out["text"] = text;
   if (trace) out["trace"] = r.trace;
   return out;
@@ -235,7 +241,7 @@ void GeneratePromptFile(const GenerateArgs& args, const Model& model, const Toke
         VisibleText(tokenizer, VisibleIds(model.config(), r.generated, args.stop_at_eos));
     nlohmann::ordered_json out = {{"index", i}};
     if (!prompts[i].id.is_null()) out["id"] = prompts[i].id;
-    const nlohmann::ordered_json result = ResultJson(r, tokenizer, text, args.trace);
+    const nlohmann::ordered_json result = ResultJson(r, model, tokenizer, text, args.trace);
     for (const auto& [key, value] : result.items()) out[key] = value;
     std::printf("%s\n", out.dump().c_str());
     tokens += r.tokens_until_eos;
@@ -401,6 +407,7 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
           ->excludes("--json");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024));
+  AddBackendFlag(cmd, args->backend);
   args->options = defaults;
   AddDecodeFlags(cmd, args->options);
   cmd->callback([args, prompt, ids, prompts, compare] {
@@ -408,7 +415,7 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
     if (prompt->count() == 0 && ids->count() == 0 && prompts->count() == 0)
       Fail("give a prompt with -p TEXT, --prompt-ids 1,2,3 or --prompts FILE.jsonl");
     const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
-    auto model = Model::Load(model_path);
+    auto model = LoadModelOnBackend(model_path, args->backend);
     const ModelConfig& config = model->config();
     std::unique_ptr<Tokenizer> tokenizer;
     std::vector<int> prompt_ids;
@@ -437,7 +444,8 @@ void AddGenerateCommand(CLI::App& app, const DecodeOptions& defaults) {
       const std::vector<int> visible = VisibleIds(config, r.generated, args->stop_at_eos);
       const std::string text = VisibleText(tokenizer.get(), visible);
       if (args->json) {
-        std::printf("%s\n", ResultJson(r, tokenizer.get(), text, args->trace).dump().c_str());
+        std::printf("%s\n",
+                    ResultJson(r, *model, tokenizer.get(), text, args->trace).dump().c_str());
         continue;
       }
       if (tokenizer != nullptr) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "commands.h"
 #include "decode_flags.h"
@@ -16,7 +17,7 @@ namespace polestar::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model;
+  std::string model, backend;
   ServerOptions server;
 };
 
@@ -81,6 +82,7 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->add_option("--max-prompt-tokens", s.max_prompt_tokens,
                   "longest prompt accepted (0: the context)");
   cmd->add_option("--max-tokens", s.max_tokens, "largest max_tokens accepted (0: the context)");
+  AddBackendFlag(cmd, args->backend);
   s.defaults = defaults;
   AddDecodeFlags(cmd, s.defaults);
   cmd->callback([args] {
@@ -98,6 +100,7 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
     sigaction(SIGTERM, &action, nullptr);
 
     const std::string model_path = args->model.empty() ? DefaultModelPath() : args->model;
+    ChosenBackend(args->backend);  // a bad --backend is refused before the server listens
     Server server(args->server);
     const int port = server.Start();
     std::fprintf(stderr, "polestar serve: listening on http://%s:%d/ (loading %s)\n",
@@ -110,7 +113,7 @@ void AddServeCommand(CLI::App& app, const DecodeOptions& defaults) {
       server.Stop();
     });
     try {
-      auto model = Model::Load(model_path);
+      auto model = LoadModelOnBackend(model_path, args->backend);
       auto codec = LoadTextCodec(model_path, model->config());
       server.SetModel(std::move(model), std::move(codec));
     } catch (...) {

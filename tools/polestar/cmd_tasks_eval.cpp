@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "backend_flags.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "commands.h"
@@ -17,7 +18,7 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   auto* cmd =
       app.add_subcommand("tasks-eval", "Held-out accuracy per task of a polestar-tiny model");
   struct Args {
-    std::string model;
+    std::string model, backend;
     std::vector<std::string> tasks;
     int items = 50;
     uint64_t item_seed = 1000;
@@ -40,11 +41,12 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
   cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
+  AddBackendFlag(cmd, args->backend);
   args->decode = defaults;
   AddDecodeFlags(cmd, args->decode);
   cmd->callback([args] {
     SetThreadCount(args->threads);
-    auto model = Model::Load(args->model);
+    auto model = LoadModelOnBackend(args->model, args->backend);
     const std::vector<std::string> tasks = args->tasks.empty() ? TaskNames() : args->tasks;
     for (const std::string& task : tasks) CheckTaskName(task);
     const auto scores = train::EvaluateTasks(args->model, *model, tasks, args->items,
@@ -70,7 +72,8 @@ void AddTasksEvalCommand(CLI::App& app, const DecodeOptions& defaults) {
     if (args->json) {
       std::printf("%s\n", nlohmann::ordered_json({{"tasks", out},
                                                   {"accuracy", overall},
-                                                  {"nfe", total ? forwards / total : 0.0}})
+                                                  {"nfe", total ? forwards / total : 0.0},
+                                                  {"backend", model->backend().name()}})
                               .dump()
                               .c_str());
     } else {
