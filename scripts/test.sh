@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the formatting, builds everything and runs every test, then runs them again under
 # sanitizers:
-#   1. build/       Release, warnings are errors: every test;
+#   1. build/       Release, warnings are errors: every test; then the forward's suites again
+#                   on the checking backend (POLESTAR_BACKEND=checked);
 #   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (gcc): every test;
 #   3. build-tsan/  ThreadSanitizer (clang with LLVM's OpenMP, which loads its Archer tool
 #                   into a TSan program to tell TSan about OpenMP's synchronisation): the
@@ -24,6 +25,15 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPOLESTAR_WERROR=ON
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 1500
 stage_done "Release"
+
+# The suites that run the forward (decode traces, the standing test, batch invariance,
+# Polestar, Elastic-Cache, MoE and block diffusion, the models, the server) again on the
+# checking backend (backend/checked/), which every model's default backend becomes: host
+# code that reads backend memory crashes there, and an op handed memory from the wrong side
+# of the seam aborts.
+POLESTAR_BACKEND=checked ctest --test-dir build --output-on-failure -j"$jobs" --timeout 1500 \
+  -L '^(decode_test|batch_test|polestar_test|elastic_test|model_test|server_test)$'
+stage_done "checking backend"
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPOLESTAR_WERROR=ON \
   -DPOLESTAR_SANITIZE=address,undefined -DPOLESTAR_BUILD_BENCH=OFF

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <set>
@@ -251,17 +250,28 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   const KvCache before = FullPass(*model, c0), after = FullPass(*model, c1);
   KvCache composed = after;
   const int64_t kv = composed.kv_width(), width = composed.hidden_width();
+  const Backend& backend = composed.backend();
   for (int p = 0; p < length; ++p) {
     if (std::find(input.begin(), input.end(), p) != input.end()) continue;
-    std::memcpy(composed.keys(1) + p * kv, before.keys(1) + p * kv, kv * 4);
-    std::memcpy(composed.values(1) + p * kv, before.values(1) + p * kv, kv * 4);
-    std::memcpy(composed.hidden(1) + p * width, before.hidden(1) + p * width, width * 4);
+    backend.CopyBytes(before.keys(1) + p * kv, kv * 4, composed.keys(1) + p * kv);
+    backend.CopyBytes(before.values(1) + p * kv, kv * 4, composed.values(1) + p * kv);
+    backend.CopyBytes(before.hidden(1) + p * width, width * 4, composed.hidden(1) + p * width);
   }
+  // A layer's rows of a cache ([L, width]) on the host.
+  auto rows = [&](const KvCache& from, const float* data, int64_t row_width) {
+    return testing::Download(from.backend(), data, length * row_width);
+  };
   for (int layer = 0; layer < 2; ++layer) {
+    const std::vector<float> keys = rows(cache, cache.keys(layer), kv),
+                             want_keys = rows(composed, composed.keys(layer), kv),
+                             values = rows(cache, cache.values(layer), kv),
+                             want_values = rows(composed, composed.values(layer), kv),
+                             hidden = rows(cache, cache.hidden(layer), width),
+                             want_hidden = rows(composed, composed.hidden(layer), width);
     for (int p = 0; p < length; ++p) {
-      ExpectRowsNear(cache.keys(layer), composed.keys(layer), kv, p, "keys", layer);
-      ExpectRowsNear(cache.values(layer), composed.values(layer), kv, p, "values", layer);
-      ExpectRowsNear(cache.hidden(layer), composed.hidden(layer), width, p, "hidden", layer);
+      ExpectRowsNear(keys.data(), want_keys.data(), kv, p, "keys", layer);
+      ExpectRowsNear(values.data(), want_values.data(), kv, p, "values", layer);
+      ExpectRowsNear(hidden.data(), want_hidden.data(), width, p, "hidden", layer);
     }
   }
   // Layer 1 recomputed for every row over the composed cache.
@@ -278,9 +288,11 @@ TEST(Trigger, FiringAtLayerZeroRecomputesLayerOneForEveryRow) {
   }
   // The stale rows really differ from a fresh pass on c1, so the comparison above is not
   // one that any full pass would pass.
+  const std::vector<float> stale = rows(before, before.hidden(1), width),
+                           fresh = rows(after, after.hidden(1), width);
   float difference = 0;
-  for (int64_t i = 0; i < int64_t(length) * width; ++i) {
-    difference = std::max(difference, std::fabs(before.hidden(1)[i] - after.hidden(1)[i]));
+  for (size_t i = 0; i < stale.size(); ++i) {
+    difference = std::max(difference, std::fabs(stale[i] - fresh[i]));
   }
   EXPECT_GT(difference, 1e-3f);
 }

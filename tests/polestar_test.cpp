@@ -218,15 +218,23 @@ TEST(PolestarCache, PacketPropagationEqualsAFullRecomputeOfThoseRows) {
   Forward reference(*model, reference_cache);
   reference.Run(canvas, full);
   const int64_t kv = int64_t(c.kv_heads) * c.head_dim;
+  // Layer 1's rows of both caches: [24, C], [24, Hkv*D], [24, Hkv*D].
+  auto rows = [](const KvCache& from, const float* data, int64_t width) {
+    return testing::Download(from.backend(), data, from.positions() * width);
+  };
+  const std::vector<float> hidden = rows(cache, cache.hidden(1), c.width),
+                           keys = rows(cache, cache.keys(1), kv),
+                           values = rows(cache, cache.values(1), kv);
+  const std::vector<float> want_hidden = rows(reference_cache, reference_cache.hidden(1), c.width),
+                           want_keys = rows(reference_cache, reference_cache.keys(1), kv),
+                           want_values = rows(reference_cache, reference_cache.values(1), kv);
   for (int p : {4, 5, 6, 18, 19, 8, 11}) {
     for (int64_t j = 0; j < c.width; ++j) {
-      ASSERT_NEAR(cache.hidden(1)[p * c.width + j], reference_cache.hidden(1)[p * c.width + j],
-                  1e-5)
-          << p;
+      ASSERT_NEAR(hidden[size_t(p * c.width + j)], want_hidden[size_t(p * c.width + j)], 1e-5) << p;
     }
     for (int64_t j = 0; j < kv; ++j) {
-      ASSERT_NEAR(cache.keys(1)[p * kv + j], reference_cache.keys(1)[p * kv + j], 1e-5) << p;
-      ASSERT_NEAR(cache.values(1)[p * kv + j], reference_cache.values(1)[p * kv + j], 1e-5) << p;
+      ASSERT_NEAR(keys[size_t(p * kv + j)], want_keys[size_t(p * kv + j)], 1e-5) << p;
+      ASSERT_NEAR(values[size_t(p * kv + j)], want_values[size_t(p * kv + j)], 1e-5) << p;
     }
   }
 }
@@ -267,9 +275,11 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
     forward.ReadHidden(layer, rows, read.data(), std::vector<int>{1, 0});
     std::vector<float> x(size_t(m * c.width));  // [M, C] rows 17, 3
     forward.Download(read.data(), read.bytes(), x.data());
+    const std::vector<float> hidden =
+        testing::Download(cache.backend(), cache.hidden(layer), length * c.width);  // [L, C]
     for (int64_t j = 0; j < c.width; ++j) {
-      ASSERT_EQ(x[size_t(j)], cache.hidden(layer)[17 * c.width + j]);
-      ASSERT_EQ(x[size_t(c.width + j)], cache.hidden(layer)[3 * c.width + j]);
+      ASSERT_EQ(x[size_t(j)], hidden[size_t(17 * c.width + j)]);
+      ASSERT_EQ(x[size_t(c.width + j)], hidden[size_t(3 * c.width + j)]);
     }
     std::vector<float> got(size_t(m * c.heads * length));  // [M, H, L]
     DriftScratch scratch(backend);
@@ -292,7 +302,9 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
       for (int64_t j = 0; j < q_width; ++j) q[size_t(i * q_width + j)] += w.bq[size_t(j)];
     }
     const int64_t kv = cache.kv_width();
-    std::vector<float> keys(cache.keys(layer), cache.keys(layer) + length * kv);  // [L, Hkv*D]
+    const std::vector<float> cached =
+        testing::Download(cache.backend(), cache.keys(layer), length * kv);  // [L, Hkv*D]
+    std::vector<float> keys = cached;
     const std::vector<int> positions = Range(0, length);
     UndoRope(keys.data(), positions, c.kv_heads, model->rope(), c.rope_interleaved);
     std::vector<float> want(got.size()), out(size_t(m * q_width));
@@ -305,7 +317,7 @@ TEST(DriftOps, ProxyAttentionIsTheUnrotatedAttentionOfTheProjectedRows) {
     std::vector<float> unrotated(keys.size());
     forward.Download(unrotated_keys.data(), unrotated_keys.bytes(), unrotated.data());
     EXPECT_EQ(unrotated, keys);
-    EXPECT_NE(unrotated[size_t(5 * kv + 1)], cache.keys(layer)[5 * kv + 1]);
+    EXPECT_NE(unrotated[size_t(5 * kv + 1)], cached[size_t(5 * kv + 1)]);
   }
 }
 
@@ -354,7 +366,7 @@ TEST(DriftOps, CachedRowsAttentionIsTheAttentionTheForwardComputed) {
     forward.Upload(all.data(), captured.bytes(), captured.data());
     const RowsView now(forward, captured.data(), length, capture.row_size_);
     EXPECT_NEAR(forward.MeanCrossHeadCosine(now, rows, before), 1.0, 1e-6);
-    forward.HeadMeanDrift(DriftMetric::kKl, got.data(), got.data(), int64_t(rows.size()),
+    forward.HeadMeanDrift(DriftMetric::kKl, before.data(), before.data(), int64_t(rows.size()),
                           drift.data());
     for (double d : drift) EXPECT_EQ(d, 0.0);
     const std::vector<int> shifted = {5, 0, 3};  // other prompt tokens

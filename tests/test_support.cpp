@@ -79,6 +79,12 @@ std::string WriteCheckpoint(const Checkpoint& checkpoint, const std::string& dir
   return dir;
 }
 
+std::vector<float> Download(const Backend& backend, const float* data, int64_t count) {
+  std::vector<float> host(static_cast<size_t>(count));  // [count]
+  backend.Download(data, count * 4, host.data());
+  return host;
+}
+
 std::vector<std::vector<int>> ReferenceCommits(std::span<const int> windows, int nfe) {
   const size_t width = windows.size() / size_t(nfe);
   std::vector<std::vector<int>> commits(size_t(nfe - 1));

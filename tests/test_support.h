@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "base/error.h"
 #include "io/safetensors.h"
 
@@ -24,6 +25,10 @@ std::string TempDir();
 // Runs the polestar binary with `args` (shell-quoted by the caller); returns exit code,
 // stdout in *out (stderr merged when merge_stderr).
 int RunCli(const std::string& args, std::string* out, bool merge_stderr = false);
+
+// The `count` floats at `data` in `backend`'s memory (a cache's rows), downloaded: host code
+// never reads backend memory in place, and the checking backend crashes one that does.
+std::vector<float> Download(const Backend& backend, const float* data, int64_t count);
 
 // Matches a callable that throws polestar::Error whose message holds every one of `parts`:
 //   EXPECT_THAT([&] { Load(path); }, ThrowsErrorContaining({path, "truncated"}));

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/checked/checked_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 
@@ -13,6 +14,7 @@ const std::vector<BackendEntry>& RegisteredBackends() {
   // The one place backends are registered, highest rank first.
   static const std::vector<BackendEntry> entries = {
       CpuBackendEntry(),
+      CheckedBackendEntry(),
   };
   return entries;
 }

@@ -4,6 +4,7 @@
 //
 //   auto             the available backend of highest rank (the default)
 //   cpu              the CPU kernels (cpu:isa=avx2,activations=f32: options of the CPU backend)
+//   checked          the CPU kernels over memory fenced off between ops, for tests (never auto)
 #pragma once
 
 #include <functional>
