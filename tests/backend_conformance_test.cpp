@@ -714,8 +714,9 @@ TEST_P(BackendConformance, SphericalKMeans) {
   const int k = 4;
   for (const int64_t n : {int64_t(40), int64_t(3)}) {
     std::vector<float> points = Random(n * d, 0.3f, rng);  // [n, d]
+    std::vector<int> cones(static_cast<size_t>(n));        // [n]
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t cone = (i + i / std::max<int64_t>(n / k, 1)) % k;
+      const int64_t cone = cones[size_t(i)] = int((i + i / std::max<int64_t>(n / k, 1)) % k);
       for (int64_t j = cone * d / k; j < (cone + 1) * d / k; ++j) points[size_t(i * d + j)] += 2.0f;
     }
     const Buffer points_in = Put(points);
@@ -728,16 +729,23 @@ TEST_P(BackendConformance, SphericalKMeans) {
     reference_.SphericalKMeans(points.data(), n, d, k, 6, want_centroids.data(),
                                want_labels.data());
     const std::string label = Cat("SphericalKMeans n=", n);
+    if (n > k) {  // the premise of exact labels: cluster c is the cone of its seed, point c n / k
+      std::vector<int> cluster_of_cone(static_cast<size_t>(k));  // [k]
+      for (int c = 0; c < k; ++c) cluster_of_cone[size_t(cones[size_t(c * n / k)])] = c;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(want_labels[size_t(i)], cluster_of_cone[size_t(cones[size_t(i)])])
+            << label << " point " << i;
+      }
+    }
     EXPECT_EQ(GetAs<int>(labels_out), want_labels) << label << " labels";
     const std::vector<float> centroids = Get(centroids_out);
-    const double largest = std::ranges::max(points, {}, [](float x) { return std::fabs(x); }) * 1.0;
+    const double largest =
+        std::fabs(std::ranges::max(points, {}, [](float x) { return std::fabs(x); }));
     const bool copies = n <= k;
     ExpectClose(
         std::vector<float>(centroids.begin(), centroids.begin() + k * d),
         std::vector<float>(want_centroids.begin(), want_centroids.begin() + k * d),
-        [&](size_t) {
-          return exact_ || copies ? 0.0 : 2.0 * double(n + 2) * kUlp * std::fabs(largest);
-        },
+        [&](size_t) { return exact_ || copies ? 0.0 : 2.0 * double(n + 2) * kUlp * largest; },
         label + " centroids");
     ExpectPoisoned(centroids, size_t(k * d), centroids.size(), kNan, label + " beyond k");
   }
