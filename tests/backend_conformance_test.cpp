@@ -20,12 +20,14 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/registry.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "drift/drift.h"
 #include "ops/quant.h"
 
 namespace polestar {
@@ -169,6 +171,21 @@ class BackendConformance : public ::testing::TestWithParam<Case> {
     ExpectClose(
         got, want, [&](size_t i) { return exact_ ? 0.0 : relative * std::fabs(want[i]) + 1e-30; },
         label);
+  }
+
+  // got[begin, end) still holds the poison its output was filled with (NaN for floats): the op
+  // wrote nothing outside what it names.
+  template <class T>
+  void ExpectPoisoned(const std::vector<T>& got, size_t begin, size_t end, T poison,
+                      const std::string& label) const {
+    ASSERT_LE(end, got.size()) << label;
+    for (size_t i = begin; i < end; ++i) {
+      if constexpr (std::is_floating_point_v<T>) {
+        ASSERT_TRUE(std::isnan(got[i])) << label << " [" << i << "] written: " << got[i];
+      } else {
+        ASSERT_EQ(got[i], poison) << label << " [" << i << "] written";
+      }
+    }
   }
 
   // The reference: the scalar kernels, on host memory, with the case's activation precision.
@@ -575,6 +592,356 @@ TEST_P(BackendConformance, DriftReductions) {
     EXPECT_EQ(cosine, want_cosine);
   } else {
     EXPECT_NEAR(cosine, want_cosine, 1e-6);
+  }
+}
+
+// The rows of [0, total) that `named` leaves out: where an op must not write, or must not read.
+std::vector<int> RowsNotNamed(std::span<const int> named, int64_t total) {
+  std::vector<int> rest;
+  for (int r = 0; r < int(total); ++r) {
+    if (std::ranges::find(named, r) == named.end()) rest.push_back(r);
+  }
+  return rest;
+}
+
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+// Elastic-Cache's key ranking. AttentionMass sums |rows| H probabilities per key in double,
+// row by row in the list's order, then head by head: bit for bit on an exact backend, else
+// within the |rows| H 2^-53 relative bound another order of those positive terms allows. The
+// rows it does not name hold NaN, so reading one shows. TopKeys only compares the masses it
+// is given (uploaded here, with ties) and breaks ties by the lower key: exact on every backend.
+TEST_P(BackendConformance, AttentionMassAndTopKeys) {
+  std::mt19937 rng(12);
+  const int heads = 3;
+  const int64_t probs_rows = 6, l = 23;
+  const std::vector<int> rows = {4, 1, 5};
+  std::vector<float> probs = Random(probs_rows * heads * l, 1.0f, rng);  // [6, H, L]
+  for (float& p : probs) p = std::fabs(p);
+  for (const int r : RowsNotNamed(rows, probs_rows)) {
+    std::fill_n(probs.begin() + int64_t(r) * heads * l, heads * l, kNan);
+  }
+  const Buffer probs_in = Put(probs);
+  Buffer mass_out = PutAs(std::vector<double>(size_t(l + 2), kNan), ElementType::kF64);  // [L + 2]
+  backend().AttentionMass(probs_in.data(), rows, heads, l, mass_out.As<double>());
+  const std::vector<double> mass = GetAs<double>(mass_out);
+  std::vector<double> want(static_cast<size_t>(l));  // [L]
+  reference_.AttentionMass(probs.data(), rows, heads, l, want.data());
+  const double relative = double(rows.size()) * heads * std::numeric_limits<double>::epsilon();
+  for (int64_t j = 0; j < l; ++j) {
+    ASSERT_TRUE(std::isfinite(want[size_t(j)])) << "the reference read an unnamed row, key " << j;
+    if (exact_) {
+      ASSERT_EQ(std::bit_cast<uint64_t>(mass[size_t(j)]), std::bit_cast<uint64_t>(want[size_t(j)]))
+          << "AttentionMass key " << j << ": " << mass[size_t(j)] << " vs " << want[size_t(j)];
+    } else {
+      ASSERT_NEAR(mass[size_t(j)], want[size_t(j)], relative * want[size_t(j)])
+          << "AttentionMass key " << j;
+    }
+  }
+  ExpectPoisoned(mass, size_t(l), size_t(l + 2), double(kNan), "AttentionMass beyond L");
+
+  // Masses in quarters, so keys tie; keys not in the list outweigh every listed one.
+  std::vector<double> ranked(size_t(l), 1e300);  // [L]
+  const std::vector<int> keys = {20, 3, 7, 11, 0, 15, 9, 2};
+  for (const int key : keys) ranked[size_t(key)] = 0.25 * double(rng() % 4);
+  const Buffer ranked_in = PutAs(ranked, ElementType::kF64);
+  std::vector<int> top(7, -1), want_top(5, -1);  // |top| = 5, then 2 poisoned
+  backend().TopKeys(ranked_in.As<double>(), keys, std::span<int>(top).first(5));
+  reference_.TopKeys(ranked.data(), keys, want_top);
+  EXPECT_EQ(std::vector<int>(top.begin(), top.begin() + 5), want_top) << "TopKeys";
+  ExpectPoisoned(top, 5, 7, -1, "TopKeys beyond |top|");
+}
+
+// A stable counting sort moves integers and copies weights: no arithmetic, exact on every
+// backend. GatherRows copies rows: exact on every backend.
+TEST_P(BackendConformance, GroupByExpertAndGatherRows) {
+  std::mt19937 rng(13);
+  const std::vector<int64_t> segments = {3, 0, 5, 2};  // S = 4, M = 10
+  const int64_t m = 10, sequences = 4;
+  const int experts = 6, k = 2;
+  // Two distinct experts a row, never expert 4 (an empty group).
+  const std::vector<int> choosable = {0, 1, 2, 3, 5};
+  std::vector<int> chosen;  // [M, k]
+  for (int64_t r = 0; r < m; ++r) {
+    const size_t first = rng() % choosable.size();
+    const size_t second = (first + 1 + rng() % (choosable.size() - 1)) % choosable.size();
+    chosen.push_back(choosable[first]);
+    chosen.push_back(choosable[second]);
+  }
+  const std::vector<float> weights = Random(m * k, 1.0f, rng);  // [M, k]
+  const Buffer chosen_in = PutAs(chosen, ElementType::kI32), weights_in = Put(weights);
+  // Each output one element (or row) longer than the op names: it must stay poisoned.
+  Buffer rows_out = PutAs(std::vector<int>(size_t(m * k + 1), -1), ElementType::kI32);
+  Buffer row_weights_out = Poisoned(m * k + 1);
+  Buffer counts_out =
+      PutAs(std::vector<int>(size_t(sequences * experts + 1), -1), ElementType::kI32);
+  backend().GroupByExpert(chosen_in.As<int>(), weights_in.data(), segments, experts, k,
+                          rows_out.As<int>(), row_weights_out.data(), counts_out.As<int>());
+  std::vector<int> want_rows(size_t(m * k + 1), -1),
+      want_counts(size_t(sequences * experts + 1), -1);
+  std::vector<float> want_weights(size_t(m * k + 1), kNan);
+  reference_.GroupByExpert(chosen.data(), weights.data(), segments, experts, k, want_rows.data(),
+                           want_weights.data(), want_counts.data());
+  EXPECT_EQ(GetAs<int>(rows_out), want_rows) << "GroupByExpert rows";
+  EXPECT_EQ(GetAs<int>(counts_out), want_counts) << "GroupByExpert counts";
+  ExpectExact(Get(row_weights_out), want_weights, "GroupByExpert row weights");
+  for (int64_t s = 0; s < sequences; ++s) {
+    EXPECT_EQ(want_counts[size_t(s * experts + 4)], 0) << "expert 4 was never chosen";
+  }
+
+  const int64_t width = 19;
+  const std::vector<float> src = Random(6 * width, 2.0f, rng);  // [6, width]
+  const std::vector<int> gathered = {5, 0, 5, 2};               // a row twice
+  const Buffer src_in = Put(src), gathered_in = PutAs(gathered, ElementType::kI32);
+  const int64_t n = int64_t(gathered.size());
+  Buffer dst = Poisoned((n + 1) * width);  // [n + 1, width]
+  backend().GatherRows(src_in.data(), gathered_in.As<int>(), n, dst.data(), width);
+  std::vector<float> want(size_t((n + 1) * width), kNan);
+  reference_.GatherRows(src.data(), gathered.data(), n, want.data(), width);
+  const std::vector<float> got = Get(dst);
+  ExpectExact(got, want, "GatherRows");
+  ExpectPoisoned(got, size_t(n * width), got.size(), kNan, "GatherRows beyond n rows");
+}
+
+// Polestar's clustering. The points lie in k orthogonal cones, ordered so the seeds (points
+// c n / k) fall in distinct cones: every label wins by a margin far beyond rounding, so the
+// labels are exact on every backend. The centroids are the members' means, summed in double:
+// bit for bit on an exact backend, else within the 2 (n + 2) 2^-24 of the largest coordinate a
+// float sum in another order allows. With n <= k the centroids copy the points: exact.
+TEST_P(BackendConformance, SphericalKMeans) {
+  std::mt19937 rng(14);
+  const int64_t d = 32;
+  const int k = 4;
+  for (const int64_t n : {int64_t(40), int64_t(3)}) {
+    std::vector<float> points = Random(n * d, 0.3f, rng);  // [n, d]
+    std::vector<int> cones(static_cast<size_t>(n));        // [n]
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t cone = cones[size_t(i)] = int((i + i / std::max<int64_t>(n / k, 1)) % k);
+      for (int64_t j = cone * d / k; j < (cone + 1) * d / k; ++j) points[size_t(i * d + j)] += 2.0f;
+    }
+    const Buffer points_in = Put(points);
+    Buffer centroids_out = Poisoned((k + 1) * d);  // [k + 1, d]
+    Buffer labels_out = PutAs(std::vector<int>(size_t(n + 1), -1), ElementType::kI32);  // [n + 1]
+    backend().SphericalKMeans(points_in.data(), n, d, k, 6, centroids_out.data(),
+                              labels_out.As<int>());
+    std::vector<float> want_centroids(size_t((k + 1) * d), kNan);
+    std::vector<int> want_labels(size_t(n + 1), -1);
+    reference_.SphericalKMeans(points.data(), n, d, k, 6, want_centroids.data(),
+                               want_labels.data());
+    const std::string label = Cat("SphericalKMeans n=", n);
+    if (n > k) {  // the premise of exact labels: cluster c is the cone of its seed, point c n / k
+      std::vector<int> cluster_of_cone(static_cast<size_t>(k));  // [k]
+      for (int c = 0; c < k; ++c) cluster_of_cone[size_t(cones[size_t(c * n / k)])] = c;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(want_labels[size_t(i)], cluster_of_cone[size_t(cones[size_t(i)])])
+            << label << " point " << i;
+      }
+    }
+    EXPECT_EQ(GetAs<int>(labels_out), want_labels) << label << " labels";
+    const std::vector<float> centroids = Get(centroids_out);
+    const double largest =
+        std::fabs(std::ranges::max(points, {}, [](float x) { return std::fabs(x); }));
+    const bool copies = n <= k;
+    ExpectClose(
+        std::vector<float>(centroids.begin(), centroids.begin() + k * d),
+        std::vector<float>(want_centroids.begin(), want_centroids.begin() + k * d),
+        [&](size_t) { return exact_ || copies ? 0.0 : 2.0 * double(n + 2) * kUlp * largest; },
+        label + " centroids");
+    ExpectPoisoned(centroids, size_t(k * d), centroids.size(), kNan, label + " beyond k");
+  }
+}
+
+// The centroid shift: per moved cluster a double sum of the pairs' now - before over members
+// + 1e-6, added to the float centroid. Bit for bit on an exact backend, else within one
+// rounding of the result plus 2 (pairs + 2) 2^-24 of the cluster's sum of |now - before| over
+// its members (a float sum in another order). Clusters no pair names, or with no members,
+// keep their bits on every backend; the now rows no pair names hold NaN, so reading one shows.
+TEST_P(BackendConformance, ShiftCentroids) {
+  std::mt19937 rng(15);
+  const int64_t width = 21, now_count = 6;
+  const std::vector<int> now_rows = {4, 0, 2, 5}, labels = {1, 3, 1, 2};
+  const std::vector<float> members = {4, 2, 0, 1, 7};  // [K]: cluster 2 named, but empty
+  const int64_t clusters = int64_t(members.size());
+  std::vector<float> now = Random(now_count * width, 2.0f, rng);  // [6, width]
+  for (const int r : RowsNotNamed(now_rows, now_count)) {
+    std::fill_n(now.begin() + r * width, width, kNan);
+  }
+  const std::vector<float> before = Random(int64_t(now_rows.size()) * width, 2.0f, rng);
+  const std::vector<float> initial = Random(clusters * width, 1.0f, rng);  // [K, width]
+  const Buffer now_in = Put(now), before_in = Put(before);
+  Buffer centroids = Put(initial);
+  backend().ShiftCentroids(now_in.data(), now_rows, before_in.data(), labels, members, width,
+                           centroids.data());
+  std::vector<float> want = initial;
+  reference_.ShiftCentroids(now.data(), now_rows, before.data(), labels, members, width,
+                            want.data());
+  const std::vector<float> got = Get(centroids);
+  std::vector<double> moved(size_t(clusters * width), 0.0);  // [K, width] sum |now - before|
+  for (size_t i = 0; i < now_rows.size(); ++i) {
+    for (int64_t j = 0; j < width; ++j) {
+      moved[size_t(labels[i] * width + j)] += std::fabs(
+          double(now[size_t(now_rows[i] * width + j)]) - before[i * size_t(width) + size_t(j)]);
+    }
+  }
+  ExpectClose(
+      got, want,
+      [&](size_t i) {
+        const size_t c = i / size_t(width);
+        if (exact_ || members[c] <= 0) return 0.0;
+        return 2 * kUlp * std::fabs(want[i]) +
+               2.0 * double(now_rows.size() + 2) * kUlp * moved[i] / members[c] + 1e-30;
+      },
+      "ShiftCentroids");
+  for (const int c : {0, 2, 4}) {  // not named, named but empty, not named
+    ExpectExact(std::vector<float>(got.begin() + c * width, got.begin() + (c + 1) * width),
+                std::vector<float>(initial.begin() + c * width, initial.begin() + (c + 1) * width),
+                Cat("ShiftCentroids keeps cluster ", c));
+  }
+  ASSERT_NE(got[size_t(width)], initial[size_t(width)]) << "cluster 1 did not move";
+}
+
+// Polestar's NVFP4 store of residuals x - base. The tensor amax is one subtraction, |.| and
+// max per element, and the codes are round-to-nearest of correctly rounded IEEE quotients:
+// both exact on every backend (with random inputs no quotient lands on a code's rounding
+// boundary, the one place another division order could round across). Dequantising is a
+// code times a scale times the tensor scale plus the base: bit for bit on an exact backend,
+// else within two roundings. Rows of x and store rows no list names hold NaN (0xff is
+// E4M3's NaN), so reading one shows; store and output rows no list names stay poisoned.
+TEST_P(BackendConformance, Nvfp4ResidualStore) {
+  std::mt19937 rng(16);
+  const int64_t width = 37;  // three blocks, the last partial; an odd count of codes
+  const int64_t x_count = 5, store_count = 4, out_count = 5;
+  const std::vector<int> x_rows = {3, 0, 4}, labels = {2, 0, 2}, store_rows = {2, 0, 3};
+  std::vector<float> x = Random(x_count * width, 3.0f, rng);  // [5, width]
+  for (const int r : RowsNotNamed(x_rows, x_count)) std::fill_n(x.begin() + r * width, width, kNan);
+  const std::vector<float> base = Random(3 * width, 3.0f, rng);  // [3, width]
+  const Buffer x_in = Put(x), base_in = Put(base);
+
+  Buffer amax_out = Poisoned(2);
+  backend().ResidualAbsMax(x_in.data(), x_rows, base_in.data(), labels, width, amax_out.data());
+  float want_amax = kNan;
+  reference_.ResidualAbsMax(x.data(), x_rows, base.data(), labels, width, &want_amax);
+  const std::vector<float> amax = Get(amax_out);
+  ExpectExact({amax[0]}, {want_amax}, "ResidualAbsMax");
+  ExpectPoisoned(amax, 1, 2, kNan, "ResidualAbsMax beyond amax[1]");
+  ASSERT_TRUE(std::isfinite(want_amax) && want_amax > 0) << "the reference read an unnamed row";
+
+  const float tensor_scale = Nvfp4TensorScale(want_amax);
+  const int64_t scale_bytes = Nvfp4ScaleBytes(width), value_bytes = Nvfp4ValueBytes(width);
+  std::vector<uint8_t> want_scales(size_t(store_count * scale_bytes), 0xff);  // [4, 3]
+  std::vector<uint8_t> want_values(size_t(store_count * value_bytes), 0xff);  // [4, 19]
+  Buffer scales = PutAs(want_scales, ElementType::kU8),
+         values = PutAs(want_values, ElementType::kU8);
+  backend().QuantizeResiduals(x_in.data(), x_rows, base_in.data(), labels, width, tensor_scale,
+                              scales.As<uint8_t>(), values.As<uint8_t>(), store_rows);
+  reference_.QuantizeResiduals(x.data(), x_rows, base.data(), labels, width, tensor_scale,
+                               want_scales.data(), want_values.data(), store_rows);
+  const std::vector<uint8_t> got_scales = GetAs<uint8_t>(scales),
+                             got_values = GetAs<uint8_t>(values);
+  EXPECT_EQ(got_scales, want_scales) << "QuantizeResiduals block scales";
+  EXPECT_EQ(got_values, want_values) << "QuantizeResiduals codes";
+  ExpectPoisoned(got_scales, size_t(scale_bytes), size_t(2 * scale_bytes), uint8_t(0xff),
+                 "QuantizeResiduals store row 1's scales");
+  ExpectPoisoned(got_values, size_t(value_bytes), size_t(2 * value_bytes), uint8_t(0xff),
+                 "QuantizeResiduals store row 1's codes");
+
+  // Back out of the backend's store (row 1 never written: its NaN scales), onto other bases.
+  const std::vector<int> read_rows = {0, 3, 2}, read_labels = {1, 2, 0}, out_rows = {4, 1, 0};
+  Buffer out = Poisoned(out_count * width);  // [5, width]
+  backend().DequantizeResiduals(scales.As<uint8_t>(), values.As<uint8_t>(), read_rows,
+                                base_in.data(), read_labels, width, tensor_scale, out.data(),
+                                out_rows);
+  std::vector<float> want(size_t(out_count * width), kNan);
+  reference_.DequantizeResiduals(got_scales.data(), got_values.data(), read_rows, base.data(),
+                                 read_labels, width, tensor_scale, want.data(), out_rows);
+  const std::vector<float> got = Get(out);
+  for (size_t i = 0; i < out_rows.size(); ++i) {
+    const int64_t row = out_rows[i], base_row = read_labels[i];
+    const std::vector<float> want_row(want.begin() + row * width, want.begin() + (row + 1) * width);
+    ExpectClose(
+        std::vector<float>(got.begin() + row * width, got.begin() + (row + 1) * width), want_row,
+        [&](size_t j) {
+          const double residual = want_row[j] - double(base[size_t(base_row * width) + j]);
+          return exact_ ? 0.0 : 2 * kUlp * (std::fabs(residual) + std::fabs(want_row[j])) + 1e-30;
+        },
+        Cat("DequantizeResiduals out row ", row));
+  }
+  for (const int r : RowsNotNamed(out_rows, out_count)) {
+    ExpectPoisoned(got, size_t(r * width), size_t((r + 1) * width), kNan,
+                   Cat("DequantizeResiduals out row ", r));
+  }
+}
+
+// The greedy choice per row, for every confidence kind, with and without an excluded token
+// (in row 1 the excluded token has the largest logit), and rows with non-finite logits (then
+// only non_finite means anything). Bit for bit on an exact backend. Else: the token exactly
+// where the two best candidates' logits differ by more than 1e-3 (not a tie a rounding could
+// flip); the float64 softmax probability within 1e-12 relative (a double sum of V terms); the
+// fp32 kinds within 4 (V + 8) 2^-24 of max(1, |confidence|) (a float sum of V terms, an exp
+// and a division each; the margin's and the entropy's terms are each within that of the
+// probabilities). The element past the M rows stays poisoned.
+TEST_P(BackendConformance, GreedyChoices) {
+  std::mt19937 rng(17);
+  const int64_t m = 6, vocab = 90;
+  std::vector<float> logits = Random(m * vocab, 4.0f, rng);  // [M, V]
+  logits[size_t(1 * vocab + 7)] = 10.0f;
+  logits[size_t(3 * vocab + 30)] = kNan;
+  logits[size_t(3 * vocab + 50)] = std::numeric_limits<float>::infinity();
+  logits[size_t(4 * vocab + 12)] = -std::numeric_limits<float>::infinity();
+  const Buffer logits_in = Put(logits);
+  const GreedyChoice poison{.token = -1, .non_finite = -7.0f, .confidence = kNan};
+  for (const GreedyConfidence kind :
+       {GreedyConfidence::kNone, GreedyConfidence::kFloat64Softmax,
+        GreedyConfidence::kFp32Probability, GreedyConfidence::kFp32Margin,
+        GreedyConfidence::kFp32NegEntropy}) {
+    for (const int excluded : {-1, 7}) {
+      const GreedySpec spec{.confidence = kind, .excluded = excluded};
+      std::vector<GreedyChoice> got(size_t(m + 1), poison), want(size_t(m), poison);
+      backend().GreedyChoices(logits_in.data(), m, vocab, spec, got.data());
+      reference_.GreedyChoices(logits.data(), m, vocab, spec, want.data());
+      for (int64_t r = 0; r < m; ++r) {
+        const GreedyChoice& g = got[size_t(r)];
+        const GreedyChoice& w = want[size_t(r)];
+        const std::string label =
+            Cat("GreedyChoices kind ", int(kind), " excluded ", excluded, " row ", r);
+        if (w.non_finite != 0) {
+          EXPECT_TRUE(g.non_finite == w.non_finite ||
+                      (std::isnan(g.non_finite) && std::isnan(w.non_finite)))
+              << label << ": non_finite " << g.non_finite << " vs " << w.non_finite;
+          if (exact_) {
+            EXPECT_EQ(std::bit_cast<uint32_t>(g.non_finite), std::bit_cast<uint32_t>(w.non_finite))
+                << label;
+          }
+          continue;
+        }
+        EXPECT_EQ(std::bit_cast<uint32_t>(g.non_finite), 0u) << label << ": non_finite written";
+        if (exact_) {
+          EXPECT_EQ(g.token, w.token) << label;
+          EXPECT_EQ(std::bit_cast<uint64_t>(g.confidence), std::bit_cast<uint64_t>(w.confidence))
+              << label << ": " << g.confidence << " vs " << w.confidence;
+          continue;
+        }
+        // The two best candidates' logits (the excluded token is no candidate).
+        float best = -INFINITY, second = -INFINITY;
+        for (int64_t t = 0; t < vocab; ++t) {
+          if (t == excluded) continue;
+          const float v = logits[size_t(r * vocab + t)];
+          second = std::max(second, std::min(best, v));
+          best = std::max(best, v);
+        }
+        if (best - second > 1e-3f) {
+          EXPECT_EQ(g.token, w.token) << label;
+        }
+        const double allowed =
+            kind == GreedyConfidence::kFloat64Softmax
+                ? 1e-12 * std::fabs(w.confidence)
+                : 4.0 * double(vocab + 8) * kUlp * std::max(1.0, std::fabs(w.confidence));
+        EXPECT_NEAR(g.confidence, w.confidence, allowed) << label;
+      }
+      const GreedyChoice& tail = got[size_t(m)];
+      EXPECT_TRUE(tail.token == -1 && tail.non_finite == -7.0f && std::isnan(tail.confidence))
+          << "GreedyChoices wrote past its M rows";
+    }
   }
 }
 
