@@ -628,6 +628,14 @@ TEST(CliEnvironment, BadActivationPrecisionIsAClearError) {
   const CliResult exact = Polestar(generate);
   unsetenv("POLESTAR_ACTIVATIONS");
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
+  // The variables are the CPU backend's defaults: its options, when given, are not overruled
+  // (nor failed) by them.
+  setenv("POLESTAR_ACTIVATIONS", "int4", 1);
+  setenv("POLESTAR_MAX_ISA", "avx9", 1);
+  const CliResult chosen = Polestar(generate + " --backend cpu:isa=scalar,activations=f32");
+  unsetenv("POLESTAR_ACTIVATIONS");
+  unsetenv("POLESTAR_MAX_ISA");
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.output;
 }
 
 // --backend on every command that runs a model: a name or option the registry refuses is a

@@ -4,7 +4,7 @@
 //
 // Every SIMD kernel has a scalar twin in ops/reference.h; tests compare the two. The
 // threaded drivers that pick one set once and run it are the CPU backend's
-// (backend/cpu_backend.h); what is left here needs no choice.
+// (backend/cpu/cpu_backend.h); what is left here needs no choice.
 #pragma once
 
 #include <cstdint>

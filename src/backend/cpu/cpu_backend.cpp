@@ -8,6 +8,7 @@
 #include <exception>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -83,8 +84,9 @@ BackendEntry CpuBackendEntry() {
             "POLESTAR_ACTIVATIONS, else reduced)"}},
       .unavailable = [] { return std::string(); },
       .make = [](const BackendOptions& options) -> std::unique_ptr<Backend> {
-        Isa isa = BestIsa();
-        ActivationPrecision activations = ActivationPrecisionFromEnvironment();
+        // The environment's choices are the defaults: read only for what the options leave.
+        std::optional<Isa> isa;
+        std::optional<ActivationPrecision> activations;
         for (const auto& [key, value] : options) {
           if (key == "isa") {
             if (value == "scalar") {
@@ -103,7 +105,9 @@ BackendEntry CpuBackendEntry() {
                 value == "f32" ? ActivationPrecision::kF32 : ActivationPrecision::kReduced;
           }
         }
-        return std::make_unique<CpuBackend>(isa, activations);
+        return std::make_unique<CpuBackend>(
+            isa ? *isa : BestIsa(),
+            activations ? *activations : ActivationPrecisionFromEnvironment());
       },
   };
 }

@@ -1,5 +1,5 @@
 // AVX2 + FMA + F16C kernels. The files in ops/avx2/ are the only ones compiled with those
-// instruction sets; the CPU backend (backend/cpu_backend.cpp) chooses them once, when
+// instruction sets; the CPU backend (backend/cpu/cpu_backend.cpp) chooses them once, when
 // IsaSupported(Isa::kAvx2) says yes (ops/isa.h), and otherwise runs the scalar twins in
 // ops/reference.h. Each function here computes what its twin of the
 // same name computes (up to the order of float additions); ops_test.cpp holds them to it.

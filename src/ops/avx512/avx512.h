@@ -1,6 +1,6 @@
 // AVX-512 kernels (F, BW, VL, DQ, VNNI on top of the AVX2 set). The files in ops/avx512/ are
 // the only ones compiled with those instruction sets; the CPU backend
-// (backend/cpu_backend.cpp) chooses them once, when IsaSupported(Isa::kAvx512) says yes
+// (backend/cpu/cpu_backend.cpp) chooses them once, when IsaSupported(Isa::kAvx512) says yes
 // (ops/isa.h). Each function here computes what its scalar twin of the same name in
 // ops/reference.h computes (up to the order of float additions); ops_test.cpp holds them to it.
 //
