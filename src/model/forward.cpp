@@ -1,6 +1,7 @@
 #include "model/forward.h"
 
 #include <algorithm>
+#include <numeric>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -26,7 +27,10 @@ Forward::Forward(const Model& model, KvCache& cache)
       cached_inputs_(backend_, 0),
       cached_normed_(backend_, 0),
       cached_queries_(backend_, 0),
-      key_mass_(backend_, 0, ElementType::kF64) {}
+      key_mass_(backend_, 0, ElementType::kF64),
+      every_position_(size_t(cache.positions())) {
+  std::iota(every_position_.begin(), every_position_.end(), 0);
+}
 
 void Forward::Upload(const void* host, int64_t bytes, void* dst) const {
   backend_.Upload(host, bytes, dst);
@@ -564,9 +568,7 @@ void Forward::Unrotate(int layer, float* out) const {
   const ModelConfig& c = model_.config();
   const int64_t length = cache_.positions();
   backend_.Copy(cache_.keys(layer), length * cache_.kv_width(), out);
-  std::vector<int> positions(static_cast<size_t>(length));  // [L] 0, 1, ...
-  for (int p = 0; p < int(length); ++p) positions[size_t(p)] = p;
-  backend_.UndoRope(out, positions, c.kv_heads, weights_.rope, c.rope_interleaved);
+  backend_.UndoRope(out, every_position_, c.kv_heads, weights_.rope, c.rope_interleaved);
 }
 
 void Forward::ProxyAttention(int layer, const float* x, int64_t m, float* probs,

@@ -290,6 +290,7 @@ class Forward {
   // inputs [|P|, C], their norms [|P|, C] and queries [|P|, H*D], MostAttendedKeys' mass [L]
   // (doubles).
   mutable Buffer cached_inputs_, cached_normed_, cached_queries_, key_mass_;
+  std::vector<int> every_position_;  // [L] 0, 1, ...: Unrotate's positions
 };
 
 // A fresh cache sized for `positions` rows of this model, on the model's backend or `backend`.
