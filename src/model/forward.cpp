@@ -42,13 +42,6 @@ void Forward::Download(const void* src, int64_t bytes, void* host) const {
   to_host_ += bytes;
 }
 
-void RowsView::Download(std::span<const int> indices, float* out) const {
-  for (size_t i = 0; i < indices.size(); ++i) {
-    PS_CHECK(indices[i] >= 0 && indices[i] < count_);
-    forward_.Download(rows_ + indices[i] * width_, width_ * 4, out + int64_t(i) * width_);
-  }
-}
-
 void RowsView::Download(float* out) const { forward_.Download(rows_, count_ * width_ * 4, out); }
 
 StepResult Forward::Run(std::span<const int> canvas, const StepPlan& plan) {

@@ -40,8 +40,8 @@ struct TransferBytes {
   int64_t to_host = 0;
 };
 
-// Rows of `width` floats in backend memory that a hook may look at: it downloads the rows it
-// needs (the download is counted as the sequence's), or hands data() to the drift ops.
+// Rows of `width` floats in backend memory that a hook may look at: it hands data() to the
+// drift ops, or downloads them all (counted as the sequence's bytes).
 class RowsView {
  public:
   RowsView(const Forward& forward, const float* rows, int64_t count, int64_t width)
@@ -50,8 +50,6 @@ class RowsView {
   int64_t width() const { return width_; }
   // Backend memory [count, width]: for the drift ops, never for host code.
   const float* data() const { return rows_; }
-  // out[|indices|, width] (host) = the rows `indices`.
-  void Download(std::span<const int> indices, float* out) const;
   // out[count, width] (host) = every row.
   void Download(float* out) const;
 
