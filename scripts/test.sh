@@ -17,7 +17,7 @@ started=$SECONDS
 stage_done() { echo "=== $1 done: $((SECONDS - started)) s"; started=$SECONDS; }
 
 # The tree matches .clang-format (fuzz corpora are data, not source).
-git ls-files '*.cpp' '*.h' '*.cpp.in' | grep -v '^tests/fuzz/corpus/' |
+git ls-files '*.cpp' '*.h' '*.cpp.in' '*.cu' '*.cuh' | grep -v '^tests/fuzz/corpus/' |
   xargs clang-format --dry-run --Werror
 stage_done "clang-format"
 

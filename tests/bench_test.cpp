@@ -1010,6 +1010,28 @@ TEST(Scale, RunsAGgufConversionOfAMixtureOfExperts) {
               testing::ThrowsErrorContaining({"unknown GGUF type 'q3_k'"}));
 }
 
+// --paper measures its prompt as the GSM8K suite's mean under a tokenizer, unless a
+// --prompt-length stands for it (a GPU machine has no tokenizer files): then it runs with
+// that prompt and still projects at the paper's TPF values.
+TEST(Scale, ThePaperProtocolTakesAGivenPromptLengthForTheSuites) {
+  const std::string dir = testing::TempDir();
+  const std::string command = "bench --scale --paper --like llada-tiny --random-model " + dir +
+                              "/m --gen-length 32 --block-length 8 --reps 1 --scale-max-steps 1 "
+                              "-t 1 -q -o " +
+                              dir + "/out";
+  std::string out;
+  ASSERT_EQ(testing::RunCli(command + " --prompt-length 8", &out, true), 0) << out;
+  const nlohmann::json scale = ReadJsonFile(dir + "/out/scale.json");
+  EXPECT_EQ(scale["canvas"]["prompt"], 8);
+  EXPECT_FALSE(scale["canvas"].contains("prompt_from"));
+  std::vector<std::string> projected;
+  for (const auto& row : scale["paper_projection"]) projected.push_back(row["policy"]);
+  EXPECT_EQ(projected,
+            (std::vector<std::string>{"vanilla", "fast-dllm-dual", "elastic-cache", "polestar"}));
+  EXPECT_NE(testing::RunCli(command, &out, true), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("--prompt-suite needs --prompt-tokenizer"));
+}
+
 TEST(Scale, ForcedScheduleStepsPerBlock) {
   EXPECT_EQ(ForcedStepsPerBlock(32, 4), 8);
   EXPECT_EQ(ForcedStepsPerBlock(8, 2), 4);

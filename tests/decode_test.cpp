@@ -30,17 +30,6 @@
 namespace polestar {
 namespace {
 
-std::vector<int> ReadIds(const TensorStore& store, const std::string& name) {
-  const TensorRef& t = store.Get(name);
-  std::vector<int> ids(static_cast<size_t>(t.NumElements()));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    int64_t v;
-    std::memcpy(&v, t.data + 8 * i, 8);
-    ids[i] = int(v);
-  }
-  return ids;
-}
-
 std::string Join(const std::vector<int>& ids) {
   std::string s;
   // Appended piece by piece: gcc 12 -O3 warns (-Wrestrict, falsely) on "," + std::string.
@@ -109,7 +98,7 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
-    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    const std::vector<int> prompt = testing::ToInts(tensors.Get("prompt"));
     for (const auto& [run, params] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       std::string out;
@@ -118,7 +107,8 @@ TEST(FixtureDecode, EveryReferenceRunIsReproducedThroughTheCli) {
                                 &out),
                 0);
       const nlohmann::json got = nlohmann::json::parse(out);
-      EXPECT_EQ(got["tokens"].get<std::vector<int>>(), ReadIds(tensors, run + ".tokens"));
+      EXPECT_EQ(got["tokens"].get<std::vector<int>>(),
+                testing::ToInts(tensors.Get(run + ".tokens")));
       if (params.contains("nfe")) {
         EXPECT_EQ(got["nfe"].get<int>(), params["nfe"].get<int>());
       }
@@ -141,7 +131,7 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
     const nlohmann::json expected = ReadJsonFile(dir + "/expected.json");
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
-    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    const std::vector<int> prompt = testing::ToInts(tensors.Get("prompt"));
     for (const auto& [run, p] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       DecodeOptions options;
@@ -151,7 +141,7 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
       options.threshold = p["threshold"].get<double>();
       options.eos_early_stop = p["eos_early_stop"];
       const GenerationResult got = Generate(*model, prompt, options, nullptr, true);
-      const std::vector<int> windows = ReadIds(tensors, run + ".inputs");  // [nfe, T]
+      const std::vector<int> windows = testing::ToInts(tensors.Get(run + ".inputs"));  // [nfe, T]
       const int nfe = p["nfe"];
       ASSERT_EQ(got.nfe, nfe);
       ASSERT_EQ(got.trace.size(), size_t(nfe));
@@ -160,11 +150,11 @@ TEST(BlockDiffusionDecode, CommitsWhatTheReferenceCommitsAtEveryStep) {
         EXPECT_EQ(got.trace[step]["committed"].get<std::vector<int>>(), commits[step])
             << "step " << step;
       }
-      EXPECT_EQ(got.tokens, ReadIds(tensors, run + ".tokens"));
+      EXPECT_EQ(got.tokens, testing::ToInts(tensors.Get(run + ".tokens")));
       std::vector<int> answer = got.generated;
       const auto end = std::find(answer.begin(), answer.end(), model->config().eos_id);
       if (end != answer.end()) answer.erase(end + 1, answer.end());
-      EXPECT_EQ(answer, ReadIds(tensors, run + ".answer"));
+      EXPECT_EQ(answer, testing::ToInts(tensors.Get(run + ".answer")));
 
       // Polestar without its early commits is the same sampler, step for step.
       DecodeOptions polestar = options;
@@ -199,7 +189,7 @@ TEST(BlockDiffusionDecode, PolestarCommitAddsDriftGatedCommitsInsideTheBlock) {
     auto model = Model::Load(testing::FixtureDir(fixture));
     TensorStore tensors;
     ReadSafetensorsFile(testing::FixtureDir(fixture) + "/expected.safetensors", tensors);
-    const std::vector<int> prompt = ReadIds(tensors, "prompt");
+    const std::vector<int> prompt = testing::ToInts(tensors.Get("prompt"));
     DecodeOptions options;
     options.policy = "polestar";
     options.gen_length = 64;

@@ -501,34 +501,18 @@ std::vector<float> ToFloats(const TensorRef& t) {
   return v;
 }
 
-std::vector<int> ToInts(const TensorRef& t) {
-  std::vector<int> v(static_cast<size_t>(t.NumElements()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    int64_t x;
-    std::memcpy(&x, t.data + 8 * i, 8);
-    v[i] = int(x);
-  }
-  return v;
-}
-
 // Largest |logit error| over largest |reference logit| for one full forward pass.
 double RelativeLogitError(const Model& model, const std::string& expected_path,
                           const Backend& backend = CpuBackend::Host()) {
   TensorStore expected;
   ReadSafetensorsFile(expected_path, expected);
-  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<int> ids = testing::ToInts(expected.Get("forward.input_ids"));
   const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
-  KvCache cache = MakeCache(model, int64_t(ids.size()), false, backend);
-  Forward forward(model, cache);
-  StepPlan plan;
-  plan.input_rows.resize(ids.size());
-  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
-  plan.logit_rows = plan.input_rows;
-  const StepResult got = forward.Run(ids, plan);
-  EXPECT_EQ(got.logits.size(), want.size());
+  const std::vector<float> got = testing::FullPassLogits(model, ids, backend);
+  EXPECT_EQ(got.size(), want.size());
   double max_err = 0, max_abs = 0;
-  for (size_t i = 0; i < want.size() && i < got.logits.size(); ++i) {
-    max_err = std::max(max_err, double(std::fabs(got.logits[i] - want[i])));
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    max_err = std::max(max_err, double(std::fabs(got[i] - want[i])));
     max_abs = std::max(max_abs, double(std::fabs(want[i])));
   }
   return max_err / max_abs;
@@ -1027,7 +1011,8 @@ TEST(GgufConvertMoe, F16FilesReproduceTheReferenceDecodeTraces) {
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
     std::string prompt;
-    for (int id : ToInts(tensors.Get("prompt"))) prompt += (prompt.empty() ? "" : ",") + Cat(id);
+    for (int id : testing::ToInts(tensors.Get("prompt")))
+      prompt += (prompt.empty() ? "" : ",") + Cat(id);
     for (const auto& [run, p] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       ASSERT_EQ(run.rfind("vanilla", 0), 0u);
@@ -1041,7 +1026,8 @@ TEST(GgufConvertMoe, F16FilesReproduceTheReferenceDecodeTraces) {
                                 &out),
                 0);
       const nlohmann::json got = nlohmann::json::parse(out);
-      EXPECT_EQ(got["tokens"].get<std::vector<int>>(), ToInts(tensors.Get(run + ".tokens")));
+      EXPECT_EQ(got["tokens"].get<std::vector<int>>(),
+                testing::ToInts(tensors.Get(run + ".tokens")));
       EXPECT_EQ(got["nfe"], p["nfe"]);
       ++runs;
     }
@@ -1070,16 +1056,8 @@ TEST(GgufConvertMoe, KQuantExpertsRunCloseToTheirSource) {
   const CpuBackend exact(BestIsa(), ActivationPrecision::kF32);
   std::vector<int> ids(24);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int(i * 37 % 150);
-  auto logits = [&](const Model& model) {
-    KvCache cache = MakeCache(model, int64_t(ids.size()), false, exact);
-    Forward forward(model, cache);
-    StepPlan plan;
-    plan.input_rows.resize(ids.size());
-    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
-    plan.logit_rows = plan.input_rows;
-    return forward.Run(ids, plan).logits;
-  };
-  const std::vector<float> want = logits(*hf), got = logits(*gguf);
+  const std::vector<float> want = testing::FullPassLogits(*hf, ids, exact),
+                           got = testing::FullPassLogits(*gguf, ids, exact);
   ASSERT_EQ(got.size(), want.size());
   double max_err = 0, max_abs = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -1274,7 +1252,7 @@ TEST_P(GgufLlada2Convert, LogitsStayCloseToTheReference) {
   EXPECT_EQ(std::string(ArchName(model->config().arch)), "llada2");
   TensorStore expected;
   ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<int> ids = testing::ToInts(expected.Get("forward.input_ids"));
   const size_t vocab = size_t(model->config().vocab);
   const CpuBackend exact(BestIsa(), ActivationPrecision::kF32), int8(BestIsa());
   struct Pass {
@@ -1369,7 +1347,7 @@ TEST(GgufConvertLlada2, F16FilesDecodeAsTheirRoundedCheckpointAndFollowTheRefere
     const nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir + "/expected.json"));
     TensorStore tensors;
     ReadSafetensorsFile(dir + "/expected.safetensors", tensors);
-    const std::vector<int> prompt = ToInts(tensors.Get("prompt"));
+    const std::vector<int> prompt = testing::ToInts(tensors.Get("prompt"));
     for (const auto& [run, p] : expected["runs"].items()) {
       SCOPED_TRACE(std::string(fixture) + " " + run);
       DecodeOptions options;
@@ -1384,13 +1362,13 @@ TEST(GgufConvertLlada2, F16FilesDecodeAsTheirRoundedCheckpointAndFollowTheRefere
       EXPECT_EQ(got.trace, want.trace);
       ++runs;
       const int nfe = p["nfe"];
-      if (got.nfe != nfe || got.tokens != ToInts(tensors.Get(run + ".tokens"))) {
+      if (got.nfe != nfe || got.tokens != testing::ToInts(tensors.Get(run + ".tokens"))) {
         std::printf("%s %s: F16 weights leave the reference trace (nfe %d, reference %d)\n",
                     fixture, run.c_str(), got.nfe, nfe);
         continue;
       }
       // Token for token, and every step commits what the reference's did.
-      const std::vector<int> windows = ToInts(tensors.Get(run + ".inputs"));  // [nfe, T]
+      const std::vector<int> windows = testing::ToInts(tensors.Get(run + ".inputs"));  // [nfe, T]
       const std::vector<std::vector<int>> commits = testing::ReferenceCommits(windows, nfe);
       for (size_t step = 0; step < commits.size(); ++step) {
         EXPECT_EQ(got.trace[step]["committed"].get<std::vector<int>>(), commits[step])

@@ -584,27 +584,10 @@ std::string WriteSharded(const Checkpoint& checkpoint, const std::string& name) 
   return dir;
 }
 
-std::vector<float> FullForwardLogits(const Model& model, const std::vector<int>& ids) {
-  KvCache cache = MakeCache(model, int64_t(ids.size()), false);
-  Forward forward(model, cache);
-  StepPlan plan;
-  plan.input_rows.resize(ids.size());
-  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
-  plan.logit_rows = plan.input_rows;
-  return forward.Run(ids, plan).logits;
-}
-
 std::vector<int> FixtureInputIds() {
   TensorStore expected;
   ReadSafetensorsFile(testing::FixtureDir("llada-tiny") + "/expected.safetensors", expected);
-  const TensorRef& t = expected.Get("forward.input_ids");
-  std::vector<int> ids(static_cast<size_t>(t.NumElements()));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    int64_t id;
-    std::memcpy(&id, t.data + 8 * i, 8);
-    ids[i] = int(id);
-  }
-  return ids;
+  return testing::ToInts(expected.Get("forward.input_ids"));
 }
 
 TEST(ShardedCheckpoint, LoadsLikeTheSingleFile) {
@@ -615,8 +598,8 @@ TEST(ShardedCheckpoint, LoadsLikeTheSingleFile) {
   EXPECT_THAT(sharded->tensors().origin(), HasSubstr("2 safetensors shards"));
   EXPECT_EQ(sharded->ParameterCount(), single->ParameterCount());
   const std::vector<int> ids = FixtureInputIds();
-  const std::vector<float> want = FullForwardLogits(*single, ids);
-  const std::vector<float> got = FullForwardLogits(*sharded, ids);
+  const std::vector<float> want = testing::FullPassLogits(*single, ids, single->backend());
+  const std::vector<float> got = testing::FullPassLogits(*sharded, ids, sharded->backend());
   ASSERT_EQ(got.size(), ids.size() * 160);
   EXPECT_EQ(got, want);  // same weights, same kernels: bit for bit
 }

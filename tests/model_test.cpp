@@ -20,16 +20,6 @@ std::vector<float> ToFloats(const TensorRef& t) {
   return v;
 }
 
-std::vector<int> ToInts(const TensorRef& t) {
-  std::vector<int> v(static_cast<size_t>(t.NumElements()));
-  for (size_t i = 0; i < v.size(); ++i) {
-    int64_t x;
-    std::memcpy(&x, t.data + 8 * i, 8);
-    v[i] = int(x);
-  }
-  return v;
-}
-
 // The reference code's precision: fp32 activations (BF16 weights widened, not products of
 // BF16-rounded activations; ops/isa.h).
 const CpuBackend& ExactBackend() {
@@ -62,7 +52,7 @@ ReferencePass LoadReferencePass(const char* fixture) {
   const std::string dir = testing::FixtureDir(fixture);
   TensorStore expected;
   ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-  return {Model::Load(dir), ToInts(expected.Get("forward.input_ids")),
+  return {Model::Load(dir), testing::ToInts(expected.Get("forward.input_ids")),
           ToFloats(expected.Get("forward.logits"))};
 }
 
@@ -141,7 +131,7 @@ TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {
     auto model = Model::Load(dir);
     TensorStore expected;
     ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-    const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+    const std::vector<int> ids = testing::ToInts(expected.Get("forward.input_ids"));
     const std::vector<float> want = ToFloats(expected.Get("forward_block.logits"));
     const std::vector<float> bidirectional = ToFloats(expected.Get("forward.logits"));
     const StepResult got = FullPass(*model, ids, 8);
@@ -166,7 +156,7 @@ TEST(Bf16Products, FixtureLogitsStayNearTheReference) {
   auto model = Model::Load(dir);
   TensorStore expected;
   ReadSafetensorsFile(dir + "/expected.safetensors", expected);
-  const std::vector<int> ids = ToInts(expected.Get("forward.input_ids"));
+  const std::vector<int> ids = testing::ToInts(expected.Get("forward.input_ids"));
   const std::vector<float> want = ToFloats(expected.Get("forward.logits"));
   const StepResult got = FullPass(*model, ids, 0, reduced);
   ASSERT_EQ(got.logits.size(), want.size());

@@ -3,12 +3,17 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
+#include "backend/registry.h"
 #include "io/json_file.h"
+#include "model/forward.h"
 
 namespace polestar::testing {
 
@@ -35,7 +40,10 @@ std::string TempDir() {
 }
 
 int RunCli(const std::string& args, std::string* out, bool merge_stderr) {
-  std::string command = std::string(POLESTAR_BINARY) + " " + args + (merge_stderr ? " 2>&1" : "");
+  // $POLESTAR_BINARY, where the tests run away from their build tree (scripts/gpu-check.sh).
+  const char* binary = std::getenv("POLESTAR_BINARY");
+  std::string command = std::string(binary != nullptr && *binary != 0 ? binary : POLESTAR_BINARY) +
+                        " " + args + (merge_stderr ? " 2>&1" : "");
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return -1;
   std::array<char, 4096> buffer;
@@ -95,6 +103,43 @@ std::vector<std::vector<int>> ReferenceCommits(std::span<const int> windows, int
     }
   }
   return commits;
+}
+
+std::vector<int> ToInts(const TensorRef& t) {
+  std::vector<int> v(static_cast<size_t>(t.NumElements()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t x;
+    std::memcpy(&x, t.data + 8 * i, 8);
+    v[i] = int(x);
+  }
+  return v;
+}
+
+std::vector<float> FullPassLogits(const Model& model, std::span<const int> ids,
+                                  const Backend& backend) {
+  KvCache cache = MakeCache(model, int64_t(ids.size()), false, backend);
+  Forward forward(model, cache);
+  StepPlan plan;
+  plan.input_rows.resize(ids.size());
+  std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+  plan.logit_rows = plan.input_rows;
+  return forward.Run(ids, plan).logits;
+}
+
+std::string BackendUnavailable(const std::string& spec) {
+  const std::string name = spec.substr(0, spec.find(':'));
+  for (const BackendEntry& entry : RegisteredBackends()) {
+    if (entry.name == name) return entry.unavailable();
+  }
+  return "no backend '" + name + "' in this build";
+}
+
+std::string BackendTestName(const std::string& spec) {
+  std::string name = spec;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
 }
 
 }  // namespace polestar::testing

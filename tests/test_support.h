@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "base/error.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 
 namespace polestar::testing {
 
@@ -29,6 +30,18 @@ int RunCli(const std::string& args, std::string* out, bool merge_stderr = false)
 // The `count` floats at `data` in `backend`'s memory (a cache's rows), downloaded: host code
 // never reads backend memory in place, and the checking backend crashes one that does.
 std::vector<float> Download(const Backend& backend, const float* data, int64_t count);
+
+// The values of an I64 tensor (a fixture's token ids) as ints.
+std::vector<int> ToInts(const TensorRef& t);
+
+// Every position's logits [L, V] of one bidirectional pass of `model` over `ids` on `backend`.
+std::vector<float> FullPassLogits(const Model& model, std::span<const int> ids,
+                                  const Backend& backend);
+
+// Why the backend `spec` names cannot run on this machine ("" where it can), for a test to
+// skip with; and the spec as a test name ("cuda:activations=f32" -> "cuda_activations_f32").
+std::string BackendUnavailable(const std::string& spec);
+std::string BackendTestName(const std::string& spec);
 
 // Matches a callable that throws polestar::Error whose message holds every one of `parts`:
 //   EXPECT_THAT([&] { Load(path); }, ThrowsErrorContaining({path, "truncated"}));

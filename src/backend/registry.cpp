@@ -7,12 +7,18 @@
 #include "backend/checked/checked_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
+#ifdef POLESTAR_CUDA
+#include "backend/cuda/cuda_entry.h"
+#endif
 
 namespace polestar {
 
 const std::vector<BackendEntry>& RegisteredBackends() {
   // The one place backends are registered, highest rank first.
   static const std::vector<BackendEntry> entries = {
+#ifdef POLESTAR_CUDA
+      CudaBackendEntry(),
+#endif
       CpuBackendEntry(),
       CheckedBackendEntry(),
   };

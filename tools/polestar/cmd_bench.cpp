@@ -107,9 +107,10 @@ void AddBenchCommand(CLI::App& app) {
   cmd->add_option("--reps", so.reps, "--scale: repetitions per timed step")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+  auto* prompt_length =
+      cmd->add_option("--prompt-length", so.prompt_length, "--scale: prompt tokens")
+          ->check(CLI::Range(1, 1 << 20))
+          ->capture_default_str();
   cmd->add_option("--tokens-per-step", so.tokens_per_step,
                   "--scale: the forced commit schedule's tokens per step")
       ->check(CLI::Range(1, 1 << 20))
@@ -138,11 +139,12 @@ void AddBenchCommand(CLI::App& app) {
       ->expected(2);
   cmd->add_flag("--paper", so.paper,
                 "--scale: the paper's protocol: --like llada-8b unless given, --prompt-suite "
-                "gsm8k, gen 256 / block 32, and a projection at the paper's TPF values");
+                "gsm8k unless a --prompt-length is given, gen 256 / block 32, and a projection "
+                "at the paper's TPF values");
   AddBackendFlag(cmd, args->backend);
   AddDecodeFlags(cmd, args->options);
   cmd->footer(kGridHelp);
-  cmd->callback([args, cmd, like] {
+  cmd->callback([args, cmd, like, prompt_length] {
     SetThreadCount(args->threads);
     const bench::MachineInfo machine =
         bench::DescribeMachine(bench::ProcessCommandLine(), bench::SourceDir(), ThreadCount());
@@ -170,7 +172,9 @@ void AddBenchCommand(CLI::App& app) {
       options.tpf_from = args->tpf_from;
       if (options.paper) {
         if (like->count() == 0) options.like = "llada-8b";
-        if (options.prompt_suite.empty()) options.prompt_suite = "gsm8k";
+        // A given prompt length stands for the suite's (where its tokenizer is not at hand).
+        if (options.prompt_suite.empty() && prompt_length->count() == 0)
+          options.prompt_suite = "gsm8k";
       }
       options.data_dir = args->suite.data_dir;
       options.out_dir = args->out.empty() ? "bench/out/scale" : args->out;

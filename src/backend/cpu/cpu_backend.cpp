@@ -2,18 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <new>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "backend/registry.h"
+#include "backend/worker_queue.h"
 #include "base/error.h"
 #include "base/parallel.h"
 #include "drift/drift.h"
@@ -142,74 +139,14 @@ void CpuBackend::Download(const void* src, int64_t bytes, void* host) const {
 // Every op has finished when it returns.
 void CpuBackend::Synchronize() const {}
 
-namespace {
-
-// One persistent thread that runs one job at a time. Persistent, so the OpenMP team its
-// kernels use is created once, not per job.
-class WorkerThread final : public SideQueue {
- public:
-  ~WorkerThread() override {
-    {
-      std::unique_lock lock(mutex_);
-      changed_.wait(lock, [this] { return !job_; });  // a job's error goes unread now
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-  void Run(std::function<void()> job) override {
-    std::unique_lock lock(mutex_);
-    Wait(lock);
-    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-    job_ = std::move(job);
-    changed_.notify_all();
-  }
-  void Wait() override {
-    std::unique_lock lock(mutex_);
-    Wait(lock);
-  }
-
- private:
-  // Rethrows what the previous job threw.
-  void Wait(std::unique_lock<std::mutex>& lock) {
-    changed_.wait(lock, [this] { return !job_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-  void Loop() {
-    // The side work is small: one thread, so it overlaps the forward instead of competing
-    // with its threads.
-    SetThreadCount(1);
-    std::unique_lock lock(mutex_);
-    while (true) {
-      changed_.wait(lock, [this] { return job_ || stopping_; });
-      if (stopping_ && !job_) return;
-      lock.unlock();
-      // Kept for the caller's next Wait: an exception leaving this thread would terminate.
-      std::exception_ptr error;
-      try {
-        job_();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      error_ = error;
-      job_ = nullptr;
-      changed_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::function<void()> job_;
-  std::exception_ptr error_;  // what the last job threw, until a Wait rethrows it
-  bool stopping_ = false;
-  std::thread thread_;
-};
-
-}  // namespace
-
+// One persistent thread that runs one job at a time, so the OpenMP team its kernels use is
+// created once, not per job. The side work is small: one OpenMP thread, so it overlaps the
+// forward instead of competing with its threads.
 std::unique_ptr<SideQueue> CpuBackend::MakeSideQueue() const {
-  return std::make_unique<WorkerThread>();
+  return std::make_unique<WorkerQueue>([](std::function<void()>& job) {
+    SetThreadCount(1);
+    job();
+  });
 }
 
 void CpuBackend::Zero(float* x, int64_t n) const { std::fill(x, x + n, 0.0f); }

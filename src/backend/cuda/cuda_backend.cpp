@@ -1,0 +1,328 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_entry.h"
+#include "backend/worker_queue.h"
+#include "base/error.h"
+
+namespace polestar {
+
+namespace cuda {
+
+void CheckCuda(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clears the error a non-sticky failure leaves behind
+  Fail("CUDA call ", call, " failed: ", cudaGetErrorString(status), " (", cudaGetErrorName(status),
+       ")");
+}
+
+}  // namespace cuda
+
+// Host lists carried to one stream's ops: a pinned host ring and a device ring of the same
+// size, in two halves. A list is copied into the pinned ring, then by the stream into the
+// device ring at the same offset, where the ops issued after it read it. Device bytes are
+// overwritten only by copies issued later on the same stream, so after every op that read
+// them; pinned bytes only once the copies out of their half have run (an event per half).
+// The copies leave the host at once, so staging never waits for the stream to drain.
+//
+// One op stages up to kListsPerOp lists before it launches, so those must all stay valid
+// until then: a half holds kListsPerOp lists of the largest size staged, so an op's lists
+// switch halves at most once and never come back to the half of its first; a ring outgrown
+// in the middle of an op stays allocated (its lists are read by the launch still to come)
+// until the staging is destroyed. Growth doubles, so the old rings add up to less than the
+// current one.
+class IndexStaging {
+ public:
+  explicit IndexStaging(cudaStream_t stream) : stream_(stream) {
+    for (cudaEvent_t& event : half_done_)
+      CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    Reallocate(kFirstHalfBytes);
+  }
+  ~IndexStaging() {
+    cudaStreamSynchronize(stream_);
+    cudaFreeHost(pinned_);
+    cudaFree(device_);
+    for (void* ring : outgrown_) cudaFree(ring);
+    for (cudaEvent_t event : half_done_) cudaEventDestroy(event);
+  }
+  IndexStaging(const IndexStaging&) = delete;
+  IndexStaging& operator=(const IndexStaging&) = delete;
+
+  const int* Stage(std::span<const int> host) {
+    const int64_t bytes = int64_t(host.size_bytes());
+    const int64_t slot = (bytes + kAlign - 1) / kAlign * kAlign;  // keeps the next list aligned
+    if (slot * kListsPerOp > half_bytes_) Reallocate(std::max(slot * kListsPerOp, 2 * half_bytes_));
+    if (used_ + slot > half_bytes_) {
+      CUDA_CHECK(cudaEventRecord(half_done_[half_], stream_));
+      half_ ^= 1;
+      used_ = 0;
+      // The copies out of this half, issued before the switch to the other one, have run.
+      CUDA_CHECK(cudaEventSynchronize(half_done_[half_]));
+    }
+    const int64_t offset = half_ * half_bytes_ + used_;
+    used_ += slot;
+    uint8_t* pinned = static_cast<uint8_t*>(pinned_) + offset;
+    uint8_t* device = static_cast<uint8_t*>(device_) + offset;
+    std::memcpy(pinned, host.data(), size_t(bytes));
+    CUDA_CHECK(cudaMemcpyAsync(device, pinned, size_t(bytes), cudaMemcpyHostToDevice, stream_));
+    return reinterpret_cast<const int*>(device);
+  }
+
+ private:
+  static constexpr int64_t kListsPerOp = 4;  // CudaBackend::Stage's "up to four lists"
+  static constexpr int64_t kFirstHalfBytes = 64 << 10;
+  static constexpr int64_t kAlign = 256;
+
+  // Rings of two halves of `half_bytes`. The copies out of the old pinned ring have run once
+  // the stream has drained; the old device ring may hold the lists of the op being staged.
+  // A failed allocation leaves no ring (half_bytes_ 0), so the next Stage tries again.
+  void Reallocate(int64_t half_bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFreeHost(pinned_));
+    pinned_ = nullptr;
+    if (device_ != nullptr) outgrown_.push_back(std::exchange(device_, nullptr));
+    half_bytes_ = 0;
+    half_ = 0;
+    used_ = 0;
+    CUDA_CHECK(cudaMallocHost(&pinned_, size_t(2 * half_bytes)));
+    CUDA_CHECK(cudaMalloc(&device_, size_t(2 * half_bytes)));
+    half_bytes_ = half_bytes;
+  }
+
+  cudaStream_t stream_;
+  void* pinned_ = nullptr;  // [2 * half_bytes_] bytes
+  void* device_ = nullptr;  // [2 * half_bytes_] bytes
+  int64_t half_bytes_ = 0;
+  int half_ = 0;      // the half lists go to now
+  int64_t used_ = 0;  // bytes of it in use
+  cudaEvent_t half_done_[2] = {};
+  std::vector<void*> outgrown_;  // device rings replaced by larger ones
+};
+
+namespace {
+
+// "" where this process can use a CUDA device, else why not.
+std::string NoDeviceReason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return Cat("no CUDA device: ", cudaGetErrorString(status));
+  }
+  if (count == 0) return "no CUDA device: the driver reports none";
+  return "";
+}
+
+// The SideQueue of the CUDA backend: a worker thread whose ops go to a second stream, which
+// first waits for what the main stream had issued when the job was handed over (the job reads
+// the cache the main queue wrote). The job's host work (downloads, the math on them) runs on
+// the worker too, so the whole job overlaps the main queue. A job is done when its stream
+// is: what it captured is then freed, and Wait's caller may use what it wrote.
+class SideStream;
+thread_local const SideStream* active_side_stream = nullptr;
+
+class SideStream final : public SideQueue {
+ public:
+  explicit SideStream(const CudaBackend& backend)
+      : backend_(backend), worker_([this](std::function<void()>& job) { RunHere(job); }) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&main_issued_, cudaEventDisableTiming));
+    staging_ = std::make_unique<IndexStaging>(stream_);
+  }
+  ~SideStream() override {
+    // Destructors do not throw: a failure here leaves nothing to recover.
+    try {
+      worker_.Wait();
+    } catch (...) {  // a job's error nobody asked for
+    }
+    staging_.reset();
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(main_issued_);
+    cudaStreamDestroy(stream_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+  const CudaBackend& backend() const { return backend_; }
+  cudaStream_t stream() const { return stream_; }
+  IndexStaging& staging() const { return *staging_; }
+
+  void Run(std::function<void()> job) override {
+    worker_.Wait();
+    // On the caller's queue: the job follows everything issued there so far.
+    CUDA_CHECK(cudaEventRecord(main_issued_, backend_.Stream()));
+    worker_.Run(std::move(job));
+  }
+  void Wait() override { worker_.Wait(); }
+
+ private:
+  // On the worker thread.
+  void RunHere(std::function<void()>& job) {
+    CUDA_CHECK(cudaSetDevice(backend_.device()));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, main_issued_, 0));
+    active_side_stream = this;
+    try {
+      job();
+    } catch (...) {
+      Finish(job);
+      throw;
+    }
+    Finish(job);
+  }
+  // The job's stream has run what it issued; then what the job captured (a Buffer) is freed.
+  void Finish(std::function<void()>& job) {
+    const cudaError_t status = cudaStreamSynchronize(stream_);
+    job = nullptr;
+    active_side_stream = nullptr;
+    CUDA_CHECK(status);
+  }
+
+  const CudaBackend& backend_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t main_issued_ = nullptr;
+  std::unique_ptr<IndexStaging> staging_;  // used by the worker thread alone
+  WorkerQueue worker_;                     // last: its thread stops before the rest goes
+};
+
+}  // namespace
+
+BackendEntry CudaBackendEntry() {
+  return {
+      .name = "cuda",
+      .description = "NVIDIA GPUs through the CUDA runtime (device 0)",
+      .rank = 1,
+      .options = {{"activations", "reduced|f32",
+                   "reduced: BF16 activations in the products, FP32 accumulation; f32: FP32 "
+                   "products with TF32 off, the exact mode (default: POLESTAR_ACTIVATIONS, "
+                   "else reduced)"}},
+      .unavailable = NoDeviceReason,
+      .make = [](const BackendOptions& options) -> std::unique_ptr<Backend> {
+        std::optional<ActivationPrecision> activations;
+        for (const auto& [key, value] : options) {  // activations, the only key
+          if (value != "reduced" && value != "f32")
+            Fail("backend option activations=", value, ": expected reduced or f32");
+          activations = value == "f32" ? ActivationPrecision::kF32 : ActivationPrecision::kReduced;
+        }
+        return std::make_unique<CudaBackend>(
+            0, activations ? *activations : ActivationPrecisionFromEnvironment());
+      },
+  };
+}
+
+CudaBackend::CudaBackend(int device, ActivationPrecision activations)
+    : device_(device), activations_(activations) {
+  CUDA_CHECK(cudaSetDevice(device_));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  staging_ = std::make_unique<IndexStaging>(stream_);
+  // The pool keeps what is freed for the next allocation instead of returning it to the
+  // driver at every synchronisation: scratch reuse across steps costs no cudaMalloc.
+  cudaMemPool_t pool = nullptr;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  uint64_t keep_all = UINT64_MAX;
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+}
+
+CudaBackend::~CudaBackend() {
+  // A backend kept to the process's end (BackendNamed's) is destroyed after the static
+  // runtime has shut down: every call then only returns cudaErrorCudartUnloading, and the
+  // driver reclaims what the process held. cuBLAS is not called then (its teardown would
+  // reach into the unloaded runtime).
+  const bool unloading = cudaStreamSynchronize(stream_) == cudaErrorCudartUnloading;
+  staging_.reset();
+  if (blas_ != nullptr && !unloading) cublasDestroy(blas_);
+  cudaStreamDestroy(stream_);
+}
+
+cudaStream_t CudaBackend::Stream() const {
+  const SideStream* side = active_side_stream;
+  return side != nullptr && &side->backend() == this ? side->stream() : stream_;
+}
+
+// Device arithmetic (cuBLAS, reduction order, fused multiply-adds) differs from the scalar
+// twins, and cuBLAS may choose its algorithm by row count.
+BackendContract CudaBackend::contract() const {
+  return {.exact_to_scalar_twins = false, .batch_invariant = false, .host_memory = false};
+}
+
+void* CudaBackend::Allocate(int64_t bytes, bool zero) const {
+  void* data = nullptr;
+  // At least one byte, as the CPU backend: every Buffer has a distinct address.
+  const size_t size = size_t(bytes > 0 ? bytes : 1);
+  if (const cudaError_t status = cudaMallocAsync(&data, size, Stream());
+      status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    Fail("the GPU is out of memory: ", bytes >> 20, " MiB asked for, ", free_bytes >> 20,
+         " MiB of ", total_bytes >> 20, " MiB free (a smaller model, batch or --kv-budget fits)");
+  } else {
+    CUDA_CHECK(status);
+  }
+  if (zero) CUDA_CHECK(cudaMemsetAsync(data, 0, size, Stream()));
+  return data;
+}
+
+// Free runs in destructors (Buffer's, also while an op's Error unwinds the stack), so it
+// never throws: after a kernel's fault every call fails, and an exception here would end the
+// process (std::terminate) in place of the Error that reports the fault. Buffers the process
+// keeps to its end are freed after the runtime has shut down (cudaErrorCudartUnloading).
+void CudaBackend::Free(void* data) const {
+  if (data == nullptr) return;
+  const cudaError_t status = cudaFreeAsync(data, Stream());
+  if (status == cudaSuccess || status == cudaErrorCudartUnloading) return;
+  cudaGetLastError();  // a sticky error stays for the next checked call to report
+  std::fprintf(stderr, "cuda backend: cudaFreeAsync(%p) failed: %s\n", data,
+               cudaGetErrorString(status));
+}
+
+void CudaBackend::CopyBytes(const void* src, int64_t bytes, void* dst) const {
+  if (bytes <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, Stream()));
+}
+
+void CudaBackend::Zero(float* x, int64_t n) const {
+  if (n <= 0) return;
+  CUDA_CHECK(cudaMemsetAsync(x, 0, size_t(n) * sizeof(float), Stream()));
+}
+
+// From pageable memory the copy returns once the runtime has staged the bytes, so the caller
+// may reuse `host` at once.
+void CudaBackend::Upload(const void* host, int64_t bytes, void* dst) const {
+  if (bytes <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, Stream()));
+}
+
+void CudaBackend::Download(const void* src, int64_t bytes, void* host) const {
+  if (bytes <= 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), cudaMemcpyDeviceToHost, Stream()));
+  CUDA_CHECK(cudaStreamSynchronize(Stream()));
+}
+
+void CudaBackend::Synchronize() const { CUDA_CHECK(cudaStreamSynchronize(Stream())); }
+
+std::unique_ptr<SideQueue> CudaBackend::MakeSideQueue() const {
+  return std::make_unique<SideStream>(*this);
+}
+
+const int* CudaBackend::Stage(std::span<const int> host) const {
+  if (host.empty()) return nullptr;
+  const SideStream* side = active_side_stream;
+  if (side != nullptr && &side->backend() == this) return side->staging().Stage(host);
+  const std::lock_guard<std::mutex> lock(staging_mutex_);
+  return staging_->Stage(host);
+}
+
+}  // namespace polestar

@@ -1,0 +1,137 @@
+// The CUDA backend: device memory from the device's stream-ordered pool, ops issued on a CUDA
+// stream per queue (the main one, and a second for SideQueue jobs). Built only with
+// POLESTAR_CUDA. The C++20 files (this class's methods, one file per group of ops) see only
+// the CUDA runtime API; kernels live in .cu files (C++17) behind plain-pointer headers:
+//
+//   cuda_backend.cpp  memory, transfers, queues, index staging, registration
+//   products.cpp      MatMulBatch, LmHeadBatch, Embed (weights of every stored type)
+//   attention.cpp     RoPE, attention and its probabilities
+//   rowwise.cpp       RMSNorm, SwiGLU, add, clamp, row copies, routing, greedy choices
+//   drift.cpp         the drift measurements, Elastic-Cache's key ranking, k-means, NVFP4
+//
+// Threads. Every thread issues on the same main stream (ops are ordered at least as the
+// seam requires), except a SideQueue's worker thread, which issues on the second stream; the
+// state ops share (index staging, the cuBLAS handle) is guarded.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+
+#include "backend/backend.h"
+#include "ops/isa.h"
+
+struct cublasContext;  // cublas_api.h: cublasHandle_t
+
+namespace polestar {
+
+class IndexStaging;  // cuda_backend.cpp
+namespace cuda {
+class BlasCalls;  // blas.h
+}
+
+class CudaBackend final : public Backend {
+ public:
+  // Fails (Error) when `device` cannot be used: no driver, no such device, device busy.
+  // `activations`: kReduced multiplies BF16 (or F16) activations with FP32 accumulation;
+  // kF32 runs every product in FP32 with TF32 off (the exact mode conformance runs).
+  CudaBackend(int device, ActivationPrecision activations);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // The stream the calling thread's ops go to: a SideQueue job's own, else the main one.
+  cudaStream_t Stream() const;
+  int device() const { return device_; }
+  ActivationPrecision activations() const { return activations_; }
+  // A host list (an op's row or position list: the step's plan) in device memory, for ops
+  // issued next on Stream(): valid until a later Stage on that stream wraps its ring, which
+  // is stream-ordered after every op issued before it. An op may stage up to four lists
+  // before it launches: the ring never wraps past the first of them. Empty lists give
+  // nullptr.
+  const int* Stage(std::span<const int> host) const;
+
+  std::string_view name() const override { return "cuda"; }
+  BackendContract contract() const override;
+  bool ViewsHostWeights() const override { return false; }
+  void* Allocate(int64_t bytes, bool zero) const override;
+  void Free(void* data) const override;
+  void CopyBytes(const void* src, int64_t bytes, void* dst) const override;
+  void Zero(float* x, int64_t n) const override;
+  void Upload(const void* host, int64_t bytes, void* dst) const override;
+  void Download(const void* src, int64_t bytes, void* host) const override;
+  void Synchronize() const override;
+  std::unique_ptr<SideQueue> MakeSideQueue() const override;
+
+  void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                   const float* bias = nullptr) const override;
+  void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
+               float* out) const override;
+  void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
+                 bool interleaved) const override;
+  void UndoRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
+                bool interleaved) const override;
+  void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
+                 int kv_heads, int head_dim, float* out, float* probs = nullptr) const override;
+  void AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l, int heads,
+                              int kv_heads, int head_dim, float* probs) const override;
+  void SiluMul(float* gate, const float* up, int64_t n) const override;
+  void AddInPlace(float* x, const float* y, int64_t n) const override;
+  void Clamp(float* x, int64_t n, float limit) const override;
+  void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
+                 float* weights) const override;
+  void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
+                    int64_t n, int64_t width) const override;
+  void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
+                std::span<const int> dst_rows, int64_t width) const override;
+  void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                   int64_t rows, int64_t width) const override;
+  void Embed(const WeightView& embedding, std::span<const int> tokens, std::span<const int> rows,
+             float* out) const override;
+  void LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm, float eps,
+                   const WeightView& lm_head, float* logits) const override;
+  void HeadMeanDrift(DriftMetric metric, const float* now, const float* before, int64_t rows,
+                     int heads, int64_t l, double* out, DriftLogs logs = {}) const override;
+  double MeanCrossHeadCosine(const float* now, std::span<const int> now_rows, const float* before,
+                             int heads, int64_t l) const override;
+  void AttentionMass(const float* probs, std::span<const int> rows, int heads, int64_t l,
+                     double* mass) const override;
+  void TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const override;
+  void GroupByExpert(const int* chosen, const float* weights, RowSegments segments, int experts,
+                     int k, int* rows, float* row_weights, int* counts) const override;
+  void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
+                  int64_t width) const override;
+  void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
+                       float* centroids, int* labels) const override;
+  void ShiftCentroids(const float* now, std::span<const int> now_rows, const float* before,
+                      std::span<const int> labels, std::span<const float> members, int64_t width,
+                      float* centroids) const override;
+  void ResidualAbsMax(const float* x, std::span<const int> x_rows, const float* base,
+                      std::span<const int> labels, int64_t width, float* amax) const override;
+  void QuantizeResiduals(const float* x, std::span<const int> x_rows, const float* base,
+                         std::span<const int> labels, int64_t width, float tensor_scale,
+                         uint8_t* scales, uint8_t* values,
+                         std::span<const int> store_rows) const override;
+  void DequantizeResiduals(const uint8_t* scales, const uint8_t* values,
+                           std::span<const int> store_rows, const float* base,
+                           std::span<const int> labels, int64_t width, float tensor_scale,
+                           float* out, std::span<const int> out_rows) const override;
+  void GreedyChoices(const float* logits, int64_t m, int64_t vocab, const GreedySpec& spec,
+                     GreedyChoice* out) const override;
+
+ private:
+  int device_;
+  ActivationPrecision activations_;
+  cudaStream_t stream_ = nullptr;  // the main queue
+  mutable std::mutex staging_mutex_;
+  std::unique_ptr<IndexStaging> staging_;  // the main stream's
+  // cuBLAS (blas.h): created by the first product; each op binds it under the mutex.
+  friend class cuda::BlasCalls;
+  mutable std::mutex blas_mutex_;
+  mutable cublasContext* blas_ = nullptr;
+};
+
+}  // namespace polestar

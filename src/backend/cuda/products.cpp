@@ -1,0 +1,177 @@
+// The matrix products of the CUDA backend: MatMulBatch, LmHeadBatch and Embed over weights of
+// every stored type (kernels in products.cu).
+//
+// y[M, N] = x[M, K] · w[N, K]^T is cuBLAS's column-major y^T = op_T(w) · x^T, by weight type
+// and activations():
+//   F32                               FP32 GEMM, TF32 off (CUBLAS_COMPUTE_32F_PEDANTIC)
+//   BF16, kReduced                    x rounded to BF16; BF16 x BF16 GEMM, FP32 accumulation
+//   block types, kReduced             w dequantised to BF16, then as BF16 weights
+//   F16; BF16 and block types, kF32   w widened to F32, then as F32 weights
+// (F16 stays FP32 in both modes: F16 activations could overflow.) Products of at most
+// kMaxDecodedProductRows rows over weights of the last three lines skip the decoded copy: one
+// kernel decodes the values in registers and multiplies them with FP32 activations (within
+// both modes' bounds). Weights stay resident as stored; what is decoded goes to a scratch of at
+// most kScratchBytes, one chunk of output columns at a time, so even LLaDA-8B's LM head (126464 x
+// 4096) needs no more. The segments only count rows: the contract is not batch invariant, so all M
+// rows go into one product.
+#include "backend/cuda/products.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/blas.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "base/error.h"
+#include "ops/quant.h"
+
+namespace polestar {
+namespace {
+
+constexpr int64_t kScratchBytes = int64_t(64) << 20;  // decoded weight rows of one chunk
+
+int64_t RowCount(RowSegments segments) {
+  int64_t m = 0;
+  for (const int64_t rows : segments) m += rows;
+  return m;
+}
+
+// Fails (Error) unless the kernels can read `w` as the view describes it: a type they decode,
+// rows of whole blocks, row_bytes at least a row's bytes, and F32/F16/BF16 aligned to their
+// element (cuBLAS and the kernels load those whole).
+void CheckWeights(const WeightView& w, const char* op) {
+  const DType type = w.dtype;
+  if (type != DType::kF32 && type != DType::kF16 && type != DType::kBF16 &&
+      !IsBlockQuantized(type)) {
+    Fail("cuda ", op, ": no kernel for weights of type ", DTypeName(type));
+  }
+  if (w.rows < 0 || w.cols < 0 || w.cols % BlockSize(type) != 0) {
+    Fail("cuda ", op, ": ", DTypeName(type), " weights of ", w.rows, " rows of ", w.cols,
+         " values (rows must hold whole blocks of ", BlockSize(type), ")");
+  }
+  if (w.rows > 0 && w.row_bytes < RowBytes(type, w.cols)) {
+    Fail("cuda ", op, ": ", DTypeName(type), " rows of ", w.cols, " values are ",
+         RowBytes(type, w.cols), " bytes, more than their stride of ", w.row_bytes);
+  }
+  const int64_t element = IsBlockQuantized(type) ? 1 : BlockBytes(type);
+  if (reinterpret_cast<uintptr_t>(w.data) % element != 0 || w.row_bytes % element != 0) {
+    Fail("cuda ", op, ": ", DTypeName(type), " weights not aligned to their ", element,
+         "-byte elements (row stride ", w.row_bytes, ")");
+  }
+}
+
+// y[M, ldy] columns [0, n) = x[M, K] · w[n, K]^T (w's rows ldw elements apart), accumulated
+// in FP32 (`compute`).
+void Gemm(const cuda::BlasCalls& blas, int64_t n, int64_t m, int64_t k, const void* w,
+          cudaDataType w_type, int64_t ldw, const void* x, cudaDataType x_type, float* y,
+          int64_t ldy, cublasComputeType_t compute) {
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one,
+                            w, w_type, int(ldw), x, x_type, int(k), &zero, y, CUDA_R_32F, int(ldy),
+                            compute, CUBLAS_GEMM_DEFAULT));
+}
+
+// The product over weights decoded chunk by chunk: rows [n0, n0 + nc) of w as BF16 (`bf16`,
+// times x_bf16[M, K]) or F32 (times x[M, K]) into scratch, then y's columns [n0, n0 + nc).
+void DecodedProduct(const CudaBackend& backend, const cuda::BlasCalls& blas, const float* x,
+                    const uint16_t* x_bf16, int64_t m, const WeightView& w, bool bf16, float* y) {
+  const int64_t n = w.rows, k = w.cols;
+  const int64_t chunk_rows = std::clamp<int64_t>(kScratchBytes / (k * (bf16 ? 2 : 4)), 1, n);
+  Buffer scratch(backend, chunk_rows * k, bf16 ? ElementType::kBf16 : ElementType::kF32,
+                 Buffer::Init::kNone);  // [chunk_rows, K]
+  void* decoded = bf16 ? static_cast<void*>(scratch.As<uint16_t>()) : scratch.data();
+  for (int64_t n0 = 0; n0 < n; n0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, n - n0);
+    // The stream orders this chunk's decoding after the previous chunk's product.
+    CUDA_CHECK(cuda::LaunchDequantizeRows(w.dtype, w.data, w.row_bytes, k, nullptr, n0, rows,
+                                          bf16 ? cuda::Decoded::kBf16 : cuda::Decoded::kF32,
+                                          decoded, backend.Stream()));
+    if (bf16) {
+      Gemm(blas, rows, m, k, decoded, CUDA_R_16BF, k, x_bf16, CUDA_R_16BF, y + n0, n,
+           CUBLAS_COMPUTE_32F);
+    } else {
+      Gemm(blas, rows, m, k, decoded, CUDA_R_32F, k, x, CUDA_R_32F, y + n0, n,
+           CUBLAS_COMPUTE_32F_PEDANTIC);
+    }
+  }
+}
+
+}  // namespace
+
+void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                              const float* bias) const {
+  const int64_t m = RowCount(segments);
+  CheckWeights(w, "MatMulBatch");
+  const int64_t n = w.rows, k = w.cols;
+  if (m == 0 || n == 0) return;
+  // cuBLAS takes int sizes and strides.
+  const int64_t ldw = IsBlockQuantized(w.dtype) ? k : w.row_bytes / BlockBytes(w.dtype);
+  if (std::max({m, n, k, ldw}) > INT_MAX) {
+    Fail("cuda MatMulBatch: ", m, " x ", k, " times ", n, " x ", k, " (row stride ", ldw,
+         ") exceeds cuBLAS's int sizes");
+  }
+  const bool native = w.dtype == DType::kF32 ||
+                      (w.dtype == DType::kBF16 && activations_ == ActivationPrecision::kReduced);
+  if (k == 0) {
+    Zero(y, m * n);  // empty sums
+  } else if (!native && m <= cuda::kMaxDecodedProductRows) {
+    // A cached step's few rows over weights cuBLAS does not take as stored: decoded in
+    // registers, so the product reads the stored bytes once (no decoded copy).
+    CUDA_CHECK(cuda::LaunchRowsTimesDecoded(w.dtype, w.data, w.row_bytes, n, k, x, m, y, Stream()));
+  } else {
+    const cuda::BlasCalls blas(*this);
+    const bool reduced = activations_ == ActivationPrecision::kReduced;
+    const bool bf16 = reduced && (w.dtype == DType::kBF16 || IsBlockQuantized(w.dtype));
+    Buffer x_bf16;  // [M, K] when bf16
+    if (bf16) {
+      x_bf16 = Buffer(*this, m * k, ElementType::kBf16, Buffer::Init::kNone);
+      CUDA_CHECK(cuda::LaunchRoundToBf16(x, m * k, x_bf16.As<uint16_t>(), Stream()));
+    }
+    if (w.dtype == DType::kF32) {
+      Gemm(blas, n, m, k, w.data, CUDA_R_32F, ldw, x, CUDA_R_32F, y, n,
+           CUBLAS_COMPUTE_32F_PEDANTIC);
+    } else if (bf16 && w.dtype == DType::kBF16) {
+      Gemm(blas, n, m, k, w.data, CUDA_R_16BF, ldw, x_bf16.As<uint16_t>(), CUDA_R_16BF, y, n,
+           CUBLAS_COMPUTE_32F);
+    } else {
+      DecodedProduct(*this, blas, x, bf16 ? x_bf16.As<uint16_t>() : nullptr, m, w, bf16, y);
+    }
+  }
+  if (bias != nullptr) CUDA_CHECK(cuda::LaunchAddBias(y, m, n, bias, Stream()));
+}
+
+void CudaBackend::LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm,
+                              float eps, const WeightView& lm_head, float* logits) const {
+  if (lm_head.cols != c) {
+    Fail("cuda LmHeadBatch: the LM head's rows hold ", lm_head.cols, " values, the hidden rows ",
+         c);
+  }
+  RmsNorm(x, RowCount(segments), c, final_norm, eps, x);
+  MatMulBatch(x, segments, lm_head, logits);
+}
+
+void CudaBackend::Embed(const WeightView& embedding, std::span<const int> tokens,
+                        std::span<const int> rows, float* out) const {
+  CheckWeights(embedding, "Embed");
+  // Each output row's token, checked here: a kernel could not report a bad one.
+  std::vector<int> ids(rows.size());  // [rows]
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || size_t(rows[i]) >= tokens.size()) {
+      Fail("cuda Embed: row ", i, " names position ", rows[i], " of ", tokens.size(), " tokens");
+    }
+    const int token = tokens[size_t(rows[i])];
+    if (token < 0 || token >= embedding.rows) {
+      Fail("cuda Embed: token id ", token, " at position ", rows[i], " is outside the ",
+           embedding.rows, " rows of the embedding");
+    }
+    ids[i] = token;
+  }
+  CUDA_CHECK(cuda::LaunchDequantizeRows(embedding.dtype, embedding.data, embedding.row_bytes,
+                                        embedding.cols, Stage(ids), 0, int64_t(ids.size()),
+                                        cuda::Decoded::kF32, out, Stream()));
+}
+
+}  // namespace polestar

@@ -1,0 +1,44 @@
+// The matrix products' kernels (products.cu): weight rows of every stored type decoded on the
+// device, the product of few rows over such weights, activations rounded to BF16, the bias
+// added. Plain pointers to device memory, C++17
+// (see rowwise.h); each launch enqueued on `stream`, returning its status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "base/dtype.h"
+
+namespace polestar::cuda {
+
+// What a dequantisation writes: floats, or BF16 bits (round to nearest even).
+enum class Decoded { kF32, kBf16 };
+
+// out[r, K] (as `decoded`) = the K values of weight row rows[r], or of row first_row + r when
+// `rows` is null, for r < count. Row j of the weights starts at weights + j * row_bytes and
+// holds K values stored as `type` (F32, F16, BF16 or a block type, K a multiple of its block;
+// F32/F16/BF16 rows aligned to their element). The values are ops/quant.cpp
+// DequantizeValues's, bit for bit.
+cudaError_t LaunchDequantizeRows(DType type, const uint8_t* weights, int64_t row_bytes, int64_t k,
+                                 const int* rows, int64_t first_row, int64_t count, Decoded decoded,
+                                 void* out, cudaStream_t stream);
+
+// A product of few rows: at most this many rows of x take LaunchRowsTimesDecoded.
+constexpr int64_t kMaxDecodedProductRows = 8;
+
+// y[M, N] = x[M, K] · w[N, K]^T for M <= kMaxDecodedProductRows, w's rows stored as `type`
+// (as LaunchDequantizeRows reads them): each weight value decoded in registers as it is read,
+// so the stored bytes cross from memory once and no decoded copy is written, and multiplied
+// with every row of x in FP32.
+cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
+                                   int64_t k, const float* x, int64_t m, float* y,
+                                   cudaStream_t stream);
+
+// out[n] = x[n] as BF16 bits, rounded to nearest even (base/dtype.h F32ToBf16).
+cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
+
+// y[M, N] += bias[N] on every row.
+cudaError_t LaunchAddBias(float* y, int64_t m, int64_t n, const float* bias, cudaStream_t stream);
+
+}  // namespace polestar::cuda

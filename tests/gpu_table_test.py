@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""bench/gpu_table.py on hand-made inputs (tests/data/gpu_table): every step's floor is the
+larger of its weight bytes over the copy bandwidth and its FLOPs over the best product rate,
+computed here by hand.
+
+Model: 2 layers, width 4, vocab 10, 280 parameters (2 x 4 x 10 in embedding and LM head, so
+100 per layer), 1000 bytes; canvas 6 + 4, block 2. Rates: 1000 B/s, 1000 FLOP/s at best.
+  full pass (20 rows, logits for all 10): 2*100*20 + 2*4*10*10 + 4*4*10*20 = 8000 FLOPs: 8 s
+  dual-cache step (4 rows, the block's 2 logit rows): 800 + 160 + 640 = 1600 FLOPs: 1.6 s,
+  above the bytes' 1 s."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+here = os.path.dirname(os.path.abspath(__file__))
+data = os.path.join(here, "data", "gpu_table")
+with tempfile.TemporaryDirectory() as out:
+    result = os.path.join(out, "table.json")
+    table = subprocess.run(
+        [sys.executable, os.path.join(here, "..", "bench", "gpu_table.py"),
+         "--rates", os.path.join(data, "rates.json"), "--scale", os.path.join(data, "scale.json"),
+         "--pytorch", os.path.join(data, "pytorch.json"), "--json", result],
+        check=True, capture_output=True, text=True).stdout
+    steps = {s["kind"]: s for s in json.load(open(result))["steps"]}
+
+assert set(steps) == {"full pass", "dual-cache step"}, steps  # no rows: no floor
+assert abs(steps["full pass"]["floor_s"] - 8.0) < 1e-9, steps
+assert steps["full pass"]["bound"] == "FLOPs", steps
+assert abs(steps["dual-cache step"]["floor_s"] - 1.6) < 1e-9, steps
+assert "| full pass | 20 | 16000.00 | 8000.00 | FLOPs | 2.00 | 32000.00 | 2.00 |" in table, table
+assert "| dual-cache step | 4 | 2000.00 | 1600.00 | FLOPs | 1.25 | 1000.00 | 0.50 |" in table, table
+print("gpu_table: floors as computed by hand")
