@@ -7,7 +7,7 @@
 #include "backend/checked/checked_backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
-#ifdef POLESTAR_CUDA
+#if defined(POLESTAR_CUDA) || defined(POLESTAR_CUDA_EMULATION)
 #include "backend/cuda/cuda_entry.h"
 #endif
 
@@ -19,8 +19,10 @@ const std::vector<BackendEntry>& RegisteredBackends() {
 #ifdef POLESTAR_CUDA
       CudaBackendEntry(),
 #endif
-      CpuBackendEntry(),
-      CheckedBackendEntry(),
+      CpuBackendEntry(), CheckedBackendEntry(),
+#ifdef POLESTAR_CUDA_EMULATION
+      CudaBackendEntry(),  // over the host emulation: tests only, below the CPU
+#endif
   };
   return entries;
 }

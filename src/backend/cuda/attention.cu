@@ -65,9 +65,8 @@ cudaError_t LaunchRope(float* x, int64_t m, const int* positions, int heads, int
   const int64_t pairs = m * heads * half;
   if (pairs <= 0) return cudaSuccess;
   const int blocks = int(std::min<int64_t>((pairs + kThreads - 1) / kThreads, kMaxBlocks));
-  RopeKernel<<<blocks, kThreads, 0, stream>>>(x, pairs, positions, heads, head_dim, half, cos, sin,
-                                              interleaved, inverse ? -1.0f : 1.0f);
-  return cudaGetLastError();
+  return Launch(RopeKernel, blocks, kThreads, 0, stream, x, pairs, positions, heads, head_dim, half,
+                cos, sin, interleaved, inverse ? -1.0f : 1.0f);
 }
 
 cudaError_t LaunchSoftmaxRows(float* scores, int64_t rows, int64_t l, float* copy,
@@ -75,8 +74,7 @@ cudaError_t LaunchSoftmaxRows(float* scores, int64_t rows, int64_t l, float* cop
   if (rows <= 0 || l <= 0) return cudaSuccess;
   // Rows are plenty: a row per block, up to a grid that fills the GPU many times over.
   const int blocks = int(std::min<int64_t>(rows, int64_t(1) << 20));
-  SoftmaxRowsKernel<<<blocks, kThreads, 0, stream>>>(scores, rows, l, copy);
-  return cudaGetLastError();
+  return Launch(SoftmaxRowsKernel, blocks, kThreads, 0, stream, scores, rows, l, copy);
 }
 
 }  // namespace polestar::cuda

@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#ifdef POLESTAR_CUDA_EMULATION
+#include "backend/cpu/cpu_backend.h"
+#endif
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_entry.h"
 #include "backend/worker_queue.h"
@@ -202,8 +205,13 @@ class SideStream final : public SideQueue {
 BackendEntry CudaBackendEntry() {
   return {
       .name = "cuda",
+#ifdef POLESTAR_CUDA_EMULATION
+      .description = "the CUDA backend over the host emulation of tests/cuda_emulation (tests)",
+      .rank = CpuBackendEntry().rank - 2,  // below the checking backend: never "auto"
+#else
       .description = "NVIDIA GPUs through the CUDA runtime (device 0)",
       .rank = 1,
+#endif
       .options = {{"activations", "reduced|f32",
                    "reduced: BF16 activations in the products, FP32 accumulation; f32: FP32 "
                    "products with TF32 off, the exact mode (default: POLESTAR_ACTIVATIONS, "

@@ -394,9 +394,9 @@ __global__ void DequantizeResidualsKernel(const uint8_t* scales, const uint8_t* 
 }  // namespace
 
 // Each launcher returns at its first failing launch.
-#define RETURN_IF_LAUNCH_FAILED()                                                            \
-  do {                                                                                       \
-    if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status; \
+#define RETURN_IF_FAILED(launch)                                                   \
+  do {                                                                             \
+    if (const cudaError_t status = (launch); status != cudaSuccess) return status; \
   } while (false)
 
 cudaError_t LaunchHeadMeanDrift(bool kl, const float* now, const float* before, int64_t rows,
@@ -405,69 +405,59 @@ cudaError_t LaunchHeadMeanDrift(bool kl, const float* now, const float* before, 
   if (rows <= 0) return cudaSuccess;
   const int64_t pairs = rows * heads;
   if (pairs > 0) {
-    HeadDriftKernel<<<GridBlocks(pairs), kThreads, 0, stream>>>(kl, now, before, pairs, l, now_logs,
-                                                                before_logs, head_drift);
-    RETURN_IF_LAUNCH_FAILED();
+    RETURN_IF_FAILED(Launch(HeadDriftKernel, GridBlocks(pairs), kThreads, 0, stream, kl, now,
+                            before, pairs, l, now_logs, before_logs, head_drift));
   }
-  HeadMeanKernel<<<GridBlocks(rows), kThreads, 0, stream>>>(head_drift, rows, heads, row_drift);
-  return cudaGetLastError();
+  return Launch(HeadMeanKernel, GridBlocks(rows), kThreads, 0, stream, head_drift, rows, heads,
+                row_drift);
 }
 
 cudaError_t LaunchMeanCrossHeadCosine(const float* now, const int* now_rows, int64_t count,
                                       const float* before, int heads, int64_t l, double* cosines,
                                       double* mean, cudaStream_t stream) {
   if (count <= 0 || l <= 0) return cudaSuccess;
-  CrossHeadCosineKernel<<<GridBlocks(count * l), kThreads, 0, stream>>>(now, now_rows, count,
-                                                                        before, heads, l, cosines);
-  RETURN_IF_LAUNCH_FAILED();
-  FixedOrderMeanKernel<<<1, kThreads, 0, stream>>>(cosines, count * l, mean);
-  return cudaGetLastError();
+  RETURN_IF_FAILED(Launch(CrossHeadCosineKernel, GridBlocks(count * l), kThreads, 0, stream, now,
+                          now_rows, count, before, heads, l, cosines));
+  return Launch(FixedOrderMeanKernel, 1, kThreads, 0, stream, cosines, count * l, mean);
 }
 
 cudaError_t LaunchAttentionMass(const float* probs, const int* rows, int64_t count, int heads,
                                 int64_t l, double* mass, cudaStream_t stream) {
   if (l <= 0) return cudaSuccess;
-  AttentionMassKernel<<<GridBlocks(l), kThreads, 0, stream>>>(probs, rows, count, heads, l, mass);
-  return cudaGetLastError();
+  return Launch(AttentionMassKernel, GridBlocks(l), kThreads, 0, stream, probs, rows, count, heads,
+                l, mass);
 }
 
 cudaError_t LaunchTopKeys(const double* mass, const int* keys, int64_t count, int* top,
                           int64_t top_count, cudaStream_t stream) {
   if (count <= 0 || top_count <= 0) return cudaSuccess;
-  TopKeysKernel<<<GridBlocks(count), kThreads, 0, stream>>>(mass, keys, count, top, top_count);
-  return cudaGetLastError();
+  return Launch(TopKeysKernel, GridBlocks(count), kThreads, 0, stream, mass, keys, count, top,
+                top_count);
 }
 
 cudaError_t LaunchSphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,
                                   const KMeansScratch& scratch, float* centroids, int* labels,
                                   cudaStream_t stream) {
   if (n <= 0 || k <= 0) return cudaSuccess;
-  SeedKernel<<<GridBlocks(std::max<int64_t>(k * d, n)), kThreads, 0, stream>>>(points, n, d, k,
-                                                                               centroids, labels);
-  RETURN_IF_LAUNCH_FAILED();
+  RETURN_IF_FAILED(Launch(SeedKernel, GridBlocks(std::max<int64_t>(k * d, n)), kThreads, 0, stream,
+                          points, n, d, k, centroids, labels));
   if (n <= k || iterations <= 0) return cudaSuccess;
-  InverseNormsKernel<<<GridBlocks(n), kThreads, 0, stream>>>(points, n, d,
-                                                             scratch.point_inverse_norms);
-  RETURN_IF_LAUNCH_FAILED();
-  UnitPointsKernel<<<GridBlocks(n * d), kThreads, 0, stream>>>(
-      points, n, d, scratch.point_inverse_norms, scratch.unit_points);
-  RETURN_IF_LAUNCH_FAILED();
+  RETURN_IF_FAILED(Launch(InverseNormsKernel, GridBlocks(n), kThreads, 0, stream, points, n, d,
+                          scratch.point_inverse_norms));
+  RETURN_IF_FAILED(Launch(UnitPointsKernel, GridBlocks(n * d), kThreads, 0, stream, points, n, d,
+                          scratch.point_inverse_norms, scratch.unit_points));
   for (int iteration = 0; iteration < iterations; ++iteration) {
-    InverseNormsKernel<<<GridBlocks(k), kThreads, 0, stream>>>(centroids, k, d,
-                                                               scratch.centroid_inverse_norms);
-    RETURN_IF_LAUNCH_FAILED();
-    SimilarityKernel<<<GridBlocks(k * n), kThreads, 0, stream>>>(
-        scratch.unit_points, n, d, centroids, scratch.centroid_inverse_norms, k,
-        scratch.similarity);
-    RETURN_IF_LAUNCH_FAILED();
-    AssignKernel<<<GridBlocks(n), kThreads, 0, stream>>>(scratch.similarity, n, k, labels);
-    RETURN_IF_LAUNCH_FAILED();
-    GroupMembersKernel<<<1, kThreads, 0, stream>>>(labels, n, k, scratch.member_offsets,
-                                                   scratch.members);
-    RETURN_IF_LAUNCH_FAILED();
-    UpdateCentroidsKernel<<<GridBlocks(k * d), kThreads, 0, stream>>>(
-        points, d, k, scratch.member_offsets, scratch.members, centroids);
-    RETURN_IF_LAUNCH_FAILED();
+    RETURN_IF_FAILED(Launch(InverseNormsKernel, GridBlocks(k), kThreads, 0, stream, centroids, k, d,
+                            scratch.centroid_inverse_norms));
+    RETURN_IF_FAILED(Launch(SimilarityKernel, GridBlocks(k * n), kThreads, 0, stream,
+                            scratch.unit_points, n, d, centroids, scratch.centroid_inverse_norms, k,
+                            scratch.similarity));
+    RETURN_IF_FAILED(
+        Launch(AssignKernel, GridBlocks(n), kThreads, 0, stream, scratch.similarity, n, k, labels));
+    RETURN_IF_FAILED(Launch(GroupMembersKernel, 1, kThreads, 0, stream, labels, n, k,
+                            scratch.member_offsets, scratch.members));
+    RETURN_IF_FAILED(Launch(UpdateCentroidsKernel, GridBlocks(k * d), kThreads, 0, stream, points,
+                            d, k, scratch.member_offsets, scratch.members, centroids));
   }
   return cudaSuccess;
 }
@@ -477,9 +467,8 @@ cudaError_t LaunchShiftCentroids(const float* now, const int* now_rows, const fl
                                  int64_t clusters, int64_t width, float* centroids,
                                  cudaStream_t stream) {
   if (pairs <= 0 || clusters * width <= 0) return cudaSuccess;
-  ShiftCentroidsKernel<<<GridBlocks(clusters * width), kThreads, 0, stream>>>(
-      now, now_rows, before, labels, pairs, members, clusters, width, centroids);
-  return cudaGetLastError();
+  return Launch(ShiftCentroidsKernel, GridBlocks(clusters * width), kThreads, 0, stream, now,
+                now_rows, before, labels, pairs, members, clusters, width, centroids);
 }
 
 cudaError_t LaunchResidualAbsMax(const float* x, const int* x_rows, const float* base,
@@ -490,9 +479,8 @@ cudaError_t LaunchResidualAbsMax(const float* x, const int* x_rows, const float*
     return status;
   }
   if (count <= 0 || width <= 0) return cudaSuccess;
-  ResidualAbsMaxKernel<<<GridBlocks(count * width), kThreads, 0, stream>>>(x, x_rows, base, labels,
-                                                                           count, width, amax);
-  return cudaGetLastError();
+  return Launch(ResidualAbsMaxKernel, GridBlocks(count * width), kThreads, 0, stream, x, x_rows,
+                base, labels, count, width, amax);
 }
 
 cudaError_t LaunchQuantizeResiduals(const float* x, const int* x_rows, const float* base,
@@ -500,9 +488,8 @@ cudaError_t LaunchQuantizeResiduals(const float* x, const int* x_rows, const flo
                                     float tensor_scale, uint8_t* scales, uint8_t* values,
                                     const int* store_rows, cudaStream_t stream) {
   if (count <= 0 || width <= 0) return cudaSuccess;
-  QuantizeResidualsKernel<<<GridBlocks(count * ScaleBytes(width)), kThreads, 0, stream>>>(
-      x, x_rows, base, labels, count, width, tensor_scale, scales, values, store_rows);
-  return cudaGetLastError();
+  return Launch(QuantizeResidualsKernel, GridBlocks(count * ScaleBytes(width)), kThreads, 0, stream,
+                x, x_rows, base, labels, count, width, tensor_scale, scales, values, store_rows);
 }
 
 cudaError_t LaunchDequantizeResiduals(const uint8_t* scales, const uint8_t* values,
@@ -510,11 +497,10 @@ cudaError_t LaunchDequantizeResiduals(const uint8_t* scales, const uint8_t* valu
                                       int64_t count, int64_t width, float tensor_scale, float* out,
                                       const int* out_rows, cudaStream_t stream) {
   if (count <= 0 || width <= 0) return cudaSuccess;
-  DequantizeResidualsKernel<<<GridBlocks(count * width), kThreads, 0, stream>>>(
-      scales, values, store_rows, base, labels, count, width, tensor_scale, out, out_rows);
-  return cudaGetLastError();
+  return Launch(DequantizeResidualsKernel, GridBlocks(count * width), kThreads, 0, stream, scales,
+                values, store_rows, base, labels, count, width, tensor_scale, out, out_rows);
 }
 
-#undef RETURN_IF_LAUNCH_FAILED
+#undef RETURN_IF_FAILED
 
 }  // namespace polestar::cuda

@@ -9,6 +9,35 @@
 
 namespace polestar::cuda {
 
+// Launches `kernel(args...)` on `grid` blocks of `threads` with `shared_bytes` of dynamic
+// shared memory, and returns the launch's error. Every launch goes through here, so the CUDA
+// emulation (tests/cuda_emulation/, POLESTAR_CUDA_EMULATION) can run the kernels on the host.
+template <class... Params, class... Args>
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared_bytes,
+                   cudaStream_t stream, Args... args) {
+#ifdef POLESTAR_CUDA_EMULATION
+  return cuda_emulation::Launch(reinterpret_cast<const void*>(kernel), grid, threads, shared_bytes,
+                                stream, [=] { kernel(Params(args)...); });
+#else
+  // clang-format splits a launch's chevrons in a header.
+  // clang-format off
+  kernel<<<grid, threads, shared_bytes, stream>>>(args...);
+  // clang-format on
+  return cudaGetLastError();
+#endif
+}
+
+// The launch's dynamic shared memory (its shared_bytes), as T.
+template <class T>
+__device__ T* DynamicShared() {
+#ifdef POLESTAR_CUDA_EMULATION
+  return static_cast<T*>(cuda_emulation::DynamicShared());
+#else
+  extern __shared__ uint4 dynamic_shared[];  // uint4: aligned for every T
+  return reinterpret_cast<T*>(dynamic_shared);
+#endif
+}
+
 constexpr int kThreads = 256;  // per block, a multiple of the warp
 constexpr int kWarp = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
@@ -16,11 +45,12 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int64_t kMaxBlocks = 4096;
 
 // Blocks of kThreads for `items` independent items (one per thread, grid-strided).
+// At least one block: a grid of none is a launch error, and one block with no work does none.
 inline int GridBlocks(int64_t items) {
-  return int(std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
+  return int(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
-// Blocks for `rows` rows of one block each (grid-strided).
-inline int RowBlocks(int64_t rows) { return int(std::min<int64_t>(rows, kMaxBlocks)); }
+// Blocks for `rows` rows of one block each (grid-strided), at least one.
+inline int RowBlocks(int64_t rows) { return int(std::clamp<int64_t>(rows, 1, kMaxBlocks)); }
 
 // Reductions' combining rules.
 struct Sum {

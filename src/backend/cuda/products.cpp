@@ -8,7 +8,7 @@
 //   block types, kReduced             w dequantised to BF16, then as BF16 weights
 //   F16; BF16 and block types, kF32   w widened to F32, then as F32 weights
 // (F16 stays FP32 in both modes: F16 activations could overflow.) Products of at most
-// kMaxDecodedProductRows rows over weights of the last three lines skip the decoded copy: one
+// kMaxDecodedProductRows rows over weights of the last two lines skip the decoded copy: one
 // kernel decodes the values in registers and multiplies them with FP32 activations (within
 // both modes' bounds). Weights stay resident as stored; what is decoded goes to a scratch of at
 // most kScratchBytes, one chunk of output columns at a time, so even LLaDA-8B's LM head (126464 x

@@ -112,14 +112,11 @@ cudaError_t LaunchDequantize(const uint8_t* weights, int64_t row_bytes, int64_t 
                              cudaStream_t stream) {
   const int blocks = GridBlocks(count * k);
   const int block_bytes = BlockBytes(kType);
-  if (decoded == Decoded::kF32) {
-    DequantizeRowsKernel<kType, Decoded::kF32><<<blocks, kThreads, 0, stream>>>(
-        weights, row_bytes, block_bytes, k, rows, first_row, count, out);
-  } else {
-    DequantizeRowsKernel<kType, Decoded::kBf16><<<blocks, kThreads, 0, stream>>>(
-        weights, row_bytes, block_bytes, k, rows, first_row, count, out);
-  }
-  return cudaGetLastError();
+  return decoded == Decoded::kF32
+             ? Launch(DequantizeRowsKernel<kType, Decoded::kF32>, blocks, kThreads, 0, stream,
+                      weights, row_bytes, block_bytes, k, rows, first_row, count, out)
+             : Launch(DequantizeRowsKernel<kType, Decoded::kBf16>, blocks, kThreads, 0, stream,
+                      weights, row_bytes, block_bytes, k, rows, first_row, count, out);
 }
 
 // One warp per weight row (grid-strided by whole warps, so every lane of a warp takes the
@@ -155,9 +152,8 @@ cudaError_t LaunchRowsTimes(const uint8_t* weights, int64_t row_bytes, int64_t n
                             const float* x, int m, float* y, cudaStream_t stream) {
   constexpr int64_t kWarpsPerBlock = kThreads / kWarp;
   const int blocks = int(std::min<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks));
-  RowsTimesDecodedKernel<kType>
-      <<<blocks, kThreads, 0, stream>>>(weights, row_bytes, BlockBytes(kType), n, k, x, m, y);
-  return cudaGetLastError();
+  return Launch(RowsTimesDecodedKernel<kType>, blocks, kThreads, 0, stream, weights, row_bytes,
+                BlockBytes(kType), n, k, x, m, y);
 }
 
 __global__ void RoundToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
@@ -225,14 +221,12 @@ cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t r
 
 cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  RoundToBf16Kernel<<<GridBlocks(n), kThreads, 0, stream>>>(x, n, out);
-  return cudaGetLastError();
+  return Launch(RoundToBf16Kernel, GridBlocks(n), kThreads, 0, stream, x, n, out);
 }
 
 cudaError_t LaunchAddBias(float* y, int64_t m, int64_t n, const float* bias, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return cudaSuccess;
-  AddBiasKernel<<<GridBlocks(m * n), kThreads, 0, stream>>>(y, m, n, bias);
-  return cudaGetLastError();
+  return Launch(AddBiasKernel, GridBlocks(m * n), kThreads, 0, stream, y, m, n, bias);
 }
 
 }  // namespace polestar::cuda

@@ -129,7 +129,7 @@ __global__ void ScaleAddRowsKernel(const float* src, const float* scales, float*
 // order: a lane per expert where the order cannot change a bit (exp, sigmoid, max, the
 // choice under a total order), lane 0 alone for the sums.
 __global__ void RouteTopKKernel(const float* logits, RouterRule rule, int* chosen, float* weights) {
-  extern __shared__ float shared[];
+  float* shared = DynamicShared<float>();
   const int experts = rule.experts, k = rule.top_k, lane = threadIdx.x;
   float* scores = shared;                           // [E] s
   float* selection = scores + experts;              // [E] v = s + bias
@@ -218,7 +218,7 @@ __global__ void RouteTopKKernel(const float* logits, RouterRule rule, int* chose
 __global__ void GroupByExpertKernel(const int* chosen, const float* weights,
                                     const int* segment_ends, int sequences, int experts, int k,
                                     int64_t n, int* rows, float* row_weights, int* counts) {
-  extern __shared__ int group_shared[];
+  int* group_shared = DynamicShared<int>();
   int* chunk = group_shared;                // [blockDim] choices
   int* totals = group_shared + blockDim.x;  // [E] elements per expert
   const int e = threadIdx.x;
@@ -343,40 +343,36 @@ cudaError_t LaunchRmsNorm(const float* x, int64_t m, int64_t c, const float* wei
                           float* out, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (m > INT32_MAX) return cudaErrorInvalidConfiguration;
-  RmsNormKernel<<<unsigned(m), kThreads, 0, stream>>>(x, c, weight, eps, out);
-  return cudaGetLastError();
+  return Launch(RmsNormKernel, unsigned(m), kThreads, 0, stream, x, c, weight, eps, out);
 }
 
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  SiluMulKernel<<<GridBlocks(n), kThreads, 0, stream>>>(gate, up, n);
-  return cudaGetLastError();
+  return Launch(SiluMulKernel, GridBlocks(n), kThreads, 0, stream, gate, up, n);
 }
 
 cudaError_t LaunchAddInPlace(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  AddInPlaceKernel<<<GridBlocks(n), kThreads, 0, stream>>>(x, y, n);
-  return cudaGetLastError();
+  return Launch(AddInPlaceKernel, GridBlocks(n), kThreads, 0, stream, x, y, n);
 }
 
 cudaError_t LaunchClamp(float* x, int64_t n, float limit, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  ClampKernel<<<GridBlocks(n), kThreads, 0, stream>>>(x, n, limit);
-  return cudaGetLastError();
+  return Launch(ClampKernel, GridBlocks(n), kThreads, 0, stream, x, n, limit);
 }
 
 cudaError_t LaunchCopyRows(const float* src, const int* src_rows, float* dst, const int* dst_rows,
                            int64_t n, int64_t width, cudaStream_t stream) {
   if (n <= 0 || width <= 0) return cudaSuccess;
-  CopyRowsKernel<<<RowBlocks(n), kThreads, 0, stream>>>(src, src_rows, dst, dst_rows, n, width);
-  return cudaGetLastError();
+  return Launch(CopyRowsKernel, RowBlocks(n), kThreads, 0, stream, src, src_rows, dst, dst_rows, n,
+                width);
 }
 
 cudaError_t LaunchScaleAddRows(const float* src, const float* scales, float* dst,
                                const int* dst_rows, int64_t n, int64_t width, cudaStream_t stream) {
   if (n <= 0 || width <= 0) return cudaSuccess;
-  ScaleAddRowsKernel<<<RowBlocks(n), kThreads, 0, stream>>>(src, scales, dst, dst_rows, n, width);
-  return cudaGetLastError();
+  return Launch(ScaleAddRowsKernel, RowBlocks(n), kThreads, 0, stream, src, scales, dst, dst_rows,
+                n, width);
 }
 
 int64_t RouteTopKSharedBytes(const RouterRule& rule) {
@@ -388,9 +384,8 @@ cudaError_t LaunchRouteTopK(const float* logits, int64_t m, const RouterRule& ru
                             float* weights, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (m > INT32_MAX) return cudaErrorInvalidConfiguration;
-  RouteTopKKernel<<<unsigned(m), kWarp, size_t(RouteTopKSharedBytes(rule)), stream>>>(
-      logits, rule, chosen, weights);
-  return cudaGetLastError();
+  return Launch(RouteTopKKernel, unsigned(m), kWarp, size_t(RouteTopKSharedBytes(rule)), stream,
+                logits, rule, chosen, weights);
 }
 
 cudaError_t LaunchGroupByExpert(const int* chosen, const float* weights, const int* segment_ends,
@@ -400,17 +395,16 @@ cudaError_t LaunchGroupByExpert(const int* chosen, const float* weights, const i
   if (experts > kMaxGroupedExperts) return cudaErrorInvalidConfiguration;
   const int threads = (experts + kWarp - 1) / kWarp * kWarp;
   const size_t shared = size_t(threads + experts) * sizeof(int);
-  GroupByExpertKernel<<<1, threads, shared, stream>>>(chosen, weights, segment_ends, sequences,
-                                                      experts, k, n, rows, row_weights, counts);
-  return cudaGetLastError();
+  return Launch(GroupByExpertKernel, 1, threads, shared, stream, chosen, weights, segment_ends,
+                sequences, experts, k, n, rows, row_weights, counts);
 }
 
 cudaError_t LaunchGreedyChoices(const float* logits, int64_t m, int64_t vocab, GreedyKind kind,
                                 int excluded, GreedyChoiceBits* out, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (m > INT32_MAX || vocab > INT32_MAX) return cudaErrorInvalidConfiguration;
-  GreedyChoicesKernel<<<unsigned(m), kThreads, 0, stream>>>(logits, vocab, kind, excluded, out);
-  return cudaGetLastError();
+  return Launch(GreedyChoicesKernel, unsigned(m), kThreads, 0, stream, logits, vocab, kind,
+                excluded, out);
 }
 
 }  // namespace polestar::cuda
