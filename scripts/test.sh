@@ -3,7 +3,9 @@
 # sanitizers:
 #   1. build/       Release, warnings are errors: every test; then the forward's suites again
 #                   on the checking backend (POLESTAR_BACKEND=checked);
-#   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (gcc): every test;
+#   2. build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (gcc): every test, with the
+#                   CUDA backend built over the host emulation (tests/cuda_emulation/), so its
+#                   conformance and agreement cases run its host code and kernels here;
 #   3. build-tsan/  ThreadSanitizer (clang with LLVM's OpenMP, which loads its Archer tool
 #                   into a TSan program to tell TSan about OpenMP's synchronisation): the
 #                   threaded tests, server_test and polestar_test.
@@ -36,7 +38,7 @@ POLESTAR_BACKEND=checked ctest --test-dir build --output-on-failure -j"$jobs" --
 stage_done "checking backend"
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPOLESTAR_WERROR=ON \
-  -DPOLESTAR_SANITIZE=address,undefined -DPOLESTAR_BUILD_BENCH=OFF
+  -DPOLESTAR_SANITIZE=address,undefined -DPOLESTAR_BUILD_BENCH=OFF -DPOLESTAR_CUDA_EMULATION=ON
 cmake --build build-asan -j"$jobs"
 # Excluded under ASan: Server.NoMemoryGrowthAcrossManyRequests and
 # Jinja.TheBytesHeldAtOnceAreBounded measure resident memory, which ASan's quarantine and

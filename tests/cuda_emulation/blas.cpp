@@ -9,11 +9,13 @@
 // mode that leaves TF32 on misses its tolerances here as on the GPU.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "cuda_emulation/emulation.h"
 
@@ -147,21 +149,29 @@ cublasStatus_t Product(cublasHandle_t handle, cublasOperation_t transa, cublasOp
                     (compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                      (handle->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH);
   Enqueue(handle->stream, [=] {
+    // op(A) as [m][k] and op(B) as [n][k] floats, so each element of C is one contiguous dot.
+    std::vector<float> a(size_t(m) * size_t(k)), b(size_t(n) * size_t(k));
     for (int batch = 0; batch < batches; ++batch) {
+      for (int i = 0; i < m; ++i) {
+        for (int p = 0; p < k; ++p) {
+          const int64_t at = batch * stride_a + (a_t ? p + int64_t(i) * lda : i + int64_t(p) * lda);
+          const float value = Load(A, a_type, at);
+          a[size_t(i) * size_t(k) + size_t(p)] = tf32 ? RoundToTf32(value) : value;
+        }
+      }
       for (int j = 0; j < n; ++j) {
+        for (int p = 0; p < k; ++p) {
+          const int64_t at = batch * stride_b + (b_t ? j + int64_t(p) * ldb : p + int64_t(j) * ldb);
+          const float value = Load(B, b_type, at);
+          b[size_t(j) * size_t(k) + size_t(p)] = tf32 ? RoundToTf32(value) : value;
+        }
+      }
+      for (int j = 0; j < n; ++j) {
+        const float* b_row = b.data() + size_t(j) * size_t(k);
         for (int i = 0; i < m; ++i) {
+          const float* a_row = a.data() + size_t(i) * size_t(k);
           float sum = 0.0f;
-          for (int p = 0; p < k; ++p) {
-            float a = Load(A, a_type,
-                           batch * stride_a + (a_t ? p + int64_t(i) * lda : i + int64_t(p) * lda));
-            float b = Load(B, b_type,
-                           batch * stride_b + (b_t ? j + int64_t(p) * ldb : p + int64_t(j) * ldb));
-            if (tf32) {
-              a = RoundToTf32(a);
-              b = RoundToTf32(b);
-            }
-            sum += a * b;
-          }
+          for (int p = 0; p < k; ++p) sum += a_row[p] * b_row[p];
           const int64_t at = batch * stride_c + i + int64_t(j) * ldc;
           const float value = beta_value == 0.0f
                                   ? alpha_value * sum

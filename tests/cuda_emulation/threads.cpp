@@ -97,10 +97,10 @@ struct Block {
   std::array<std::array<uint8_t, kExchangeBytes>, kMaxThreads> exchange;  // a slot per thread
 };
 
-Block& Running() {
-  static Block* block = new Block;  // never destroyed: launches may come during exit
-  return *block;
-}
+// Never destroyed: launches may come during exit. Made before main, so reading it costs no
+// guard (the scheduler reads it at every switch).
+Block* const running_block = new Block;
+Block& Running() { return *running_block; }
 
 // AddressSanitizer is told of every switch, so it knows which stack is live.
 void StartSwitch(void** fake_stack_save, const void* bottom, size_t size) {
