@@ -11,8 +11,9 @@
 //   missing wait leaves the other stream's writes unseen (or its frees early, which
 //   AddressSanitizer reports);
 // * device memory is a host allocation of exactly the size asked (AddressSanitizer catches a
-//   kernel reading past it), poisoned whenever no queued work runs, so host code that touches
-//   device memory directly is reported as a use of poisoned memory;
+//   kernel reading past it), poisoned whenever no queued work runs (up to 4 MiB an
+//   allocation), so host code that touches device memory directly is reported as a use of
+//   poisoned memory;
 // * copies check their kind against where the pointers lie, and stay inside one allocation.
 #include <sanitizer/asan_interface.h>
 
@@ -70,8 +71,15 @@ State& Emulation() {
 
 thread_local cudaError_t last_error = cudaSuccess;
 
+// Allocations above this are not fenced: the backend takes a 32 MiB cuBLAS workspace per
+// product, and poisoning it around every run of queued work would cost more than the run.
+constexpr size_t kFencedBytes = size_t(4) << 20;
+
+bool Fenced(size_t bytes) { return bytes <= kFencedBytes; }
+
 void PoisonDevice(bool poison) {
   for (const auto& [address, bytes] : Emulation().device) {
+    if (!Fenced(bytes)) continue;
     if (poison) {
       ASAN_POISON_MEMORY_REGION(reinterpret_cast<void*>(address), bytes);
     } else {
@@ -357,7 +365,7 @@ cudaError_t cudaMalloc(void** data, size_t size) {
   std::memset(bytes + size - end_bytes, 0xa5, end_bytes);
   state.device.emplace(reinterpret_cast<uintptr_t>(*data), size);
   state.device_bytes += size;
-  if (state.running == 0) ASAN_POISON_MEMORY_REGION(*data, size);
+  if (state.running == 0 && cuda_emulation::Fenced(size)) ASAN_POISON_MEMORY_REGION(*data, size);
   return cudaSuccess;
 }
 
