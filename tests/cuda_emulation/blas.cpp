@@ -10,10 +10,10 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -39,17 +39,6 @@ size_t ElementBytes(cudaDataType type) {
   }
 }
 
-float BitsToFloat(uint32_t bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-uint32_t FloatToBits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-
 // IEEE half to float, exactly.
 float HalfToFloat(uint16_t h) {
   const int sign = h >> 15, exponent = (h >> 10) & 31, mantissa = h & 1023;
@@ -67,12 +56,12 @@ float HalfToFloat(uint16_t h) {
 float Load(const void* data, cudaDataType type, int64_t index) {
   if (type == CUDA_R_32F) return static_cast<const float*>(data)[index];
   const uint16_t bits = static_cast<const uint16_t*>(data)[index];
-  return type == CUDA_R_16BF ? BitsToFloat(uint32_t(bits) << 16) : HalfToFloat(bits);
+  return type == CUDA_R_16BF ? std::bit_cast<float>(uint32_t(bits) << 16) : HalfToFloat(bits);
 }
 
 // Round to nearest even, NaN kept quiet.
 uint16_t FloatToBf16(float value) {
-  const uint32_t bits = FloatToBits(value);
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
   if (std::isnan(value)) return uint16_t((bits >> 16) | 0x40);
   return uint16_t((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
@@ -90,8 +79,8 @@ void Store(void* data, cudaDataType type, int64_t index, float value) {
 // TF32: 10 mantissa bits, rounded to nearest even.
 float RoundToTf32(float value) {
   if (!std::isfinite(value)) return value;
-  const uint32_t bits = FloatToBits(value);
-  return BitsToFloat((bits + 0xfff + ((bits >> 13) & 1)) & 0xffffe000u);
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  return std::bit_cast<float>((bits + 0xfff + ((bits >> 13) & 1)) & 0xffffe000u);
 }
 
 struct Matrix {

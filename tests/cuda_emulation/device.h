@@ -11,9 +11,9 @@
 #include <cuda_runtime.h>
 #include <math.h>  // the global math functions device code calls (expf, fmaxf, ...)
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 
 namespace cuda_emulation {
@@ -99,23 +99,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 
-inline float __int_as_float(int bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-inline float __uint_as_float(unsigned bits) {
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-inline unsigned __float_as_uint(float value) {
-  unsigned bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
-inline int __float_as_int(float value) {
-  int bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
-}
+inline float __int_as_float(int bits) { return std::bit_cast<float>(bits); }
+inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
+inline unsigned __float_as_uint(float value) { return std::bit_cast<unsigned>(value); }
+inline int __float_as_int(float value) { return std::bit_cast<int>(value); }
