@@ -791,6 +791,19 @@ TEST_P(BackendConformance, SphericalKMeans) {
         label + " centroids");
     ExpectPoisoned(centroids, size_t(k * d), centroids.size(), kNan, label + " beyond k");
   }
+  // Points of width 0 (a layer whose drift rows are empty) are a call, not an error: every
+  // similarity is 0, so cluster 0 wins every tie, and the centroids have nothing to write.
+  // The one-element buffers stand in for empty ones; the poison shows a write.
+  const int64_t n = 10;
+  const Buffer points_in = Put({7.0f});
+  Buffer centroids_out = Poisoned(1);
+  Buffer labels_out = PutAs(std::vector<int>(size_t(n + 1), -1), ElementType::kI32);  // [n + 1]
+  backend().SphericalKMeans(points_in.data(), n, 0, k, 6, centroids_out.data(),
+                            labels_out.As<int>());
+  std::vector<int> want_labels(size_t(n), 0);
+  want_labels.push_back(-1);
+  EXPECT_EQ(GetAs<int>(labels_out), want_labels) << "SphericalKMeans d=0 labels";
+  ExpectPoisoned(Get(centroids_out), 0, 1, kNan, "SphericalKMeans d=0 centroids");
 }
 
 // The centroid shift: per moved cluster a double sum of the pairs' now - before over members
