@@ -635,6 +635,9 @@ void Server::Impl::ReadLoop() {
     }
     // Marked on the connections themselves: evictions below may remove any of them.
     for (size_t i = 2; i < fds.size(); ++i) (*polled[i - 2])->readable = fds[i].revents != 0;
+    // Up to one connection past the bound is accepted before the read below; which one makes
+    // room is chosen after it, so no connection is taken for idle while its bytes wait unread.
+    const Connection* newest = nullptr;
     if (fds[1].revents & POLLIN) {
       while (open_connections <= options.max_connections) {
         const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -650,21 +653,24 @@ void Server::Impl::ReadLoop() {
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         auto c = std::make_unique<Connection>();
         c->fd = fd;
+        c->readable = true;  // a client's request usually arrives with its connection
         ++open_connections;
         StartReading(*c);
+        newest = c.get();
         reading.push_back(std::move(c));
-        // Past the bound: a connection still being read makes room (the new one only when
-        // every other is being answered).
-        if (open_connections > options.max_connections) EvictOne(reading, reading.back().get());
       }
     }
+    // Past the bound every connection is read, polled or not, before one is chosen: bytes that
+    // arrived since the poll count.
+    const bool choosing = open_connections > options.max_connections;
     for (auto it = reading.begin(); it != reading.end();) {
-      if (!(*it)->readable) {
+      if (!(*it)->readable && !choosing) {
         ++it;
         continue;
       }
       std::unique_ptr<Connection>& c = *it;
       c->readable = false;
+      const bool is_newest = c.get() == newest;
       bool closed = false;
       try {
         for (;;) {
@@ -681,14 +687,19 @@ void Server::Impl::ReadLoop() {
         // A client that closed its side can still have sent a whole request; answer it only
         // if so (the answer may still reach a half-closed client).
         if (!Advance(c)) {
+          if (is_newest) newest = nullptr;
           it = reading.erase(it);
           continue;
         }
       } catch (const std::exception&) {
         closed = true;  // out of memory for this client's bytes: it loses its connection
       }
+      if (closed && is_newest) newest = nullptr;
       it = closed ? drop(it) : std::next(it);
     }
+    // Still past the bound: a connection being read makes room (the newest only when every
+    // other is being answered).
+    if (open_connections > options.max_connections) EvictOne(reading, newest);
     const Clock::time_point now = Clock::now();
     for (auto it = reading.begin(); it != reading.end();) {
       Connection& c = **it;
