@@ -103,3 +103,5 @@ inline float __int_as_float(int bits) { return std::bit_cast<float>(bits); }
 inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
 inline unsigned __float_as_uint(float value) { return std::bit_cast<unsigned>(value); }
 inline int __float_as_int(float value) { return std::bit_cast<int>(value); }
+
+#include "cuda_emulation/wmma.h"

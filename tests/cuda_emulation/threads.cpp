@@ -300,4 +300,14 @@ void* DynamicShared() {
   return block.dynamic_shared.empty() ? nullptr : block.dynamic_shared.data();
 }
 
+void CheckMatrixPointer(const void* pointer, unsigned ldm, size_t element_bytes, const char* what) {
+  if (Running().current < 0) Die("%s outside a kernel", what);
+  if (reinterpret_cast<uintptr_t>(pointer) % 32 != 0) {
+    Die("%s at %p: a warp matrix pointer must be 32-byte aligned", what, pointer);
+  }
+  if (ldm * element_bytes % 16 != 0) {
+    Die("%s with ldm %u: a warp matrix's rows must be a multiple of 16 bytes apart", what, ldm);
+  }
+}
+
 }  // namespace cuda_emulation

@@ -1,8 +1,11 @@
-// RoPE and attention on the CUDA backend (kernels in attention.cu). Attention is three steps
-// per block of query rows, all FP32 in both activation modes (TF32 off): the scores
-// q · k^T / sqrt(D) by a batched cuBLAS product into [rows, H, L], a softmax kernel per
-// (row, head), then probs · v by a second batched product into out. Scratch holds the scores
-// whether or not the caller asks for probabilities, so out has the same bits either way.
+// RoPE and attention on the CUDA backend (kernels in attention.cu). With reduced activations
+// attention is one fused launch (flash-style tiles on the tensor cores, BF16 operands, FP32
+// sums and softmax): a cached step's few rows are then one launch a layer instead of three
+// per head group, and the scores never reach memory. In the exact mode, and for heads too wide
+// for the fused tiles, it is three steps per block of query rows, all FP32 (TF32 off): the
+// scores q · k^T / sqrt(D) by a batched cuBLAS product into [rows, H, L], a softmax kernel per
+// (row, head), then probs · v by a second batched product into out. Probabilities, when asked
+// for, are the FP32 scores' softmax in both modes; out never depends on whether they are.
 #include "backend/cuda/attention.h"
 
 #include <algorithm>
@@ -108,6 +111,13 @@ void CudaBackend::Attention(const float* q, int64_t m, const float* k, const flo
   if (m == 0 || heads == 0) return;
   if (l == 0) {  // no keys: the scalar twin's weighted sum is empty
     Zero(out, m * heads * head_dim);
+    return;
+  }
+  if (activations_ == ActivationPrecision::kReduced && cuda::FusedAttentionFits(head_dim)) {
+    const cuda::AttentionSegment segment{
+        .q = q, .k = k, .v = v, .out = out, .rows = int(m), .keys = int(l)};
+    CUDA_CHECK(cuda::LaunchFusedAttention(&segment, 1, heads, kv_heads, head_dim, Stream()));
+    if (probs != nullptr) AttentionProbabilities(q, m, k, l, heads, kv_heads, head_dim, probs);
     return;
   }
   const int64_t row_scores = int64_t(heads) * l;  // one query row's [H, L]

@@ -1,0 +1,117 @@
+// The CUDA backend's kernels that no scalar kernel reproduces, against twins written here.
+// They run wherever the backend named "cuda" can (a GPU, or the CUDA emulation) and skip with
+// the reason elsewhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/registry.h"
+#include "ops/bf16_matmul.h"
+#include "test_support.h"
+
+namespace polestar {
+namespace {
+
+constexpr char kReducedCuda[] = "cuda:activations=reduced";
+
+float Bf16(float x) { return std::bit_cast<float>(uint32_t(RoundToBf16(x)) << 16); }
+
+std::vector<float> Uniform(int64_t n, float low, float high, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = uniform(rng);
+  return v;
+}
+
+struct AttentionShape {
+  int heads, kv_heads, head_dim;
+  int64_t m, l;
+};
+
+// The fused attention (reduced activations) against its twin: attention in double over q, k
+// and v rounded to BF16, as the kernel rounds them. The twin leaves out the kernel's rounding
+// of each unnormalised weight to BF16 (relative u = 2^-9; its total sums the rounded weights,
+// so out is their exact weighted mean) and its FP32 sums: each normalised weight is within
+// 2u / (1 - u) of p_j, so out within that of sum_j p_j |v_j|, plus 1e-6. Values in [0.25, 1]
+// keep out near that sum (nothing cancels), so a key dropped or counted twice, or a tile's
+// weights left unscaled by the running maximum's growth, moves out by far more.
+void ExpectFusedAttentionMatchesItsTwin(const AttentionShape& s, uint32_t seed) {
+  if (const std::string why = testing::BackendUnavailable(kReducedCuda); !why.empty()) {
+    GTEST_SKIP() << "backend '" << kReducedCuda << "' cannot run here: " << why;
+  }
+  const Backend& cuda = BackendNamed(kReducedCuda);
+  std::mt19937 rng(seed);
+  const int64_t q_width = int64_t(s.heads) * s.head_dim,
+                kv_width = int64_t(s.kv_heads) * s.head_dim;
+  const std::vector<float> q = Uniform(s.m * q_width, -1.0f, 1.0f, rng);
+  const std::vector<float> k = Uniform(s.l * kv_width, -1.0f, 1.0f, rng);
+  const std::vector<float> v = Uniform(s.l * kv_width, 0.25f, 1.0f, rng);
+  auto put = [&](const std::vector<float>& host) {
+    Buffer buffer(cuda, int64_t(host.size()), Buffer::Init::kNone);
+    cuda.Upload(host.data(), buffer.bytes(), buffer.data());
+    return buffer;
+  };
+  const Buffer q_in = put(q), k_in = put(k), v_in = put(v);
+  Buffer out = put(std::vector<float>(size_t(s.m * q_width), NAN));
+  cuda.Attention(q_in.data(), s.m, k_in.data(), v_in.data(), s.l, s.heads, s.kv_heads, s.head_dim,
+                 out.data());
+  std::vector<float> got(size_t(s.m * q_width));
+  cuda.Download(out.data(), out.bytes(), got.data());
+
+  const double u = 1.0 / 512, scale = 1.0 / std::sqrt(double(s.head_dim));
+  const int group = s.heads / s.kv_heads;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int h = 0; h < s.heads; ++h) {
+      const int64_t kv_offset = int64_t(h / group) * s.head_dim;
+      std::vector<double> weight(size_t(s.l));
+      double largest = -INFINITY, total = 0;
+      for (int64_t j = 0; j < s.l; ++j) {
+        double dot = 0;
+        for (int d = 0; d < s.head_dim; ++d) {
+          dot += double(Bf16(q[size_t(i * q_width + h * s.head_dim + d)])) *
+                 Bf16(k[size_t(j * kv_width + kv_offset + d)]);
+        }
+        weight[size_t(j)] = dot * scale;
+        largest = std::max(largest, weight[size_t(j)]);
+      }
+      for (double& w : weight) total += (w = std::exp(w - largest));
+      for (int d = 0; d < s.head_dim; ++d) {
+        double want = 0;
+        for (int64_t j = 0; j < s.l; ++j) {
+          want += weight[size_t(j)] / total * Bf16(v[size_t(j * kv_width + kv_offset + d)]);
+        }
+        const size_t at = size_t(i * q_width + h * s.head_dim + d);
+        ASSERT_NEAR(got[at], want, 2 * u / (1 - u) * want + 1e-6)
+            << "row " << i << ", head " << h << ", dim " << d;
+      }
+    }
+  }
+}
+
+// LLaDA's and Dream's head width; rows and keys that fill no 16-row or 64-key tile exactly.
+TEST(CudaFusedAttention, MatchesItsTwinAtAModelsHeadWidth) {
+  ExpectFusedAttentionMatchesItsTwin(
+      {.heads = 4, .kv_heads = 2, .head_dim = 128, .m = 37, .l = 150}, 1);
+}
+
+// Dream's grouping (seven query heads a kv head) over fewer keys than one tile.
+TEST(CudaFusedAttention, MatchesItsTwinWithSevenHeadsAKvHead) {
+  ExpectFusedAttentionMatchesItsTwin({.heads = 7, .kv_heads = 1, .head_dim = 128, .m = 5, .l = 41},
+                                     2);
+}
+
+// A head width that is no multiple of the tensor cores' 16 (padded inside the kernel), over
+// a canvas of many key tiles, where the running maximum grows.
+TEST(CudaFusedAttention, MatchesItsTwinWithPaddedHeadsOverManyTiles) {
+  ExpectFusedAttentionMatchesItsTwin({.heads = 2, .kv_heads = 2, .head_dim = 24, .m = 3, .l = 1000},
+                                     3);
+}
+
+}  // namespace
+}  // namespace polestar
