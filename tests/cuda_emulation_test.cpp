@@ -118,6 +118,79 @@ TEST(CudaEmulation, AButterflyOfShufflesGivesEveryLaneTheWarpsSum) {
   for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(buffers.pinned[lane], 31 * 32 / 2);
 }
 
+// One warp: d = a b + c for 16x16 BF16 a (row major) and b (column major, so b's element
+// (r, col) sits at b[col * 16 + r]), c = 1, d stored row major to out; then each lane copies the
+// element the next lane stored, with or without a warp barrier between.
+std::vector<float> WarpProduct(bool barrier, std::vector<float>* seen) {
+  std::vector<__nv_bfloat16> host(2 * 256);
+  for (int i = 0; i < 256; ++i) {
+    host[size_t(i)] = __float2bfloat16_rn(float(i % 7) - 3.0f);        // a
+    host[size_t(256 + i)] = __float2bfloat16_rn(float(i % 5) * 0.5f);  // b
+  }
+  __nv_bfloat16* operands = nullptr;
+  float* out = nullptr;  // [256] the product, then [32] what each lane saw
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&operands), host.size() * 2), cudaSuccess);
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), (256 + 32) * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(operands, host.data(), host.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(out, 0, (256 + 32) * sizeof(float), nullptr), cudaSuccess);
+  EXPECT_EQ(cuda_emulation::Launch(
+                nullptr, dim3(1), dim3(32), 0, nullptr,
+                [=] {
+                  namespace wmma = nvcuda::wmma;
+                  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+                  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+                  wmma::fragment<wmma::accumulator, 16, 16, 16, float> d;
+                  wmma::load_matrix_sync(a, operands, 16);
+                  wmma::load_matrix_sync(b, operands + 256, 16);
+                  wmma::fill_fragment(d, 1.0f);
+                  wmma::mma_sync(d, a, b, d);
+                  wmma::store_matrix_sync(out, d, 16, wmma::mem_row_major);
+                  if (barrier) __syncwarp();
+                  out[256 + threadIdx.x] = out[(threadIdx.x + 1) % 32];
+                }),
+            cudaSuccess);
+  std::vector<float> result(256 + 32);
+  EXPECT_EQ(cudaMemcpy(result.data(), out, result.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(operands);
+  cudaFree(out);
+  seen->assign(result.begin() + 256, result.end());
+  result.resize(256);
+  return result;
+}
+
+TEST(CudaEmulation, AWarpProductFollowsItsDefinitionAndItsStoreIsSeenAfterABarrier) {
+  std::vector<float> seen;
+  const std::vector<float> d = WarpProduct(true, &seen);
+  for (int r = 0; r < 16; ++r) {
+    for (int col = 0; col < 16; ++col) {
+      float want = 1.0f;
+      for (int k = 0; k < 16; ++k) {
+        want += (float((r * 16 + k) % 7) - 3.0f) * (float((col * 16 + k) % 5) * 0.5f);
+      }
+      EXPECT_EQ(d[size_t(r * 16 + col)], want) << r << ", " << col;
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) EXPECT_EQ(seen[size_t(lane)], d[size_t((lane + 1) % 32)]);
+  WarpProduct(false, &seen);
+  EXPECT_EQ(seen[0], 0.0f);  // lane 1's element, read before lane 1 stored it
+}
+
+TEST_F(CudaEmulationDeathTest, AMisalignedWarpMatrixEndsTheProgram) {
+  EXPECT_DEATH(
+      {
+        float* tile = nullptr;
+        cudaMalloc(reinterpret_cast<void**>(&tile), 300 * sizeof(float));
+        cuda_emulation::Launch(nullptr, dim3(1), dim3(32), 0, nullptr, [=] {
+          nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> d;
+          nvcuda::wmma::load_matrix_sync(d, tile + 4, 16, nvcuda::wmma::mem_row_major);
+        });
+        cudaDeviceSynchronize();
+      },
+      "must be 32-byte aligned");
+}
+
 TEST_F(CudaEmulationDeathTest, ABarrierSomeThreadsNeverReachEndsTheProgram) {
   EXPECT_DEATH(
       {
