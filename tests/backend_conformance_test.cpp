@@ -543,6 +543,44 @@ TEST_P(BackendConformance, AttentionAtAModelsHeadWidth) {
                  /*q_scale=*/0.5f, /*alone_relative=*/1e-5, rng);
 }
 
+// A batched step's attention: 35 calls (more than a device may take in one launch), each of
+// its own rows over its own keys (some over the first keys of a longer cache, as a
+// block-causal run; one without rows; one without keys), give each call's out as Attention
+// gives it alone, bit for bit, and write nothing else.
+TEST_P(BackendConformance, AttentionBatchGivesEachCallItsOwnAttention) {
+  std::mt19937 rng(11);
+  const int heads = 4, kv_heads = 2, head_dim = 16, calls = 35;
+  const int64_t q_width = heads * head_dim, kv_width = kv_heads * head_dim;
+  std::vector<Buffer> qs, ks, vs, batched, alone;
+  std::vector<AttentionCall> batch;
+  for (int i = 0; i < calls; ++i) {
+    const int64_t rows = i == 3 ? 0 : 1 + i % 5, length = 1 + (7 * i) % 40;
+    const int64_t keys = i == 5 ? 0 : i % 3 == 0 ? (length + 1) / 2 : length;
+    qs.push_back(Put(Random(rows * q_width, 1.0f, rng)));
+    ks.push_back(Put(Random(length * kv_width, 1.0f, rng)));
+    vs.push_back(Put(Random(length * kv_width, 1.0f, rng)));
+    batched.push_back(Poisoned(rows * q_width + 1));  // one past out: never written
+    alone.push_back(Poisoned(rows * q_width));
+    batch.push_back({.q = qs.back().data(),
+                     .rows = rows,
+                     .k = ks.back().data(),
+                     .v = vs.back().data(),
+                     .keys = keys,
+                     .out = batched.back().data()});
+    backend().Attention(qs.back().data(), rows, ks.back().data(), vs.back().data(), keys, heads,
+                        kv_heads, head_dim, alone.back().data());
+  }
+  backend().AttentionBatch(batch, heads, kv_heads, head_dim);
+  for (int i = 0; i < calls; ++i) {
+    const std::vector<float> got = Get(batched[size_t(i)]);
+    const size_t n = got.size() - 1;
+    ExpectExact(std::vector<float>(got.begin(), got.begin() + ptrdiff_t(n)), Get(alone[size_t(i)]),
+                "AttentionBatch call " + std::to_string(i));
+    ExpectPoisoned(got, n, n + 1, std::numeric_limits<float>::quiet_NaN(),
+                   "AttentionBatch past call " + std::to_string(i));
+  }
+}
+
 TEST_P(BackendConformance, RouteTopKWithBiasGroupsAndNormalisation) {
   std::mt19937 rng(9);
   const int64_t m = 9;

@@ -59,6 +59,13 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 Buffer::~Buffer() { Release(); }
 
+void Backend::AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                             int head_dim) const {
+  for (const AttentionCall& call : calls) {
+    Attention(call.q, call.rows, call.k, call.v, call.keys, heads, kv_heads, head_dim, call.out);
+  }
+}
+
 void Buffer::Reserve(int64_t size) {
   if (size <= size_) return;
   PS_CHECK(backend_ != nullptr);

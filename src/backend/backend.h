@@ -135,6 +135,17 @@ struct DriftLogs {
 // The rows of a batched op, one count per sequence in order; they sum to the op's M.
 using RowSegments = std::span<const int64_t>;
 
+// One attention of a batched step (Backend::AttentionBatch): q and out [rows, H*D] over the
+// keys k, v [keys, Hkv*D] (a sequence's cache, or the first keys of it a block-causal run sees).
+struct AttentionCall {
+  const float* q = nullptr;
+  int64_t rows = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t keys = 0;
+  float* out = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -187,6 +198,11 @@ class Backend {
   virtual void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l,
                          int heads, int kv_heads, int head_dim, float* out,
                          float* probs = nullptr) const = 0;
+  // Every call's Attention (without probabilities), in any order, each call's out the bits
+  // Attention gives it alone: a step's sequences at once, in one launch where the device
+  // can. The default issues them one by one.
+  virtual void AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                              int head_dim) const;
   // The probabilities alone: probs[M, H, L] = softmax_L(q · k^T / sqrt(D)). The drift
   // measurements run on it; the CPU backend computes it with the scalar kernel, bit for bit
   // what the drift-aware policies were validated with.

@@ -333,52 +333,74 @@ void StepRunner::ComputeQueries(const Step& step, int layer) {
 void StepRunner::AttendEachSequence(const Step& step, int layer) {
   const ModelConfig& c = step.config;
   attn_.Reserve(step.queries * step.q_width);  // [sum |Q|, H*D]
+  uncaptured_.clear();
   for (size_t i = 0; i < step.sequences.size(); ++i) {
     const SequenceRows& s = step.rows[i];
     const StepPlan& plan = *step.sequences[i].plan;
     const KvCache& cache = step.sequences[i].forward->cache_;
     const int64_t length = cache.positions(), rows_here = int64_t(s.query.size());
-    const bool capture = Captures(plan, layer);
-    if (capture) probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
-    float* probs = capture ? probs_.data() : nullptr;
     const float* q = q_.data() + s.query_offset * step.q_width;
     float* out = attn_.data() + s.query_offset * step.q_width;
+    if (!Captures(plan, layer)) {  // with the other sequences' rows, below
+      for (const KeyRun& run : KeyRuns(s.query, plan.attention_block, length)) {
+        uncaptured_.push_back({.q = q + run.begin * step.q_width,
+                               .rows = run.end - run.begin,
+                               .k = cache.keys(layer),
+                               .v = cache.values(layer),
+                               .keys = run.keys,
+                               .out = out + run.begin * step.q_width});
+      }
+      continue;
+    }
+    probs_.Reserve(rows_here * c.heads * length);  // [|Q|, H, L]
     if (plan.attention_block == 0) {
       backend_.Attention(q, rows_here, cache.keys(layer), cache.values(layer), length, c.heads,
-                         c.kv_heads, c.head_dim, out, probs);
+                         c.kv_heads, c.head_dim, out, probs_.data());
     } else {
-      AttendBlockCausal(c, cache, layer, s.query, plan.attention_block, q, out, probs);
+      AttendBlockCausal(c, cache, layer, s.query, plan.attention_block, q, out, probs_.data());
     }
-    if (capture && plan.hook != nullptr) {
+    if (plan.hook != nullptr) {
       plan.hook->OnAttention(
-          layer, s.query, RowsView(*step.sequences[i].forward, probs, rows_here, c.heads * length));
+          layer, s.query,
+          RowsView(*step.sequences[i].forward, probs_.data(), rows_here, c.heads * length));
     }
   }
+  backend_.AttentionBatch(uncaptured_, c.heads, c.kv_heads, c.head_dim);
 }
 
-// A row sees the keys up to the end of its block, the first rows of the cache; each run of
-// consecutive query rows with the same end attends at once.
+// A row sees the keys up to the end of its block (all of them when block is 0), the first
+// rows of the cache; each run of consecutive query rows with the same end attends at once.
+std::vector<StepRunner::KeyRun> StepRunner::KeyRuns(std::span<const int> positions, int64_t block,
+                                                    int64_t length) {
+  const int64_t rows = int64_t(positions.size());
+  if (block == 0) return {{.begin = 0, .end = rows, .keys = length}};
+  auto visible = [&](int64_t r) {
+    return std::min(length, (positions[size_t(r)] / block + 1) * block);
+  };
+  std::vector<KeyRun> runs;
+  for (int64_t begin = 0, end = 0; begin < rows; begin = end) {
+    const int64_t keys = visible(begin);
+    for (end = begin + 1; end < rows && visible(end) == keys;) ++end;
+    runs.push_back({.begin = begin, .end = end, .keys = keys});
+  }
+  return runs;
+}
+
 void StepRunner::AttendBlockCausal(const ModelConfig& c, const KvCache& cache, int layer,
                                    std::span<const int> positions, int64_t block, const float* q,
                                    float* out, float* probs) {
   const int64_t length = cache.positions(), rows = int64_t(positions.size());
   const int64_t q_width = int64_t(c.heads) * c.head_dim;
-  auto visible = [&](int64_t r) {
-    return std::min(length, (positions[size_t(r)] / block + 1) * block);
-  };
-  if (probs != nullptr) backend_.Zero(probs, rows * c.heads * length);
-  for (int64_t begin = 0, end = 0; begin < rows; begin = end) {
-    const int64_t keys = visible(begin);
-    for (end = begin + 1; end < rows && visible(end) == keys;) ++end;
-    if (probs != nullptr) run_probs_.Reserve((end - begin) * c.heads * keys);  // [run, H, keys]
-    backend_.Attention(q + begin * q_width, end - begin, cache.keys(layer), cache.values(layer),
-                       keys, c.heads, c.kv_heads, c.head_dim, out + begin * q_width,
-                       probs != nullptr ? run_probs_.data() : nullptr);
+  backend_.Zero(probs, rows * c.heads * length);
+  for (const KeyRun& run : KeyRuns(positions, block, length)) {
+    const int64_t run_rows = run.end - run.begin;
+    run_probs_.Reserve(run_rows * c.heads * run.keys);  // [run, H, keys]
+    backend_.Attention(q + run.begin * q_width, run_rows, cache.keys(layer), cache.values(layer),
+                       run.keys, c.heads, c.kv_heads, c.head_dim, out + run.begin * q_width,
+                       run_probs_.data());
     // The run's (row, head) rows of `keys` into the first `keys` of their rows of L.
-    if (probs != nullptr) {
-      backend_.CopyStrided(run_probs_.data(), keys, probs + begin * c.heads * length, length,
-                           (end - begin) * c.heads, keys);
-    }
+    backend_.CopyStrided(run_probs_.data(), run.keys, probs + run.begin * c.heads * length, length,
+                         run_rows * c.heads, run.keys);
   }
 }
 

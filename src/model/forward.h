@@ -165,9 +165,15 @@ class StepRunner {
   // attn_[M, H*D] = each sequence's queries over its own cache; at a captured layer the hook
   // gets probs_[|Q_l|, H, L].
   void AttendEachSequence(const Step& step, int layer);
+  // Query rows [begin, end) of a sequence attend over the cache's first `keys` keys.
+  struct KeyRun {
+    int64_t begin, end, keys;
+  };
+  // The runs of rows at `positions` over a cache of `length`: with a block-causal `block`,
+  // row p sees the keys [0, (p / block + 1) block); with block 0, every row all of them.
+  static std::vector<KeyRun> KeyRuns(std::span<const int> positions, int64_t block, int64_t length);
   // out[|Q|, H*D] = the block-causal attention of q[|Q|, H*D] (rows at `positions`) over the
-  // cache: row p over the keys [0, (p / block + 1) block); probs (when given) [|Q|, H, L] as
-  // the bidirectional ones, zero on the keys a row cannot see.
+  // cache, and probs[|Q|, H, L] as the bidirectional ones, zero on the keys a row cannot see.
   void AttendBlockCausal(const ModelConfig& c, const KvCache& cache, int layer,
                          std::span<const int> positions, int64_t block, const float* q, float* out,
                          float* probs);
@@ -191,6 +197,8 @@ class StepRunner {
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
   Buffer logits_;     // [sum n_logits, V]
   Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]
+  std::vector<AttentionCall>
+      uncaptured_;  // a layer's attention runs whose probabilities no hook reads
   Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
   // MoE routing, in backend memory: per row its experts and weights ([M, k], i32 and f32),
   // the rows grouped by expert with their weights ([M*k], i32 and f32), and the rows of each

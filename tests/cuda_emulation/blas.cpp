@@ -102,6 +102,7 @@ cublasStatus_t Product(cublasHandle_t handle, cublasOperation_t transa, cublasOp
                        long long stride_b, const void* beta, void* C, cudaDataType c_type, int ldc,
                        long long stride_c, int batches, cublasComputeType_t compute) {
   const std::lock_guard<std::mutex> lock(Lock());
+  CountProduct();
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   const bool a_t = transa != CUBLAS_OP_N, b_t = transb != CUBLAS_OP_N;
   if ((transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) ||

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 
 namespace cuda_emulation {
 
@@ -28,6 +29,15 @@ void Enqueue(cudaStream_t stream, std::function<void()> work);
 
 // Whether [data, data + bytes) lies inside one live device allocation.
 bool IsDeviceRange(const void* data, size_t bytes);
+
+// "kernel <address> <function>" (the function's name where the sanitizer can symbolize it).
+std::string KernelName(const void* kernel);
+
+// With POLESTAR_CUDA_EMULATION_TALLY set, the process prints at exit how many launches (per
+// kernel), cuBLAS products and host waits (synchronisations and blocking copies) it made: the
+// GPU's fixed costs of a step, which the emulation can count where it cannot time them.
+void CountProduct();
+void CountHostWait();
 
 // Runs every block of a launch (threads.cpp); called when its stream reaches it.
 void RunGrid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,

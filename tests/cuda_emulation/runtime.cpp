@@ -177,7 +177,10 @@ cudaError_t Copy(const char* call, void* dst, const void* src, size_t count, cud
     queue->queue.push_back([dst, src, count] { std::memcpy(dst, src, count); });
   }
   // To pageable memory, and every cudaMemcpy, the call returns once the copy is done.
-  if (blocking || (!dst_device && !IsPinned(dst, count))) Drain(queue);
+  if (blocking || (!dst_device && !IsPinned(dst, count))) {
+    if (!blocking) CountHostWait();  // cudaMemcpy counts its own
+    Drain(queue);
+  }
   return cudaSuccess;
 }
 
@@ -301,12 +304,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  cuda_emulation::CountHostWait();
   cuda_emulation::Drain(cuda_emulation::StreamOf(stream));
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize() {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  cuda_emulation::CountHostWait();
   cuda_emulation::DrainAll();
   return cudaSuccess;
 }
@@ -333,6 +338,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  cuda_emulation::CountHostWait();
   if (event->stream != nullptr) cuda_emulation::RunUntil(event->stream, event->ticket);
   return cudaSuccess;
 }
@@ -434,6 +440,7 @@ cudaError_t cudaFreeHost(void* data) {
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  cuda_emulation::CountHostWait();
   cuda_emulation::DrainAll();
   return cuda_emulation::Copy("cudaMemcpy", dst, src, count, kind, nullptr, true);
 }
@@ -501,9 +508,47 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 
 namespace cuda_emulation {
 
+namespace {
+
+struct Tally {
+  std::map<const void*, uint64_t> launches;  // by kernel
+  uint64_t products = 0, host_waits = 0;
+};
+void PrintTally();
+
+// Made before main when the variable is set; never destroyed: the report runs at exit.
+Tally* MakeTally() {
+  if (std::getenv("POLESTAR_CUDA_EMULATION_TALLY") == nullptr) return nullptr;
+  std::atexit(PrintTally);
+  return new Tally;
+}
+Tally* const tally = MakeTally();
+
+void PrintTally() {
+  uint64_t launches = 0;
+  for (const auto& [kernel, count] : tally->launches) launches += count;
+  std::fprintf(stderr,
+               "cuda emulation tally: %llu launches, %llu cuBLAS products, %llu host waits\n",
+               (unsigned long long)launches, (unsigned long long)tally->products,
+               (unsigned long long)tally->host_waits);
+  for (const auto& [kernel, count] : tally->launches) {
+    std::fprintf(stderr, "  %10llu  %s\n", (unsigned long long)count, KernelName(kernel).c_str());
+  }
+}
+
+}  // namespace
+
+void CountProduct() {
+  if (tally != nullptr) ++tally->products;
+}
+void CountHostWait() {
+  if (tally != nullptr) ++tally->host_waits;
+}
+
 cudaError_t Launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
                    cudaStream_t stream, std::function<void()> thread_body) {
   const std::lock_guard<std::mutex> lock(Lock());
+  if (tally != nullptr) ++tally->launches[kernel];
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
       grid.z > 65535 || threads == 0 || threads > 1024 || block.z > 64) {

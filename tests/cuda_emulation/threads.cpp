@@ -148,16 +148,6 @@ void Resume(int thread) {
   block.current = -1;
 }
 
-std::string KernelName(const void* kernel) {
-  char name[512] = "";
-#if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_symbolize_pc(const_cast<void*>(kernel), "%f", name, sizeof name);
-#endif
-  char text[600];
-  std::snprintf(text, sizeof text, "kernel %p %s", kernel, name);
-  return text;
-}
-
 [[noreturn]] void Stuck(const char* why) {
   const Block& block = Running();
   int at_block = 0, at_warp = 0, done = 0;
@@ -245,6 +235,16 @@ void RunBlock() {
 }
 
 }  // namespace
+
+std::string KernelName(const void* kernel) {
+  char name[512] = "";
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_symbolize_pc(const_cast<void*>(kernel), "%f", name, sizeof name);
+#endif
+  char text[600];
+  std::snprintf(text, sizeof text, "kernel %p %s", kernel, name);
+  return text;
+}
 
 void RunGrid(const void* kernel, dim3 grid, dim3 block_size, size_t dynamic_shared_bytes,
              const std::function<void()>& thread_body) {

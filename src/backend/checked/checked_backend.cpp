@@ -362,6 +362,21 @@ void CheckedBackend::Attention(const float* q, int64_t m, const float* k, const 
   op.Run([&] { kernels_->Attention(q, m, k, v, l, heads, kv_heads, head_dim, out, probs); });
 }
 
+void CheckedBackend::AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                                    int head_dim) const {
+  Op op(*this, "AttentionBatch");
+  op.Host(calls.data(), int64_t(calls.size_bytes()), "calls");
+  for (const AttentionCall& call : calls) {
+    const int64_t q_bytes = call.rows * heads * head_dim * 4;
+    const int64_t kv_bytes = call.keys * kv_heads * head_dim * 4;
+    op.Device(call.q, q_bytes, "q")
+        .Device(call.k, kv_bytes, "k")
+        .Device(call.v, kv_bytes, "v")
+        .Device(call.out, q_bytes, "out");
+  }
+  op.Run([&] { kernels_->AttentionBatch(calls, heads, kv_heads, head_dim); });
+}
+
 void CheckedBackend::AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l,
                                             int heads, int kv_heads, int head_dim,
                                             float* probs) const {

@@ -54,6 +54,8 @@ class CheckedBackend final : public Backend {
                 bool interleaved) const override;
   void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
                  int kv_heads, int head_dim, float* out, float* probs = nullptr) const override;
+  void AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                      int head_dim) const override;
   void AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l, int heads,
                               int kv_heads, int head_dim, float* probs) const override;
   void SiluMul(float* gate, const float* up, int64_t n) const override;

@@ -74,6 +74,11 @@ void WeightedValues(cublasHandle_t blas, const float* probs, int rows, const flo
   }
 }
 
+// Whether attention runs as the fused kernel: with reduced activations, for heads it takes.
+bool Fused(ActivationPrecision activations, int head_dim) {
+  return activations == ActivationPrecision::kReduced && cuda::FusedAttentionFits(head_dim);
+}
+
 // Positions are checked on the host (the kernel cannot report one outside the table).
 void CheckPositions(std::span<const int> positions, const RopeTable& table) {
   const int half = table.rotary_dim / 2;
@@ -113,10 +118,9 @@ void CudaBackend::Attention(const float* q, int64_t m, const float* k, const flo
     Zero(out, m * heads * head_dim);
     return;
   }
-  if (activations_ == ActivationPrecision::kReduced && cuda::FusedAttentionFits(head_dim)) {
-    const cuda::AttentionSegment segment{
-        .q = q, .k = k, .v = v, .out = out, .rows = int(m), .keys = int(l)};
-    CUDA_CHECK(cuda::LaunchFusedAttention(&segment, 1, heads, kv_heads, head_dim, Stream()));
+  if (Fused(activations_, head_dim)) {
+    const AttentionCall call{.q = q, .rows = m, .k = k, .v = v, .keys = l, .out = out};
+    AttentionBatch({&call, 1}, heads, kv_heads, head_dim);
     if (probs != nullptr) AttentionProbabilities(q, m, k, l, heads, kv_heads, head_dim, probs);
     return;
   }
@@ -134,6 +138,39 @@ void CudaBackend::Attention(const float* q, int64_t m, const float* k, const flo
                                        Stream()));
     WeightedValues(blas, scores.data(), rows, v, int(l), s, out + first * heads * head_dim);
   }
+}
+
+void CudaBackend::AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                                 int head_dim) const {
+  if (!Fused(activations_, head_dim)) {
+    Backend::AttentionBatch(calls, heads, kv_heads, head_dim);
+    return;
+  }
+  const Heads s{heads, kv_heads, head_dim};
+  cuda::AttentionSegment segments[cuda::kFusedAttentionSegments];
+  int count = 0;
+  auto launch = [&] {
+    if (count > 0) {
+      CUDA_CHECK(cuda::LaunchFusedAttention(segments, count, heads, kv_heads, head_dim, Stream()));
+    }
+    count = 0;
+  };
+  for (const AttentionCall& call : calls) {
+    CheckShape(call.rows, call.keys, s);
+    if (call.rows == 0 || heads == 0) continue;
+    if (call.keys == 0) {  // no keys: the scalar twin's weighted sum is empty
+      Zero(call.out, call.rows * heads * head_dim);
+      continue;
+    }
+    segments[count++] = {.q = call.q,
+                         .k = call.k,
+                         .v = call.v,
+                         .out = call.out,
+                         .rows = int(call.rows),
+                         .keys = int(call.keys)};
+    if (count == cuda::kFusedAttentionSegments) launch();
+  }
+  launch();
 }
 
 void CudaBackend::AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l,

@@ -1,6 +1,7 @@
 // The RoPE, softmax and fused attention kernels' launchers (attention.cu), behind the CUDA
 // backend's attention ops (attention.cpp). Plain pointers to device memory, C++17, each launch
-// enqueued on `stream` and returning its status (cudaGetLastError) for the backend to check. Shapes as in backend/backend.h.
+// enqueued on `stream` and returning its status (cudaGetLastError) for the backend to check.
+// Shapes as in backend/backend.h.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -5,7 +5,7 @@
 //
 //   cuda_backend.cpp  memory, transfers, queues, index staging, registration
 //   products.cpp      MatMulBatch, LmHeadBatch, Embed (weights of every stored type)
-//   attention.cpp     RoPE, attention and its probabilities
+//   attention.cpp     RoPE, attention (a step's sequences in one launch) and its probabilities
 //   rowwise.cpp       RMSNorm, SwiGLU, add, clamp, row copies, routing, greedy choices
 //   drift.cpp         the drift measurements, Elastic-Cache's key ranking, k-means, NVFP4
 //
@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
                 bool interleaved) const override;
   void Attention(const float* q, int64_t m, const float* k, const float* v, int64_t l, int heads,
                  int kv_heads, int head_dim, float* out, float* probs = nullptr) const override;
+  void AttentionBatch(std::span<const AttentionCall> calls, int heads, int kv_heads,
+                      int head_dim) const override;
   void AttentionProbabilities(const float* q, int64_t m, const float* k, int64_t l, int heads,
                               int kv_heads, int head_dim, float* probs) const override;
   void SiluMul(float* gate, const float* up, int64_t n) const override;
