@@ -1,6 +1,7 @@
 // Where a step's time goes: each op of the backend seam timed alone at a model's shapes, on
 // any backend, beside what it moves and computes (GB/s, TFLOP/s). The products at a cached
-// step's rows (a block, 32) and a full pass's (the canvas), attention over the canvas with and
+// step's rows (a block, 32) and a full pass's (the canvas), and over Q8_0 and Q4_K weights at a
+// block's rows, attention over the canvas with and
 // without its probabilities, the row-wise ops, the LM head and greedy choice of a block, and
 // Polestar's drift, clustering and NVFP4 work.
 //
@@ -24,6 +25,7 @@
 #include "backend/registry.h"
 #include "base/dtype.h"
 #include "base/error.h"
+#include "ops/quant.h"
 
 namespace polestar {
 namespace {
@@ -47,18 +49,24 @@ class Bench {
     return buffer;
   }
 
-  // Random BF16 weights [n, k] in the backend, and their view.
+  // Random weights [n, k] stored as `type` (BF16, or a block type as a GGUF stores it) in the
+  // backend, and their view.
   struct Weights {
-    Buffer bytes;  // [n, k] BF16
+    Buffer bytes;  // [n, RowBytes(type, k)] u8
     WeightView view;
   };
-  Weights RandomWeights(int64_t n, int64_t k) {
-    std::vector<uint16_t> host(static_cast<size_t>(n * k));
+  Weights RandomWeights(int64_t n, int64_t k, DType type = DType::kBF16) {
+    const int64_t row_bytes = RowBytes(type, k);
+    std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
+    std::vector<float> row(static_cast<size_t>(k));
     std::uniform_real_distribution<float> uniform(-0.05f, 0.05f);
-    for (uint16_t& v : host) v = F32ToBf16(uniform(rng_));
-    Weights w{Buffer(backend_, n * k, ElementType::kBf16, Buffer::Init::kNone), {}};
-    backend_.Upload(host.data(), w.bytes.bytes(), w.bytes.As<uint16_t>());
-    w.view = {DType::kBF16, reinterpret_cast<const uint8_t*>(w.bytes.As<uint16_t>()), n, k, k * 2};
+    for (int64_t r = 0; r < n; ++r) {
+      for (float& v : row) v = uniform(rng_);
+      QuantizeValues(type, row.data(), k, host.data() + r * row_bytes);
+    }
+    Weights w{Buffer(backend_, n * row_bytes, ElementType::kU8, Buffer::Init::kNone), {}};
+    backend_.Upload(host.data(), w.bytes.bytes(), w.bytes.As<uint8_t>());
+    w.view = {type, w.bytes.As<uint8_t>(), n, k, row_bytes};
     return w;
   }
 
@@ -154,6 +162,14 @@ int main(int argc, char** argv) {
       for (const int64_t m : {block, canvas}) {
         bench.Time(Cat("MatMul ", what), Shape({m, n, k}), double(n * k * 2 + m * (n + k) * 4),
                    2.0 * double(m * n * k), [&] { backend.MatMul(x.data(), m, w.view, y.data()); });
+      }
+      // Quantised weights at a block's rows (a cached step's products): the bytes they read
+      // are the stored ones.
+      for (const DType type : {DType::kQ8_0, DType::kQ4_K}) {
+        const auto q = bench.RandomWeights(n, k, type);
+        bench.Time(Cat("MatMul ", what, " ", DTypeName(type)), Shape({block, n, k}),
+                   double(n * RowBytes(type, k) + block * (n + k) * 4), 2.0 * double(block * n * k),
+                   [&] { backend.MatMul(x.data(), block, q.view, y.data()); });
       }
     }
     {

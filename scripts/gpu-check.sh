@@ -87,7 +87,7 @@ fi
 
 step rates 60 "$bin/gpu_rates" --json "$results/rates.json"
 if [ "$mode" != --speed ]; then
-  step ops 180 "$bin/backend_test" --gtest_filter='*cuda*:CudaFused*' --gtest_output="json:$results/ops.json"
+  step ops 180 "$bin/backend_test" --gtest_filter='*cuda*:Cuda*' --gtest_output="json:$results/ops.json"
   step agreement 300 "$bin/device_agreement_test" --gtest_filter='*cuda*' \
     --gtest_output="json:$results/agreement.json"
   # The reference fixtures' runs (PyTorch's tokens and forward counts, LLaDA 2.x's block
@@ -103,10 +103,11 @@ fi
 
 if [ "$mode" = --sanitize ]; then
   step memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/backend_test" \
-    --gtest_filter='*cuda_activations_f32*:CudaFused*'
-  # The fused attention shares tiles between warps: shared-memory races are its own risk.
+    --gtest_filter='*cuda_activations_f32*:Cuda*'
+  # The fused attention and the tile product share tiles between warps: shared-memory races
+  # are their own risk.
   step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 1 "$bin/backend_test" \
-    --gtest_filter='CudaFused*'
+    --gtest_filter='Cuda*'
 elif [ "$mode" != --quick ]; then
   step opbench 120 "$bin/op_bench" --backend cuda --json "$results/op_bench.json"
   step checkpoint 200 "$bin/polestar" make-random-model --like "$like" --scale "$layer_scale" \

@@ -13,6 +13,7 @@
 
 #include "backend/registry.h"
 #include "ops/bf16_matmul.h"
+#include "ops/quant.h"
 #include "test_support.h"
 
 namespace polestar {
@@ -111,6 +112,83 @@ TEST(CudaFusedAttention, MatchesItsTwinWithSevenHeadsAKvHead) {
 TEST(CudaFusedAttention, MatchesItsTwinWithPaddedHeadsOverManyTiles) {
   ExpectFusedAttentionMatchesItsTwin({.heads = 2, .kv_heads = 2, .head_dim = 24, .m = 3, .l = 1000},
                                      3);
+}
+
+struct TileProductShape {
+  DType type;
+  int64_t m, n, k;
+};
+
+// The tile product (few rows over quantised weights, reduced activations) against its twin:
+// the product in double of x and the weights as the host decodes them (DequantizeValues), both
+// rounded to BF16 as the kernel rounds them. The kernel's products of BF16 values are exact in
+// FP32 and its sums FP32 (the tensor cores may round them toward zero): within 2u per term
+// added, u = 2^-24, of sum |x w| over K terms and the splits' sums. A value decoded wrong, a
+// tile or split dropped or counted twice moves an output by one of its terms, far more. And the
+// same bits every run.
+void ExpectTileProductMatchesItsTwin(const TileProductShape& s, uint32_t seed) {
+  if (const std::string why = testing::BackendUnavailable(kReducedCuda); !why.empty()) {
+    GTEST_SKIP() << "backend '" << kReducedCuda << "' cannot run here: " << why;
+  }
+  const Backend& cuda = BackendNamed(kReducedCuda);
+  std::mt19937 rng(seed);
+  const int64_t row_bytes = RowBytes(s.type, s.k);
+  std::vector<uint8_t> stored(size_t(s.n * row_bytes));
+  std::vector<float> decoded(size_t(s.n * s.k));  // [N, K]
+  for (int64_t r = 0; r < s.n; ++r) {
+    const std::vector<float> row = Uniform(s.k, -1.0f, 1.0f, rng);
+    QuantizeValues(s.type, row.data(), s.k, stored.data() + r * row_bytes);
+    DequantizeValues(s.type, stored.data() + r * row_bytes, s.k, decoded.data() + r * s.k);
+  }
+  const std::vector<float> x = Uniform(s.m * s.k, -1.0f, 1.0f, rng);
+  Buffer w_in(cuda, int64_t(stored.size()), ElementType::kU8, Buffer::Init::kNone);
+  cuda.Upload(stored.data(), w_in.bytes(), w_in.As<uint8_t>());
+  const WeightView w{s.type, w_in.As<uint8_t>(), s.n, s.k, row_bytes};
+  Buffer x_in(cuda, s.m * s.k, Buffer::Init::kNone);
+  cuda.Upload(x.data(), x_in.bytes(), x_in.data());
+  auto product = [&] {
+    std::vector<float> got(size_t(s.m * s.n), NAN);
+    Buffer y(cuda, s.m * s.n, Buffer::Init::kNone);
+    cuda.Upload(got.data(), y.bytes(), y.data());  // NaN where nothing is written
+    cuda.MatMul(x_in.data(), s.m, w, y.data());
+    cuda.Download(y.data(), y.bytes(), got.data());
+    return got;
+  };
+  const std::vector<float> got = product();
+  const double terms = double(s.k) + 16;  // K products, the splits' sums with room
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double want = 0, magnitude = 0;
+      for (int64_t c = 0; c < s.k; ++c) {
+        const double term =
+            double(Bf16(x[size_t(i * s.k + c)])) * Bf16(decoded[size_t(j * s.k + c)]);
+        want += term;
+        magnitude += std::fabs(term);
+      }
+      ASSERT_NEAR(got[size_t(i * s.n + j)], want, 2 * terms * 0x1p-24 * magnitude + 1e-6)
+          << DTypeName(s.type) << " row " << i << ", output " << j;
+    }
+  }
+  const std::vector<float> again = product();
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(again[i])) << "output " << i;
+  }
+}
+
+// The 32-value types over a K that ends half way through a 64-value step, split in 5 (the
+// last split shorter); one row, and the most rows the kernel takes.
+TEST(CudaTileProduct, MatchesItsTwinOnThirtyTwoValueBlocks) {
+  for (const DType type : {DType::kQ8_0, DType::kQ4_0}) {
+    ExpectTileProductMatchesItsTwin({.type = type, .m = 1, .n = 70, .k = 1056}, 4);
+    ExpectTileProductMatchesItsTwin({.type = type, .m = 64, .n = 70, .k = 1056}, 5);
+  }
+}
+
+// The K-quants: rows that fill no 16-row tile and weight rows no 64-row tile, K in 4 splits.
+TEST(CudaTileProduct, MatchesItsTwinOnKQuants) {
+  for (const DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    ExpectTileProductMatchesItsTwin({.type = type, .m = 37, .n = 200, .k = 1024}, 6);
+  }
 }
 
 }  // namespace

@@ -7,13 +7,15 @@
 //   BF16, kReduced                    x rounded to BF16; BF16 x BF16 GEMM, FP32 accumulation
 //   block types, kReduced             w dequantised to BF16, then as BF16 weights
 //   F16; BF16 and block types, kF32   w widened to F32, then as F32 weights
-// (F16 stays FP32 in both modes: F16 activations could overflow.) Products of at most
-// kMaxDecodedProductRows rows over weights of the last two lines skip the decoded copy: one
-// kernel decodes the values in registers and multiplies them with FP32 activations (within
-// both modes' bounds). Weights stay resident as stored; what is decoded goes to a scratch of at
-// most kScratchBytes, one chunk of output columns at a time, so even LLaDA-8B's LM head (126464 x
-// 4096) needs no more. The segments only count rows: the contract is not batch invariant, so all M
-// rows go into one product.
+// (F16 stays FP32 in both modes: F16 activations could overflow.) Products of few rows skip
+// the decoded copy: with kReduced, at most kMaxTileProductRows rows over block types are one
+// kernel that decodes the weights tile by tile into shared memory for the tensor cores (BF16
+// operands, FP32 sums: the line above's numbers); otherwise at most kMaxDecodedProductRows
+// rows over weights of the last two lines are one kernel that decodes the values in registers
+// and multiplies them with FP32 activations (within both modes' bounds). Weights stay resident as
+// stored; what is decoded goes to a scratch of at most kScratchBytes, one chunk of output columns
+// at a time, so even LLaDA-8B's LM head (126464 x 4096) needs no more. The segments only count
+// rows: the contract is not batch invariant, so all M rows go into one product.
 #include "backend/cuda/products.h"
 
 #include <algorithm>
@@ -117,6 +119,13 @@ void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const Weight
                       (w.dtype == DType::kBF16 && activations_ == ActivationPrecision::kReduced);
   if (k == 0) {
     Zero(y, m * n);  // empty sums
+  } else if (activations_ == ActivationPrecision::kReduced && IsBlockQuantized(w.dtype) &&
+             m <= cuda::kMaxTileProductRows) {
+    // A cached step's rows over quantised weights: decoded tile by tile beside the tensor
+    // cores, so the product reads the stored bytes once (no decoded copy).
+    Buffer scratch(*this, cuda::TileProductScratchFloats(m, n, k), Buffer::Init::kNone);
+    CUDA_CHECK(cuda::LaunchTileProduct(w.dtype, w.data, w.row_bytes, n, k, x, m, y, scratch.data(),
+                                       Stream()));
   } else if (!native && m <= cuda::kMaxDecodedProductRows) {
     // A cached step's few rows over weights cuBLAS does not take as stored: decoded in
     // registers, so the product reads the stored bytes once (no decoded copy).

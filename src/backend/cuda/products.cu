@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <type_traits>
@@ -30,57 +31,89 @@ __device__ void ScaleMinK4(int j, const uint8_t* scales, int* scale, int* min) {
   }
 }
 
-// Value c of a row stored as kType: what DequantizeValues writes at out[c]. Blocks of 32
-// (Q8_0, Q4_0) or 256 values (the K-quants) are `block_bytes` long (BlockBytes).
+// Values c0 .. c0 + 7 of a row stored as kType (c0 a multiple of 8): group[i] is what
+// DequantizeValues writes at out[c0 + i]. Blocks of 32 (Q8_0, Q4_0) or 256 values (the
+// K-quants) are `block_bytes` long (BlockBytes). Eight values never straddle a block or a
+// sub-block, so what they share (the block's scales, which nibble) is decoded once.
+template <DType kType>
+struct Group {
+  __device__ Group(const uint8_t* row, int64_t c0, int block_bytes) {
+    if constexpr (kType == DType::kF32) {
+      bytes = row + 4 * c0;
+    } else if constexpr (kType == DType::kF16 || kType == DType::kBF16) {
+      bytes = row + 2 * c0;
+    } else if constexpr (kType == DType::kQ8_0) {  // f16 d; i8 qs[32]
+      const uint8_t* block = row + c0 / 32 * block_bytes;
+      d = HalfAt(block);
+      bytes = block + 2 + c0 % 32;
+    } else if constexpr (kType == DType::kQ4_0) {  // f16 d; u8 qs[16]: low nibbles, then high
+      const uint8_t* block = row + c0 / 32 * block_bytes;
+      const int j0 = int(c0 % 32);
+      d = HalfAt(block);
+      bytes = block + 2 + j0 % 16;
+      shift = j0 < 16 ? 0 : 4;
+    } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+      // f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]. Chunks of 64 values: two
+      // sub-blocks of 32 sharing 32 bytes of qs, low nibbles then high.
+      const uint8_t* block = row + c0 / 256 * block_bytes;
+      const int j0 = int(c0 % 256);
+      const int chunk = j0 / 64, high = (j0 / 32) % 2, l0 = j0 % 32;
+      int scale, min;
+      ScaleMinK4(2 * chunk + high, block + 4, &scale, &min);
+      d = __fmul_rn(HalfAt(block), float(scale));
+      m = __fmul_rn(HalfAt(block + 2), float(min));
+      bytes = block + (kType == DType::kQ5_K ? 48 : 16) + 32 * chunk + l0;
+      shift = high ? 4 : 0;
+      high_bits = block + 16 + l0;
+      bit = 2 * chunk + high;
+    } else {
+      static_assert(kType == DType::kQ6_K);
+      // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Halves of 128 values (ql[64], qh[32],
+      // scales[8]), each four quarters of 32: quarter q takes the low (q < 2) or high nibble of
+      // ql[l + 32 (q % 2)] and bits 2q, 2q+1 of qh[l], with scale l / 16 + 2q.
+      const uint8_t* block = row + c0 / 256 * block_bytes;
+      const int j0 = int(c0 % 256);
+      const int half = j0 / 128, quarter = (j0 / 32) % 4, l0 = j0 % 32;
+      const auto* scales = reinterpret_cast<const int8_t*>(block + 192 + 8 * half);
+      d = __fmul_rn(HalfAt(block + 208), float(scales[l0 / 16 + 2 * quarter]));
+      bytes = block + 64 * half + 32 * (quarter % 2) + l0;
+      shift = quarter < 2 ? 0 : 4;
+      high_bits = block + 128 + 32 * half + l0;
+      bit = 2 * quarter;
+    }
+  }
+
+  __device__ float operator[](int i) const {
+    if constexpr (kType == DType::kF32) {
+      return reinterpret_cast<const float*>(bytes)[i];
+    } else if constexpr (kType == DType::kF16) {
+      return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(bytes)[i]));
+    } else if constexpr (kType == DType::kBF16) {
+      return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(bytes)[i]) << 16);
+    } else if constexpr (kType == DType::kQ8_0) {
+      return __fmul_rn(float(int8_t(bytes[i])), d);
+    } else if constexpr (kType == DType::kQ4_0) {
+      return __fmul_rn(float(((bytes[i] >> shift) & 0xF) - 8), d);
+    } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
+      int level = (bytes[i] >> shift) & 0xF;
+      if constexpr (kType == DType::kQ5_K) level += ((high_bits[i] >> bit) & 1) << 4;
+      return __fsub_rn(__fmul_rn(d, float(level)), m);
+    } else {
+      const int level = (((bytes[i] >> shift) & 0xF) | (((high_bits[i] >> bit) & 3) << 4)) - 32;
+      return __fmul_rn(d, float(level));
+    }
+  }
+
+  const uint8_t* bytes = nullptr;      // the group's first value (or its quants)
+  const uint8_t* high_bits = nullptr;  // Q5_K, Q6_K: the bytes holding its high bits
+  float d = 0, m = 0;                  // the scale (and the K-quants' min) it shares
+  int shift = 0, bit = 0;              // its nibble; the position of its high bits
+};
+
+// Value c of a row stored as kType.
 template <DType kType>
 __device__ float ValueAt(const uint8_t* row, int64_t c, int block_bytes) {
-  if constexpr (kType == DType::kF32) {
-    return reinterpret_cast<const float*>(row)[c];
-  } else if constexpr (kType == DType::kF16) {
-    return __half2float(__ushort_as_half(reinterpret_cast<const uint16_t*>(row)[c]));
-  } else if constexpr (kType == DType::kBF16) {
-    return __uint_as_float(uint32_t(reinterpret_cast<const uint16_t*>(row)[c]) << 16);
-  } else if constexpr (kType == DType::kQ8_0) {  // f16 d; i8 qs[32]
-    const uint8_t* block = row + c / 32 * block_bytes;
-    return __fmul_rn(float(int8_t(block[2 + c % 32])), HalfAt(block));
-  } else if constexpr (kType == DType::kQ4_0) {  // f16 d; u8 qs[16]: low nibbles, then high
-    const uint8_t* block = row + c / 32 * block_bytes;
-    const int j = int(c % 32);
-    const int byte = block[2 + j % 16];
-    const int level = (j < 16 ? byte & 0xF : byte >> 4) - 8;
-    return __fmul_rn(float(level), HalfAt(block));
-  } else if constexpr (kType == DType::kQ4_K || kType == DType::kQ5_K) {
-    // f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]. Chunks of 64 values: two
-    // sub-blocks of 32 sharing 32 bytes of qs, low nibbles then high.
-    constexpr bool kFiveBits = kType == DType::kQ5_K;
-    const uint8_t* block = row + c / 256 * block_bytes;
-    const int j = int(c % 256);
-    const int chunk = j / 64, high = (j / 32) % 2, l = j % 32;
-    int scale, min;
-    ScaleMinK4(2 * chunk + high, block + 4, &scale, &min);
-    const float d = __fmul_rn(HalfAt(block), float(scale));
-    const float m = __fmul_rn(HalfAt(block + 2), float(min));
-    const int byte = block[(kFiveBits ? 48 : 16) + 32 * chunk + l];
-    int level = high ? byte >> 4 : byte & 0xF;
-    if constexpr (kFiveBits) level += ((block[16 + l] >> (2 * chunk + high)) & 1) << 4;
-    return __fsub_rn(__fmul_rn(d, float(level)), m);
-  } else {
-    static_assert(kType == DType::kQ6_K);
-    // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d. Halves of 128 values (ql[64], qh[32],
-    // scales[8]), each four quarters of 32: quarter q takes the low (q < 2) or high nibble of
-    // ql[l + 32 (q % 2)] and bits 2q, 2q+1 of qh[l], with scale l / 16 + 2q.
-    const uint8_t* block = row + c / 256 * block_bytes;
-    const int j = int(c % 256);
-    const int half = j / 128, quarter = (j / 32) % 4, l = j % 32;
-    const uint8_t* ql = block + 64 * half;
-    const uint8_t* qh = block + 128 + 32 * half;
-    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192 + 8 * half);
-    const int byte = ql[l + 32 * (quarter % 2)];
-    const int low = quarter < 2 ? byte & 0xF : byte >> 4;
-    const int level = (low | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32;
-    const float d = __fmul_rn(HalfAt(block + 208), float(scales[l / 16 + 2 * quarter]));
-    return __fmul_rn(d, float(level));
-  }
+  return Group<kType>(row, c - c % 8, block_bytes)[int(c % 8)];
 }
 
 __device__ uint16_t Bf16Bits(float value) {
@@ -156,6 +189,127 @@ cudaError_t LaunchRowsTimes(const uint8_t* weights, int64_t row_bytes, int64_t n
                 BlockBytes(kType), n, k, x, m, y);
 }
 
+// The tile product's blocks: four warps take 64 weight rows (warp w rows [16w, 16w + 16))
+// and every row of x over one split of K, 64 values of K a step: the block decodes the
+// weights' step into a BF16 tile in shared memory (a group of 8 values a thread at a time),
+// copies x's step beside it, and each warp multiplies its 16 rows with every 16-row tile of
+// x on the tensor cores, accumulating in FP32. Row strides are padded by 8 BF16 (16 bytes:
+// rows start in different banks and stay aligned for the warp products).
+constexpr int kTileWarps = 4;
+constexpr int kTileThreads = kTileWarps * kWarp;
+constexpr int kTileWeightRows = kTileWarps * 16;
+constexpr int kTileStep = 64;            // values of K a step
+constexpr int64_t kTileSplitUnit = 256;  // K's splits are whole K-quant blocks (and steps)
+constexpr int64_t kTileProductBlocks = 512;
+constexpr int kTileStride = kTileStep + 8;
+constexpr int kTileOutStride = kTileWeightRows + 4;  // floats
+constexpr int kTileXTiles = kMaxTileProductRows / 16;
+constexpr size_t kWeightTileBytes = size_t(kTileWeightRows) * kTileStride * 2;  // multiple of 32
+constexpr size_t kXTileBytes = size_t(kMaxTileProductRows) * kTileStride * 2;
+// The two BF16 tiles, then (reusing them) the block's FP32 outputs; plus 32 for aligning the
+// dynamic shared memory's start.
+constexpr size_t kTileSharedBytes =
+    32 + std::max(kWeightTileBytes + kXTileBytes, size_t(kMaxTileProductRows) * kTileOutStride * 4);
+
+// Eight BF16 values as one 16-byte store.
+union EightBf16 {
+  uint4 whole;
+  __nv_bfloat16 value[8];
+};
+
+// x_padded is [16 * x_tiles, K rounded up to kTileStep] BF16 with zeros past x's m rows and
+// K values; out[s, m, N] takes split s's sums (y itself when there is one split).
+template <DType kType>
+__global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
+                                  int64_t n, int64_t k, const __nv_bfloat16* x_padded,
+                                  int64_t padded_k, int m, int x_tiles, int64_t split_k,
+                                  float* out) {
+  namespace wmma = nvcuda::wmma;
+  uint8_t* base = DynamicShared<uint8_t>();
+  base += (32 - reinterpret_cast<uintptr_t>(base) % 32) % 32;
+  auto* w_tile = reinterpret_cast<__nv_bfloat16*>(base);  // [64, kTileStep] of kTileStride
+  auto* x_tile = reinterpret_cast<__nv_bfloat16*>(base + kWeightTileBytes);  // [16 x_tiles, ...]
+  auto* sums = reinterpret_cast<float*>(base);  // [m, 64] of kTileOutStride, after the steps
+
+  const int t = threadIdx.x, warp = t / kWarp;
+  const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
+  const int64_t k_begin = int64_t(blockIdx.y) * split_k;
+  const int64_t k_end = k_begin + split_k < k ? k_begin + split_k : k;
+  constexpr int kGroupsPerRow = kTileStep / 8;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTileXTiles];
+#pragma unroll
+  for (int i = 0; i < kTileXTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
+  for (int64_t c0 = k_begin; c0 < k_end; c0 += kTileStep) {
+    __syncthreads();  // the last step's tiles are read
+    for (int g = t; g < kTileWeightRows * kGroupsPerRow; g += kTileThreads) {
+      const int r = g / kGroupsPerRow, c = g % kGroupsPerRow * 8;
+      EightBf16 eight;
+      if (row0 + r < n && c0 + c < k_end) {
+        const Group<kType> group(weights + (row0 + r) * row_bytes, c0 + c, block_bytes);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) eight.value[i] = __float2bfloat16_rn(group[i]);
+      } else {
+        eight.whole = make_uint4(0, 0, 0, 0);
+      }
+      *reinterpret_cast<uint4*>(w_tile + r * kTileStride + c) = eight.whole;
+    }
+    for (int g = t; g < 16 * x_tiles * kGroupsPerRow; g += kTileThreads) {
+      const int r = g / kGroupsPerRow, c = g % kGroupsPerRow * 8;
+      // Past this split's K the weights are zero, and x is padded with zeros past its own.
+      *reinterpret_cast<uint4*>(x_tile + r * kTileStride + c) =
+          *reinterpret_cast<const uint4*>(x_padded + r * padded_k + c0 + c);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileStep; kk += 16) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> w_part;
+      wmma::load_matrix_sync(w_part, w_tile + warp * 16 * kTileStride + kk, kTileStride);
+#pragma unroll
+      for (int i = 0; i < kTileXTiles; ++i) {
+        if (i >= x_tiles) break;  // the same in every lane
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> x_part;
+        wmma::load_matrix_sync(x_part, x_tile + i * 16 * kTileStride + kk, kTileStride);
+        wmma::mma_sync(acc[i], x_part, w_part, acc[i]);
+      }
+    }
+  }
+  __syncthreads();  // the tiles are read: the space takes the sums
+#pragma unroll
+  for (int i = 0; i < kTileXTiles; ++i) {
+    if (i >= x_tiles) break;
+    wmma::store_matrix_sync(sums + i * 16 * kTileOutStride + warp * 16, acc[i], kTileOutStride,
+                            wmma::mem_row_major);
+  }
+  __syncthreads();
+  float* split_out = out + int64_t(blockIdx.y) * m * n;
+  for (int e = t; e < m * kTileWeightRows; e += kTileThreads) {
+    const int r = e / kTileWeightRows, c = e % kTileWeightRows;
+    if (row0 + c < n) split_out[r * n + row0 + c] = sums[r * kTileOutStride + c];
+  }
+}
+
+// x_padded[rows, padded_k] = x[m, K] as BF16, zeros past its rows and values.
+__global__ void PadToBf16Kernel(const float* x, int64_t m, int64_t k, int64_t rows,
+                                int64_t padded_k, __nv_bfloat16* x_padded) {
+  const int64_t total = rows * padded_k;
+  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = e / padded_k, c = e % padded_k;
+    x_padded[e] = __float2bfloat16_rn(r < m && c < k ? x[r * k + c] : 0.0f);
+  }
+}
+
+// y[i] = the splits' sums of output i, added in split order (the same bits every run).
+__global__ void SumSplitsKernel(const float* partial, int64_t outputs, int splits, float* y) {
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < outputs;
+       i += int64_t(gridDim.x) * kThreads) {
+    float total = partial[i];
+    for (int s = 1; s < splits; ++s) total += partial[s * outputs + i];
+    y[i] = total;
+  }
+}
+
 __global__ void RoundToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * kThreads) {
@@ -217,6 +371,60 @@ cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t r
   return ForWeightType(type, [&](auto stored) {
     return LaunchRowsTimes<decltype(stored)::value>(weights, row_bytes, n, k, x, int(m), y, stream);
   });
+}
+
+// K is split in whole units of kTileSplitUnit, into enough splits for about kTileProductBlocks
+// blocks (a cached step's 4096 weight rows are 64 tiles: too few to keep a GPU's memory
+// busy), every split holding the same number of units but the last.
+int64_t TileUnitsPerSplit(int64_t n, int64_t k) {
+  const int64_t tiles = (n + kTileWeightRows - 1) / kTileWeightRows;
+  const int64_t units = (k + kTileSplitUnit - 1) / kTileSplitUnit;
+  const int64_t wanted = std::clamp<int64_t>((kTileProductBlocks + tiles - 1) / tiles, 1, units);
+  return std::max<int64_t>(1, (units + wanted - 1) / wanted);
+}
+
+int TileProductSplits(int64_t n, int64_t k) {
+  const int64_t units = (k + kTileSplitUnit - 1) / kTileSplitUnit;
+  return int(std::max<int64_t>(1, (units + TileUnitsPerSplit(n, k) - 1) / TileUnitsPerSplit(n, k)));
+}
+
+int64_t TileProductScratchFloats(int64_t m, int64_t n, int64_t k) {
+  const int splits = TileProductSplits(n, k);
+  const int64_t padded_k = (k + kTileStep - 1) / kTileStep * kTileStep;
+  const int64_t x_rows = (m + 15) / 16 * 16;
+  // The padded BF16 x (two to a float, rounded up), then the splits' sums when there are two
+  // or more.
+  return (x_rows * padded_k + 1) / 2 + (splits > 1 ? splits * m * n : 0);
+}
+
+cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
+                              int64_t k, const float* x, int64_t m, float* y, float* scratch,
+                              cudaStream_t stream) {
+  if (m <= 0 || n <= 0) return cudaSuccess;
+  if (m > kMaxTileProductRows) return cudaErrorInvalidValue;
+  const int splits = TileProductSplits(n, k);
+  const int64_t split_k = TileUnitsPerSplit(n, k) * kTileSplitUnit;
+  const int64_t padded_k = (k + kTileStep - 1) / kTileStep * kTileStep;
+  const int x_tiles = int((m + 15) / 16);
+  auto* x_padded = reinterpret_cast<__nv_bfloat16*>(scratch);
+  float* partial = splits > 1 ? scratch + (int64_t(16) * x_tiles * padded_k + 1) / 2 : y;
+  cudaError_t status = Launch(PadToBf16Kernel, GridBlocks(16 * x_tiles * padded_k), kThreads, 0,
+                              stream, x, m, k, int64_t(16) * x_tiles, padded_k, x_padded);
+  if (status != cudaSuccess) return status;
+  const dim3 grid(unsigned((n + kTileWeightRows - 1) / kTileWeightRows), unsigned(splits));
+  status = ForWeightType(type, [&](auto stored) {
+    constexpr DType kType = decltype(stored)::value;
+    if constexpr (kType == DType::kF32 || kType == DType::kF16 || kType == DType::kBF16) {
+      return cudaErrorInvalidValue;
+    } else {
+      return Launch(TileProductKernel<kType>, grid, kTileThreads, kTileSharedBytes, stream, weights,
+                    row_bytes, BlockBytes(type), n, k, static_cast<const __nv_bfloat16*>(x_padded),
+                    padded_k, int(m), x_tiles, split_k, partial);
+    }
+  });
+  if (status != cudaSuccess || splits == 1) return status;
+  return Launch(SumSplitsKernel, GridBlocks(m * n), kThreads, 0, stream,
+                static_cast<const float*>(partial), m * n, splits, y);
 }
 
 cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {

@@ -35,6 +35,20 @@ cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t r
                                    int64_t k, const float* x, int64_t m, float* y,
                                    cudaStream_t stream);
 
+// The tile product: at most this many rows of x take LaunchTileProduct.
+constexpr int64_t kMaxTileProductRows = 64;
+
+// y[M, N] = x[M, K] · w[N, K]^T for M <= kMaxTileProductRows over weights of a block type:
+// x rounded to BF16 and the weights decoded to BF16 (as LaunchDequantizeRows decodes them)
+// tile by tile in shared memory, multiplied on the tensor cores with FP32 sums, so the stored
+// bytes cross from memory once and no decoded copy is written. K may be split across blocks,
+// whose sums are then added in a fixed order: the same bits every run. `scratch` holds
+// TileProductScratchFloats(M, N, K) floats (x as BF16, the splits' sums).
+int64_t TileProductScratchFloats(int64_t m, int64_t n, int64_t k);
+cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
+                              int64_t k, const float* x, int64_t m, float* y, float* scratch,
+                              cudaStream_t stream);
+
 // out[n] = x[n] as BF16 bits, rounded to nearest even (base/dtype.h F32ToBf16).
 cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 
