@@ -1,7 +1,7 @@
 // Where a step's time goes: each op of the backend seam timed alone at a model's shapes, on
 // any backend, beside what it moves and computes (GB/s, TFLOP/s). The products at a cached
 // step's rows (a block, 32) and a full pass's (the canvas), and over Q8_0 and Q4_K weights at a
-// block's rows, attention over the canvas with and
+// block's rows (where K holds whole blocks), attention over the canvas with and
 // without its probabilities, the row-wise ops, the LM head and greedy choice of a block, and
 // Polestar's drift, clustering and NVFP4 work.
 //
@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
       // Quantised weights at a block's rows (a cached step's products): the bytes they read
       // are the stored ones.
       for (const DType type : {DType::kQ8_0, DType::kQ4_K}) {
+        if (k % BlockSize(type) != 0) continue;  // rows of whole blocks only
         const auto q = bench.RandomWeights(n, k, type);
         bench.Time(Cat("MatMul ", what, " ", DTypeName(type)), Shape({block, n, k}),
                    double(n * RowBytes(type, k) + block * (n + k) * 4), 2.0 * double(block * n * k),
