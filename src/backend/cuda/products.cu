@@ -256,7 +256,7 @@ __global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int
     }
     for (int g = t; g < 16 * x_tiles * kGroupsPerRow; g += kTileThreads) {
       const int r = g / kGroupsPerRow, c = g % kGroupsPerRow * 8;
-      // Past this split's K the weights are zero, and x is padded with zeros past its own.
+      // A step never crosses a split (split_k is whole steps); past K both tiles are zero.
       *reinterpret_cast<uint4*>(x_tile + r * kTileStride + c) =
           *reinterpret_cast<const uint4*>(x_padded + r * padded_k + c0 + c);
     }
@@ -384,8 +384,9 @@ int64_t TileUnitsPerSplit(int64_t n, int64_t k) {
 }
 
 int TileProductSplits(int64_t n, int64_t k) {
-  const int64_t units = (k + kTileSplitUnit - 1) / kTileSplitUnit;
-  return int(std::max<int64_t>(1, (units + TileUnitsPerSplit(n, k) - 1) / TileUnitsPerSplit(n, k)));
+  const int64_t units = (k + kTileSplitUnit - 1) / kTileSplitUnit,
+                per_split = TileUnitsPerSplit(n, k);
+  return int(std::max<int64_t>(1, (units + per_split - 1) / per_split));
 }
 
 int64_t TileProductScratchFloats(int64_t m, int64_t n, int64_t k) {
