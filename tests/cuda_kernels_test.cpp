@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/registry.h"
+#include "drift/drift.h"
 #include "ops/bf16_matmul.h"
 #include "ops/quant.h"
 #include "test_support.h"
@@ -189,6 +190,80 @@ TEST(CudaTileProduct, MatchesItsTwinOnKQuants) {
   for (const DType type : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     ExpectTileProductMatchesItsTwin({.type = type, .m = 37, .n = 200, .k = 1024}, 6);
   }
+}
+
+// An offloaded Buffer (Polestar's NVFP4 store with --offload-residuals) is pinned host memory
+// that the kernels use as device memory: they quantise into it and dequantise from it the
+// bits of a store in device memory, and once the stream has run the host reads those bits
+// where they lie (this test alone looks: host code never touches backend memory). Copies
+// into and out of it, a Buffer's copy among them, take the host's side of the bus.
+TEST(CudaOffloaded, TheStoreIsPinnedHostMemoryTheKernelsUseAsDeviceMemory) {
+  if (const std::string why = testing::BackendUnavailable(kReducedCuda); !why.empty()) {
+    GTEST_SKIP() << "backend '" << kReducedCuda << "' cannot run here: " << why;
+  }
+  const Backend& cuda = BackendNamed(kReducedCuda);
+  std::mt19937 rng(11);
+  const int64_t width = 40, rows = 6;  // a width whose last scale block is partial
+  const std::vector<float> x = Uniform(rows * width, -2.0f, 2.0f, rng);
+  const std::vector<float> base = Uniform(2 * width, -1.0f, 1.0f, rng);
+  const std::vector<int> x_rows = {0, 1, 2, 3, 4, 5}, labels = {0, 1, 0, 1, 1, 0};
+  const std::vector<int> store_rows = {5, 0, 3, 1, 4, 2};
+  Buffer device_x(cuda, int64_t(x.size())), device_base(cuda, int64_t(base.size()));
+  cuda.Upload(x.data(), device_x.bytes(), device_x.data());
+  cuda.Upload(base.data(), device_base.bytes(), device_base.data());
+  const float tensor_scale = Nvfp4TensorScale(3.0f);
+  const int64_t scale_bytes = rows * Nvfp4ScaleBytes(width),
+                value_bytes = rows * Nvfp4ValueBytes(width);
+
+  struct Store {
+    Buffer scales, values;
+  };
+  auto quantised = [&](Placement placement) {
+    Store store{Buffer(cuda, scale_bytes, ElementType::kU8, Buffer::Init::kZero, placement),
+                Buffer(cuda, value_bytes, ElementType::kU8, Buffer::Init::kZero, placement)};
+    cuda.QuantizeResiduals(device_x.data(), x_rows, device_base.data(), labels, width, tensor_scale,
+                           store.scales.As<uint8_t>(), store.values.As<uint8_t>(), store_rows);
+    return store;
+  };
+  const Store in_device = quantised(Placement::kBackend);
+  Store offloaded = quantised(Placement::kOffloaded);
+  ASSERT_EQ(offloaded.scales.placement(), Placement::kOffloaded);
+  cuda.Synchronize();
+  std::vector<uint8_t> want_scales(static_cast<size_t>(scale_bytes)),
+      want_values(static_cast<size_t>(value_bytes));
+  cuda.Download(in_device.scales.As<uint8_t>(), scale_bytes, want_scales.data());
+  cuda.Download(in_device.values.As<uint8_t>(), value_bytes, want_values.data());
+  const uint8_t* host_scales = offloaded.scales.As<uint8_t>();
+  const uint8_t* host_values = offloaded.values.As<uint8_t>();
+  EXPECT_EQ(std::vector<uint8_t>(host_scales, host_scales + scale_bytes), want_scales);
+  EXPECT_EQ(std::vector<uint8_t>(host_values, host_values + value_bytes), want_values);
+
+  // A copy stays offloaded; a download of it and its dequantised rows give the same bits.
+  const Store copied{offloaded.scales, offloaded.values};
+  ASSERT_EQ(copied.values.placement(), Placement::kOffloaded);
+  std::vector<uint8_t> copied_values(static_cast<size_t>(value_bytes));
+  cuda.Download(copied.values.As<uint8_t>(), value_bytes, copied_values.data());
+  EXPECT_EQ(copied_values, want_values);
+  const std::vector<int> read_rows = {4, 1, 2}, read_labels = {1, 1, 0}, out_rows = {2, 0, 1};
+  auto dequantised = [&](const Store& store) {
+    Buffer out(cuda, 3 * width);
+    cuda.DequantizeResiduals(store.scales.As<uint8_t>(), store.values.As<uint8_t>(), read_rows,
+                             device_base.data(), read_labels, width, tensor_scale, out.data(),
+                             out_rows);
+    std::vector<float> host(size_t(out.size()));
+    cuda.Download(out.data(), out.bytes(), host.data());
+    return host;
+  };
+  const std::vector<float> want = dequantised(in_device);
+  const Store* stores[] = {&offloaded, &copied};
+  for (const Store* store : stores) {
+    const std::vector<float> got = dequantised(*store);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << "value " << i;
+  }
+  // Growing keeps the placement.
+  offloaded.values.Reserve(2 * value_bytes);
+  EXPECT_EQ(offloaded.values.placement(), Placement::kOffloaded);
 }
 
 }  // namespace

@@ -1,16 +1,20 @@
 // Polestar: its pure parts against hand-computed values, packet propagation against a full
 // recompute, and aggregate agreement with the authors' code on the trained probe checkpoint
 // (the standing equivalence with vanilla is decode_test's StandingTest).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <tuple>
 
+#include "backend/registry.h"
 #include "decode/generate.h"
 #include "decode/policy.h"
 #include "drift/drift.h"
@@ -434,6 +438,50 @@ TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {
     const GenerationResult result = Generate(*model, prompt, overlap);
     EXPECT_EQ(result.tokens, expected.tokens);
     EXPECT_EQ(result.nfe, expected.nfe);
+  }
+}
+
+// The NVFP4 store offloaded (Placement::kOffloaded: on a GPU, pinned host memory the kernels
+// quantise into and dequantise from over the bus) holds the bits of the store in backend
+// memory, so the tokens do not change. The CPU places both in host memory; the CUDA backend
+// (a GPU, or its emulation in the sanitizer stage) places them apart.
+TEST(PolestarOffload, TheOffloadedStoreGivesTheSameTokens) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+  DecodeOptions in_backend;
+  in_backend.policy = "polestar";
+  in_backend.gen_length = 32;
+  in_backend.block_length = 8;
+  in_backend.steps = 32;
+  in_backend.nvfp4_hidden = true;
+  DecodeOptions offloaded = in_backend;
+  offloaded.offload_residuals = true;
+  int ran = 0;
+  for (const std::string spec : {"cpu", "cuda:activations=f32"}) {
+    SCOPED_TRACE(spec);
+    if (const std::string why = testing::BackendUnavailable(spec); !why.empty()) {
+      std::printf("backend '%s' cannot run here: %s\n", spec.c_str(), why.c_str());
+      continue;
+    }
+    model->UseBackend(BackendNamed(spec));
+    const GenerationResult expected = Generate(*model, prompt, in_backend);
+    const GenerationResult result = Generate(*model, prompt, offloaded);
+    EXPECT_EQ(result.tokens, expected.tokens);
+    EXPECT_EQ(result.nfe, expected.nfe);
+    // Refresh steps read the store.
+    EXPECT_TRUE(result.step_kinds.contains(step_kind::Refresh(in_backend.topk_clusters)));
+    ++ran;
+  }
+  EXPECT_GE(ran, 1);
+
+  // The switch places the NVFP4 store: without the store it is an error, not a no-op.
+  DecodeOptions without_store = offloaded;
+  without_store.nvfp4_hidden = false;
+  try {
+    Generate(*model, prompt, without_store);
+    ADD_FAILURE() << "offload_residuals without nvfp4_hidden decoded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--offload-residuals needs --nvfp4-hidden"));
   }
 }
 

@@ -23,15 +23,19 @@ int64_t ElementBytes(ElementType type) {
   return 0;
 }
 
-Buffer::Buffer(const Backend& backend, int64_t size, ElementType type, Init init)
-    : backend_(&backend),
-      type_(type),
-      data_(size > 0 ? backend.Allocate(size * ElementBytes(type), init == Init::kZero) : nullptr),
-      size_(size) {}
+Buffer::Buffer(const Backend& backend, int64_t size, ElementType type, Init init,
+               Placement placement)
+    : backend_(&backend), type_(type), placement_(placement), size_(size) {
+  if (size <= 0) return;
+  const int64_t bytes = size * ElementBytes(type);
+  const bool zero = init == Init::kZero;
+  data_ = placement == Placement::kOffloaded ? backend.AllocateOffloaded(bytes, zero)
+                                             : backend.Allocate(bytes, zero);
+}
 
 Buffer::Buffer(const Buffer& other) : Buffer() {
   if (other.backend_ == nullptr) return;
-  *this = Buffer(*other.backend_, other.size_, other.type_, Init::kNone);
+  *this = Buffer(*other.backend_, other.size_, other.type_, Init::kNone, other.placement_);
   if (size_ > 0) backend_->CopyBytes(other.data_, bytes(), data_);
 }
 
@@ -43,6 +47,7 @@ Buffer& Buffer::operator=(const Buffer& other) {
 Buffer::Buffer(Buffer&& other) noexcept
     : backend_(std::exchange(other.backend_, nullptr)),
       type_(other.type_),
+      placement_(other.placement_),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
@@ -51,6 +56,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     Release();
     backend_ = std::exchange(other.backend_, nullptr);
     type_ = other.type_;
+    placement_ = other.placement_;
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -70,11 +76,17 @@ void Buffer::Reserve(int64_t size) {
   if (size <= size_) return;
   PS_CHECK(backend_ != nullptr);
   const Backend& backend = *backend_;
-  *this = Buffer(backend, size, type_, Init::kNone);
+  *this = Buffer(backend, size, type_, Init::kNone, placement_);
 }
 
 void Buffer::Release() {
-  if (data_ != nullptr) backend_->Free(data_);
+  if (data_ != nullptr) {
+    if (placement_ == Placement::kOffloaded) {
+      backend_->FreeOffloaded(data_);
+    } else {
+      backend_->Free(data_);
+    }
+  }
   data_ = nullptr;
   size_ = 0;
 }

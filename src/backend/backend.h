@@ -43,15 +43,23 @@ class Backend;
 enum class ElementType { kF32, kBf16, kF16, kF64, kI32, kU8 };
 int64_t ElementBytes(ElementType type);
 
+// Where backend memory lies. kOffloaded: off the accelerator, where the backend's ops still
+// read and write it in place (pinned host memory a GPU reaches over the bus): for a store
+// that ops read a few rows at a time (Polestar's NVFP4 residuals), which then takes no
+// accelerator memory, and of which an op moves only the rows it reads. To host code both are
+// backend memory alike; a backend that computes in host memory places both there.
+enum class Placement { kBackend, kOffloaded };
+
 // An owning array of `size` elements of one type in a backend's memory. Copies allocate on
-// the same backend.
+// the same backend, with the same placement.
 class Buffer {
  public:
   enum class Init { kZero, kNone };
   Buffer() = default;
   Buffer(const Backend& backend, int64_t size, Init init = Init::kZero)
       : Buffer(backend, size, ElementType::kF32, init) {}
-  Buffer(const Backend& backend, int64_t size, ElementType type, Init init = Init::kZero);
+  Buffer(const Backend& backend, int64_t size, ElementType type, Init init = Init::kZero,
+         Placement placement = Placement::kBackend);
   Buffer(const Buffer& other);
   Buffer& operator=(const Buffer& other);
   Buffer(Buffer&& other) noexcept;
@@ -77,6 +85,7 @@ class Buffer {
   int64_t bytes() const { return size_ * ElementBytes(type_); }
   bool empty() const { return size_ == 0; }
   const Backend* backend() const { return backend_; }
+  Placement placement() const { return placement_; }
   // Grows to at least `size` elements (scratch reuse across steps: no allocation once warm).
   // Growing does not keep the contents; a size within the current one keeps everything.
   void Reserve(int64_t size);
@@ -87,6 +96,7 @@ class Buffer {
 
   const Backend* backend_ = nullptr;
   ElementType type_ = ElementType::kF32;
+  Placement placement_ = Placement::kBackend;
   void* data_ = nullptr;
   int64_t size_ = 0;
 };
@@ -159,6 +169,10 @@ class Backend {
   // Memory: `bytes` bytes of backend memory, zeroed when `zero`.
   virtual void* Allocate(int64_t bytes, bool zero) const = 0;
   virtual void Free(void* data) const = 0;
+  // The same, placed off the accelerator (Placement::kOffloaded); a backend without one
+  // places it as the rest.
+  virtual void* AllocateOffloaded(int64_t bytes, bool zero) const { return Allocate(bytes, zero); }
+  virtual void FreeOffloaded(void* data) const { Free(data); }
   // Within backend memory.
   virtual void CopyBytes(const void* src, int64_t bytes, void* dst) const = 0;
   void Copy(const float* src, int64_t size, float* dst) const { CopyBytes(src, size * 4, dst); }

@@ -220,6 +220,11 @@ std::vector<OptionSpec> BuildSchema() {
        .member = &O::nvfp4_hidden,
        .flags = "--nvfp4-hidden,--nvfp4",
        .help = "Polestar: NVFP4 residual hidden-state cache (true/false)"},
+      {.name = "offload_residuals",
+       .member = &O::offload_residuals,
+       .flags = "--offload-residuals",
+       .help = "Polestar: the NVFP4 residuals off the accelerator (pinned host memory on a GPU), "
+               "read in place for the refreshed rows; needs --nvfp4-hidden (true/false)"},
       {.name = "overlap",
        .member = &O::overlap,
        .flags = "--overlap",

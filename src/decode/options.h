@@ -66,8 +66,9 @@ struct DecodeOptions {
   bool early_commit = true;    // Polestar-Commit early commit
   bool suffix_commit = true;   // commit refreshed suffix positions
   DriftMetric drift_metric = DriftMetric::kKl;
-  bool nvfp4_hidden = false;  // hidden-state cache as centroid + NVFP4 residual
-  bool overlap = false;       // auxiliary work on a worker thread
+  bool nvfp4_hidden = false;       // hidden-state cache as centroid + NVFP4 residual
+  bool offload_residuals = false;  // the NVFP4 residuals off the accelerator (Placement)
+  bool overlap = false;            // auxiliary work on a worker thread
 
   // A copy with the model-dependent defaults filled in: every policy's defaults of the
   // options it reads (Elastic-Cache's window: 16 LLaDA, 32 Dream), then the decoding

@@ -23,7 +23,9 @@
 //   - Proxy attention, drift and cache reads are the model's drift ops (Forward), so the
 //     scale bench times exactly this code's proxy step.
 //   - The NVFP4 store keeps each window row as frozen-at-clustering centroid + NVFP4
-//     residual (one FP32 scale per layer window); packet rows are re-quantised.
+//     residual (one FP32 scale per layer window); packet rows are re-quantised. With
+//     offload_residuals the residuals are offloaded memory (backend.h Placement): off the
+//     accelerator, read in place for the refreshed rows only.
 //   - "cosine" drift (the ablation) replaces the per-cluster KL with 1 - cos; the token
 //     drift of Polestar-Commit stays KL (its gate is calibrated for KL).
 //   - With overlap on, block-start clustering, quantisation and baseline proxies run on the
@@ -57,13 +59,13 @@ namespace {
 // One layer's view of the current block's window: the plan on the host, the rest in backend
 // memory (Buffers grown to the largest block, kept across blocks).
 struct LayerClusters {
-  explicit LayerClusters(const Backend& backend)
+  LayerClusters(const Backend& backend, Placement store)
       : centroids(backend, 0),
         previous_proxy(backend, 0),
         previous_proxy_logs(backend, 0, ElementType::kF64),
         base(backend, 0),
-        scales(backend, 0, ElementType::kU8),
-        values(backend, 0, ElementType::kU8) {}
+        scales(backend, 0, ElementType::kU8, Buffer::Init::kZero, store),
+        values(backend, 0, ElementType::kU8, Buffer::Init::kZero, store) {}
   int count = 0;                // K
   std::vector<int> labels;      // [L] cluster of each window row, -1 elsewhere
   std::vector<float> members;   // [K]
@@ -72,7 +74,8 @@ struct LayerClusters {
   Buffer previous_proxy_logs;   // [K, H, L] f64: its KL logs, once a drift took them
   bool has_proxy_logs = false;  // whether previous_proxy_logs holds them
   // NVFP4 store of the window's hidden states (when enabled): row p - window begin of
-  // scales/values is row p's residual from its cluster's base row.
+  // scales/values is row p's residual from its cluster's base row. Offloaded on request: it
+  // is read only for the refreshed rows.
   Buffer base;    // [K, C] centroids at clustering time
   Buffer scales;  // [window, ceil(C / 16)] u8
   Buffer values;  // [window, ceil(C / 2)] u8
@@ -345,7 +348,9 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     forward_ = &forward;
     const Backend& backend = forward.backend();
     layers_.clear();
-    for (int l = 0; l < model_.config().layers; ++l) layers_.emplace_back(backend);
+    const Placement store =
+        options_.offload_residuals ? Placement::kOffloaded : Placement::kBackend;
+    for (int l = 0; l < model_.config().layers; ++l) layers_.emplace_back(backend, store);
     scratch_.emplace(backend);
     side_scratch_.emplace(backend);
     window_ = Buffer(backend, 0);
@@ -510,14 +515,26 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
 const PolicyRegistration kPolestar({
     .name = "polestar",
     .description = "Polestar: drift-aware sparse refresh by clusters, drift-gated early commit",
-    .options = {&DecodeOptions::tau_s, &DecodeOptions::early_floor, &DecodeOptions::alpha,
-                &DecodeOptions::drift_cap, &DecodeOptions::drift_history, &DecodeOptions::clusters,
-                &DecodeOptions::topk_clusters, &DecodeOptions::kmeans_iters,
-                &DecodeOptions::window_prefix_blocks, &DecodeOptions::window_suffix_blocks,
-                &DecodeOptions::full_refresh_period, &DecodeOptions::tau_upd,
-                &DecodeOptions::polestar_cache, &DecodeOptions::early_commit,
-                &DecodeOptions::suffix_commit, &DecodeOptions::drift_metric,
-                &DecodeOptions::nvfp4_hidden, &DecodeOptions::overlap, &DecodeOptions::refresh_all},
+    .options = {&DecodeOptions::tau_s,
+                &DecodeOptions::early_floor,
+                &DecodeOptions::alpha,
+                &DecodeOptions::drift_cap,
+                &DecodeOptions::drift_history,
+                &DecodeOptions::clusters,
+                &DecodeOptions::topk_clusters,
+                &DecodeOptions::kmeans_iters,
+                &DecodeOptions::window_prefix_blocks,
+                &DecodeOptions::window_suffix_blocks,
+                &DecodeOptions::full_refresh_period,
+                &DecodeOptions::tau_upd,
+                &DecodeOptions::polestar_cache,
+                &DecodeOptions::early_commit,
+                &DecodeOptions::suffix_commit,
+                &DecodeOptions::drift_metric,
+                &DecodeOptions::nvfp4_hidden,
+                &DecodeOptions::offload_residuals,
+                &DecodeOptions::overlap,
+                &DecodeOptions::refresh_all},
     .rank = 30,
     .make = [](const DecodeOptions& options, const Model& model) -> std::unique_ptr<Policy> {
       return std::make_unique<PolestarPolicy>(options.Resolved(model.config()), model);
@@ -535,10 +552,15 @@ const PolicyRegistration kPolestar({
             FailOption("polestar uses the threshold commit rule; ", OptionOf(&DecodeOptions::alg),
                        " does not apply");
           }
+          if (options.offload_residuals && !options.nvfp4_hidden) {
+            FailOption(OptionOf(&DecodeOptions::offload_residuals), " needs ",
+                       OptionOf(&DecodeOptions::nvfp4_hidden), ": it places the NVFP4 store");
+          }
           if (config.sampler != SamplerFamily::kLlada2) return;
           // Block diffusion leaves it Polestar-Commit alone.
           for (bool DecodeOptions::*option :
-               {&DecodeOptions::nvfp4_hidden, &DecodeOptions::overlap}) {
+               {&DecodeOptions::nvfp4_hidden, &DecodeOptions::offload_residuals,
+                &DecodeOptions::overlap}) {
             if (options.*option) {
               FailOption(OptionOf(option), " does not apply to ", ArchName(config.arch),
                          ": Polestar-Cache has no window to refresh under block diffusion");

@@ -55,6 +55,7 @@ constexpr size_t kPoisonedEndBytes = size_t(256) << 10;
 struct State {
   std::map<uintptr_t, size_t> device;  // live device allocations: address -> bytes
   std::map<uintptr_t, size_t> pinned;  // live cudaMallocHost allocations
+  std::set<uintptr_t> mapped;          // those of them cudaHostAllocMapped mapped for kernels
   size_t device_bytes = 0;
   std::set<CUstream_st*> streams;     // live ones
   std::vector<CUstream_st*> retired;  // destroyed ones: queued waits may still name them
@@ -417,11 +418,22 @@ cudaError_t cudaFreeAsync(void* data, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-cudaError_t cudaHostAlloc(void** data, size_t size, unsigned int) {
+cudaError_t cudaHostAlloc(void** data, size_t size, unsigned int flags) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
   *data = std::malloc(size > 0 ? size : 1);
   if (*data == nullptr) return SetError(cudaErrorMemoryAllocation);
   Emulation().pinned.emplace(reinterpret_cast<uintptr_t>(*data), size);
+  if (flags & cudaHostAllocMapped) Emulation().mapped.insert(reinterpret_cast<uintptr_t>(*data));
+  return cudaSuccess;
+}
+
+// Unified addressing: a mapped allocation's device address is its host address.
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  const auto* allocation = cuda_emulation::Containing(Emulation().pinned, host);
+  if (flags != 0 || allocation == nullptr || !Emulation().mapped.contains(allocation->first))
+    return SetError(cudaErrorInvalidValue);
+  *device = host;
   return cudaSuccess;
 }
 
@@ -430,6 +442,7 @@ cudaError_t cudaMallocHost(void** data, size_t size) { return cudaHostAlloc(data
 cudaError_t cudaFreeHost(void* data) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
   if (data == nullptr) return cudaSuccess;
+  Emulation().mapped.erase(reinterpret_cast<uintptr_t>(data));
   if (Emulation().pinned.erase(reinterpret_cast<uintptr_t>(data)) == 0) {
     cuda_emulation::Die("cudaFreeHost(%p): no live pinned allocation starts there", data);
   }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -296,9 +297,67 @@ void CudaBackend::Free(void* data) const {
                cudaGetErrorString(status));
 }
 
+void* CudaBackend::AllocateOffloaded(int64_t bytes, bool zero) const {
+  void* data = nullptr;
+  const size_t size = size_t(bytes > 0 ? bytes : 1);
+  if (const cudaError_t status = cudaHostAlloc(&data, size, cudaHostAllocMapped);
+      status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    Fail("out of pinned host memory: ", bytes >> 20, " MiB asked for (the NVFP4 store offloaded)");
+  } else {
+    CUDA_CHECK(status);
+  }
+  // Kernels take the host address as it is: a device without unified addressing would need
+  // another, and none of the architectures built for lacks it.
+  void* device = nullptr;
+  const cudaError_t mapped = cudaHostGetDevicePointer(&device, data, 0);
+  if (mapped != cudaSuccess || device != data) {
+    cudaGetLastError();
+    cudaFreeHost(data);
+    Fail("pinned host memory is not at the same address on the GPU (no unified addressing)");
+  }
+  if (zero) std::memset(data, 0, size);  // fresh: no queued op touches it yet
+  const std::lock_guard<std::mutex> lock(offloaded_mutex_);
+  offloaded_.emplace(reinterpret_cast<uintptr_t>(data), size);
+  return data;
+}
+
+// As Free, never throws. Ops issued before the free may still read or write the memory: they
+// are waited for first (pinned memory has no stream-ordered free).
+void CudaBackend::FreeOffloaded(void* data) const {
+  if (data == nullptr) return;
+  {
+    const std::lock_guard<std::mutex> lock(offloaded_mutex_);
+    offloaded_.erase(reinterpret_cast<uintptr_t>(data));
+  }
+  cudaError_t status = cudaStreamSynchronize(Stream());
+  if (status == cudaSuccess) status = cudaFreeHost(data);
+  if (status == cudaSuccess || status == cudaErrorCudartUnloading) return;
+  cudaGetLastError();
+  std::fprintf(stderr, "cuda backend: cudaFreeHost(%p) failed: %s\n", data,
+               cudaGetErrorString(status));
+}
+
+// A copy's kind as the backend memory at each end lies: offloaded memory is host memory to
+// the copy engines, whatever address the kernels give it.
+cudaMemcpyKind CudaBackend::KindOf(const void* src, const void* dst, cudaMemcpyKind kind) const {
+  const std::lock_guard<std::mutex> lock(offloaded_mutex_);
+  if (offloaded_.empty()) return kind;
+  auto offloaded = [&](const void* p) {
+    const auto after = offloaded_.upper_bound(reinterpret_cast<uintptr_t>(p));
+    return after != offloaded_.begin() &&
+           reinterpret_cast<uintptr_t>(p) < std::prev(after)->first + std::prev(after)->second;
+  };
+  const bool src_device = kind != cudaMemcpyHostToDevice && !offloaded(src);
+  const bool dst_device = kind != cudaMemcpyDeviceToHost && !offloaded(dst);
+  return src_device ? (dst_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                    : (dst_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+}
+
 void CudaBackend::CopyBytes(const void* src, int64_t bytes, void* dst) const {
   if (bytes <= 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, Stream()));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), KindOf(src, dst, cudaMemcpyDeviceToDevice),
+                             Stream()));
 }
 
 void CudaBackend::Zero(float* x, int64_t n) const {
@@ -310,12 +369,14 @@ void CudaBackend::Zero(float* x, int64_t n) const {
 // may reuse `host` at once.
 void CudaBackend::Upload(const void* host, int64_t bytes, void* dst) const {
   if (bytes <= 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(bytes), cudaMemcpyHostToDevice, Stream()));
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, size_t(bytes), KindOf(host, dst, cudaMemcpyHostToDevice),
+                             Stream()));
 }
 
 void CudaBackend::Download(const void* src, int64_t bytes, void* host) const {
   if (bytes <= 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), cudaMemcpyDeviceToHost, Stream()));
+  CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), KindOf(src, host, cudaMemcpyDeviceToHost),
+                             Stream()));
   CUDA_CHECK(cudaStreamSynchronize(Stream()));
 }
 

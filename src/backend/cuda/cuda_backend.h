@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -59,6 +60,10 @@ class CudaBackend final : public Backend {
   bool ViewsHostWeights() const override { return false; }
   void* Allocate(int64_t bytes, bool zero) const override;
   void Free(void* data) const override;
+  // Pinned host memory mapped into the device's address space (the same address on both,
+  // unified addressing): kernels read and write it over the bus, a row at a time.
+  void* AllocateOffloaded(int64_t bytes, bool zero) const override;
+  void FreeOffloaded(void* data) const override;
   void CopyBytes(const void* src, int64_t bytes, void* dst) const override;
   void Zero(float* x, int64_t n) const override;
   void Upload(const void* host, int64_t bytes, void* dst) const override;
@@ -127,6 +132,9 @@ class CudaBackend final : public Backend {
  private:
   int device_;
   ActivationPrecision activations_;
+  // The kind of a copy from src to dst that `kind` names for backend memory.
+  cudaMemcpyKind KindOf(const void* src, const void* dst, cudaMemcpyKind kind) const;
+
   cudaStream_t stream_ = nullptr;  // the main queue
   mutable std::mutex staging_mutex_;
   std::unique_ptr<IndexStaging> staging_;  // the main stream's
@@ -134,6 +142,8 @@ class CudaBackend final : public Backend {
   friend class cuda::BlasCalls;
   mutable std::mutex blas_mutex_;
   mutable cublasContext* blas_ = nullptr;
+  mutable std::mutex offloaded_mutex_;
+  mutable std::map<uintptr_t, size_t> offloaded_;  // AllocateOffloaded's: address -> bytes
 };
 
 }  // namespace polestar
