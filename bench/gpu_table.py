@@ -105,6 +105,19 @@ def main():
             print(f"| {p['policy']} | {p['paper_tpf']:.2f} | {p['tps_all_positions']:.1f} | "
                   f"{p['paper_tps']:.2f} | {p['tps_all_positions'] / p['paper_tps']:.2f} | "
                   f"{f'{tps:.1f}' if tps else ''} |")
+    switches = [r for r in scale.get("forced", [])
+                if r["policy"].startswith("polestar") and "error" not in r]
+    if switches:
+        print("\nPolestar's system parts, each switched on (forced schedule; backend memory the "
+              "most held during the run):\n")
+        print("| run | step ms | block start ms | GPU MB | offloaded MB |")
+        print("|---|--:|--:|--:|--:|")
+        megabytes = lambda b: f"{b / 2**20:.0f}" if b is not None and b >= 0 else "-"
+        for r in switches:
+            print(f"| {r['policy']} | {r['step_seconds'] * 1e3:.2f} | "
+                  f"{r['block_start_seconds'] * 1e3:.2f} | "
+                  f"{megabytes(r.get('backend_peak_bytes'))} | "
+                  f"{megabytes(r.get('offloaded_peak_bytes'))} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth_Bps": bandwidth, "peak_flops": peak, "steps": rows_out}, f,

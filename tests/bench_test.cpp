@@ -1073,7 +1073,11 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   EXPECT_EQ(rows("refresh step, k=4"), (8 + 12) + 8);
   EXPECT_EQ(rows("refresh step, k=1"), (8 + 3) + 8);
   const std::vector<ForcedRun> runs = RunForcedSchedule(*model, options);
-  ASSERT_EQ(runs.size(), 5u);
+  // The policies, then Polestar with each of its system parts switched on.
+  ASSERT_EQ(runs.size(), 8u);
+  EXPECT_EQ(runs[5].policy, "polestar +nvfp4");
+  EXPECT_EQ(runs[6].policy, "polestar +nvfp4 +offload");
+  EXPECT_EQ(runs[7].policy, "polestar +overlap");
   for (const ForcedRun& r : runs) {
     EXPECT_TRUE(r.error.empty()) << r.policy << ": " << r.error;
     EXPECT_EQ(r.nfe, 4 * 4) << r.policy;
@@ -1084,6 +1088,10 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   EXPECT_EQ(runs[4].step_kinds["windowed pass"]["count"], 1);
   EXPECT_EQ(runs[4].step_kinds["full pass"]["count"], 3);
   EXPECT_EQ(runs[4].step_kinds["refresh step, k=4"]["count"], 12);
+  for (size_t i = 5; i < runs.size(); ++i)
+    EXPECT_EQ(runs[i].step_kinds["refresh step, k=4"]["count"], 12) << runs[i].policy;
+  // The CPU counts no backend memory of its own (the resident set is the process's).
+  EXPECT_EQ(runs[6].memory.peak, -1);
   // Fast-dLLM dual: a full pass at each block start, then the block alone.
   EXPECT_EQ(runs[2].step_kinds["full pass"]["count"], 4);
   EXPECT_EQ(runs[2].step_kinds["dual-cache step"]["count"], 12);

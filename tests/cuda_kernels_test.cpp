@@ -264,6 +264,28 @@ TEST(CudaOffloaded, TheStoreIsPinnedHostMemoryTheKernelsUseAsDeviceMemory) {
   // Growing keeps the placement.
   offloaded.values.Reserve(2 * value_bytes);
   EXPECT_EQ(offloaded.values.placement(), Placement::kOffloaded);
+
+  // Offloaded memory is counted apart from the device's.
+  cuda.Synchronize();
+  cuda.ResetMemoryPeak();
+  const MemoryUse before = cuda.Memory();
+  ASSERT_GE(before.held, 0);
+  constexpr int64_t kBytes = 1 << 20;
+  {
+    const Buffer extra(cuda, kBytes, ElementType::kU8, Buffer::Init::kNone, Placement::kOffloaded);
+    const MemoryUse with = cuda.Memory();
+    EXPECT_EQ(with.offloaded, before.offloaded + kBytes);
+    EXPECT_EQ(with.held, before.held);
+  }
+  EXPECT_EQ(cuda.Memory().offloaded, before.offloaded);
+  EXPECT_EQ(cuda.Memory().offloaded_peak, before.offloaded + kBytes);
+  {
+    const Buffer extra(cuda, kBytes, ElementType::kU8, Buffer::Init::kNone);
+    EXPECT_GE(cuda.Memory().held, before.held + kBytes);
+  }
+  cuda.Synchronize();  // the free has run
+  EXPECT_EQ(cuda.Memory().held, before.held);
+  EXPECT_GE(cuda.Memory().peak, before.held + kBytes);
 }
 
 }  // namespace

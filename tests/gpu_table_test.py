@@ -31,4 +31,8 @@ assert steps["full pass"]["bound"] == "FLOPs", steps
 assert abs(steps["dual-cache step"]["floor_s"] - 1.6) < 1e-9, steps
 assert "| full pass | 20 | 16000.00 | 8000.00 | FLOPs | 2.00 | 32000.00 | 2.00 |" in table, table
 assert "| dual-cache step | 4 | 2000.00 | 1600.00 | FLOPs | 1.25 | 1000.00 | 0.50 |" in table, table
-print("gpu_table: floors as computed by hand")
+# Polestar's runs with their switches, and no other policy's.
+assert "| polestar | 4.00 | 20.00 | 3 | 0 |" in table, table
+assert "| polestar +nvfp4 +offload | 4.50 | 21.00 | 2 | 1 |" in table, table
+assert "| fast-dllm-dual |" not in table.split("system parts")[1], table
+print("gpu_table: floors as computed by hand, Polestar's switches")

@@ -463,9 +463,15 @@ TEST(PolestarOffload, TheOffloadedStoreGivesTheSameTokens) {
       std::printf("backend '%s' cannot run here: %s\n", spec.c_str(), why.c_str());
       continue;
     }
-    model->UseBackend(BackendNamed(spec));
+    const Backend& backend = BackendNamed(spec);
+    model->UseBackend(backend);
     const GenerationResult expected = Generate(*model, prompt, in_backend);
+    backend.ResetMemoryPeak();
+    const int64_t offloaded_before = backend.Memory().offloaded_peak;  // -1: not counted
     const GenerationResult result = Generate(*model, prompt, offloaded);
+    if (offloaded_before >= 0) {
+      EXPECT_GT(backend.Memory().offloaded_peak, offloaded_before) << "nothing was offloaded";
+    }
     EXPECT_EQ(result.tokens, expected.tokens);
     EXPECT_EQ(result.nfe, expected.nfe);
     // Refresh steps read the store.

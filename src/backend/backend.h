@@ -113,6 +113,15 @@ struct BackendContract {
   bool host_memory = false;
 };
 
+// A backend's memory as it counts it, in bytes; -1 where it does not count (the CPU's is the
+// process's, which the resident set shows).
+struct MemoryUse {
+  int64_t held = -1;            // Placement::kBackend memory allocated now
+  int64_t peak = -1;            // the most of it held at once since ResetMemoryPeak
+  int64_t offloaded = -1;       // Placement::kOffloaded memory allocated now
+  int64_t offloaded_peak = -1;  // the most of that since ResetMemoryPeak
+};
+
 // A second queue for work that may overlap the main one (Polestar's clustering, proxy
 // attention and NVFP4 store at block start). A job's ops are issued on this queue; the CPU
 // backend runs jobs on a worker thread, a device backend on a second stream. One job is in
@@ -173,6 +182,10 @@ class Backend {
   // places it as the rest.
   virtual void* AllocateOffloaded(int64_t bytes, bool zero) const { return Allocate(bytes, zero); }
   virtual void FreeOffloaded(void* data) const { Free(data); }
+  // What this backend's memory holds (a device backend's: the accelerator's, the scarce kind,
+  // and what it offloads).
+  virtual MemoryUse Memory() const { return {}; }
+  virtual void ResetMemoryPeak() const {}
   // Within backend memory.
   virtual void CopyBytes(const void* src, int64_t bytes, void* dst) const = 0;
   void Copy(const float* src, int64_t size, float* dst) const { CopyBytes(src, size * 4, dst); }

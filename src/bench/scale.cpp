@@ -305,13 +305,28 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
   const Geometry g = GeometryOf(options);
   const int blocks = std::clamp(options.blocks, 1, g.blocks);
   const std::vector<int> prompt = ScalePrompt(config, g.prompt);
-  std::vector<ForcedRun> runs;
+  // Each policy, then Polestar's system parts switched on one at a time (SPEC §7: each a
+  // switch, its step time and memory measured).
+  std::vector<std::pair<std::string, DecodeOptions>> variants;
   for (const std::string& policy : options.policies) {
-    if (options.progress) std::fprintf(stderr, "  %s\n", policy.c_str());
-    ForcedRun run;
-    run.policy = policy;
     DecodeOptions o = options.base;
     o.policy = policy;
+    variants.emplace_back(policy, o);
+    if (policy != "polestar" || config.sampler == SamplerFamily::kLlada2) continue;
+    o.nvfp4_hidden = true;
+    variants.emplace_back("polestar +nvfp4", o);
+    o.offload_residuals = true;
+    variants.emplace_back("polestar +nvfp4 +offload", o);
+    o.nvfp4_hidden = o.offload_residuals = false;
+    o.overlap = true;
+    variants.emplace_back("polestar +overlap", o);
+  }
+  const Backend& backend = model.backend();
+  std::vector<ForcedRun> runs;
+  for (auto& [name, o] : variants) {
+    if (options.progress) std::fprintf(stderr, "  %s\n", name.c_str());
+    ForcedRun run;
+    run.policy = name;
     o.threshold.reset();
     o.factor = options.tokens_per_step + 1;
     o.steps = o.gen_length;
@@ -337,7 +352,10 @@ std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions&
              (options.max_steps <= 0 || int(stamps.size()) < options.max_steps);
     };
     try {
+      backend.Synchronize();  // the frees of the run before are counted out
+      backend.ResetMemoryPeak();
       const GenerationResult r = Generate(model, prompt, o, on_step, true);
+      run.memory = backend.Memory();
       run.nfe = r.nfe;
       run.seconds = stamps.empty() ? 0 : stamps.back();
       run.rows_computed = r.rows_computed;
@@ -742,12 +760,17 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
       md += " to " + std::to_string(std::clamp(options.blocks, 1, g.blocks) - 1);
     if (options.max_steps > 0) md += ", at most " + std::to_string(options.max_steps) + " steps";
     md +=
-        ".\n\n| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | "
-        "steps by kind |\n";
-    md += "|---|--:|--:|--:|--:|--:|--:|---|\n";
+        ". Backend memory: the most the backend held during the run, in its own memory and "
+        "offloaded (Polestar's NVFP4 store with +offload), where it counts them (a GPU's).\n\n"
+        "| policy | NFE (schedule) | tokens | seconds | tokens/s | block start ms | step ms | "
+        "backend MB | offloaded MB | steps by kind |\n";
+    md += "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|\n";
+    auto megabytes = [](int64_t bytes) {
+      return bytes < 0 ? std::string("-") : Fixed(double(bytes) / double(1 << 20), 0);
+    };
     for (const ForcedRun& r : forced) {
       if (!r.error.empty()) {
-        md += "| " + r.policy + " | not run: " + r.error + " |||||||\n";
+        md += "| " + r.policy + " | not run: " + r.error + " |||||||||\n";
         out["forced"].push_back({{"policy", r.policy}, {"error", r.error}});
         continue;
       }
@@ -761,7 +784,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
             std::to_string(r.nfe_expected) + ") | " + std::to_string(r.tokens) + " | " +
             Fixed(r.seconds, 2) + " | " + Fixed(r.tokens / r.seconds, 2) + " | " +
             Fixed(1e3 * r.start_seconds, 0) + " | " + Fixed(1e3 * r.step_seconds, 0) + " | " +
-            kinds + " |\n";
+            megabytes(r.memory.peak) + " | " + megabytes(r.memory.offloaded_peak) + " | " + kinds +
+            " |\n";
       out["forced"].push_back({{"policy", r.policy},
                                {"nfe", r.nfe},
                                {"nfe_expected", r.nfe_expected},
@@ -772,6 +796,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                                {"block_start_seconds", r.start_seconds},
                                {"step_seconds", r.step_seconds},
                                {"step_kinds", r.step_kinds},
+                               {"backend_peak_bytes", r.memory.peak},
+                               {"offloaded_peak_bytes", r.memory.offloaded_peak},
                                {"transfers", r.transfers}});
     }
     md += ForcedTransfersTable(forced);

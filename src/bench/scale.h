@@ -94,12 +94,14 @@ struct ForcedRun {
   double step_seconds = 0;           // median of the other steps
   nlohmann::json step_kinds;         // kind -> {"count", "median_seconds"}
   nlohmann::ordered_json transfers;  // host <-> backend bytes by kind (TransfersJson)
+  MemoryUse memory;                  // the backend's peaks over the run (-1: not counted)
   std::string error;                 // when the policy could not run (e.g. not built yet)
 };
 
 // Step timings on `model` for a canvas of prompt_length + gen_length.
 std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& options);
-// Forced-schedule runs, one per policy.
+// Forced-schedule runs, one per policy, and for Polestar (but on block diffusion) one per
+// system part switched on: "polestar +nvfp4", "polestar +nvfp4 +offload", "polestar +overlap".
 std::vector<ForcedRun> RunForcedSchedule(const Model& model, const ScaleOptions& options);
 // NFE of one block of `block_length` masks under the factor rule with zero confidences.
 int ForcedStepsPerBlock(int block_length, int tokens_per_step);

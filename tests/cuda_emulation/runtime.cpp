@@ -57,6 +57,7 @@ struct State {
   std::map<uintptr_t, size_t> pinned;  // live cudaMallocHost allocations
   std::set<uintptr_t> mapped;          // those of them cudaHostAllocMapped mapped for kernels
   size_t device_bytes = 0;
+  size_t device_peak = 0;             // the most device_bytes since the pool's high mark was reset
   std::set<CUstream_st*> streams;     // live ones
   std::vector<CUstream_st*> retired;  // destroyed ones: queued waits may still name them
   CUstream_st legacy_stream;          // stream 0
@@ -372,6 +373,7 @@ cudaError_t cudaMalloc(void** data, size_t size) {
   std::memset(bytes + size - end_bytes, 0xa5, end_bytes);
   state.device.emplace(reinterpret_cast<uintptr_t>(*data), size);
   state.device_bytes += size;
+  state.device_peak = std::max(state.device_peak, state.device_bytes);
   if (state.running == 0 && cuda_emulation::Fenced(size)) ASAN_POISON_MEMORY_REGION(*data, size);
   return cudaSuccess;
 }
@@ -515,7 +517,25 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
+// The pool's counts are all device memory's (the emulation has no memory outside its pool);
+// the high mark resets to what is held, as the runtime's does when set to 0.
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr attribute, void*) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  if (attribute == cudaMemPoolAttrUsedMemHigh) Emulation().device_peak = Emulation().device_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr attribute, void* value) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  if (attribute == cudaMemPoolAttrUsedMemCurrent) {
+    *static_cast<uint64_t*>(value) = Emulation().device_bytes;
+  } else if (attribute == cudaMemPoolAttrUsedMemHigh) {
+    *static_cast<uint64_t*>(value) = Emulation().device_peak;
+  } else {
+    cuda_emulation::Die("cudaMemPoolGetAttribute(%d): not emulated", int(attribute));
+  }
+  return cudaSuccess;
+}
 
 }  // extern "C"
 

@@ -319,6 +319,8 @@ void* CudaBackend::AllocateOffloaded(int64_t bytes, bool zero) const {
   if (zero) std::memset(data, 0, size);  // fresh: no queued op touches it yet
   const std::lock_guard<std::mutex> lock(offloaded_mutex_);
   offloaded_.emplace(reinterpret_cast<uintptr_t>(data), size);
+  offloaded_bytes_ += int64_t(size);
+  offloaded_peak_ = std::max(offloaded_peak_, offloaded_bytes_);
   return data;
 }
 
@@ -328,7 +330,11 @@ void CudaBackend::FreeOffloaded(void* data) const {
   if (data == nullptr) return;
   {
     const std::lock_guard<std::mutex> lock(offloaded_mutex_);
-    offloaded_.erase(reinterpret_cast<uintptr_t>(data));
+    if (const auto it = offloaded_.find(reinterpret_cast<uintptr_t>(data));
+        it != offloaded_.end()) {
+      offloaded_bytes_ -= int64_t(it->second);
+      offloaded_.erase(it);
+    }
   }
   cudaError_t status = cudaStreamSynchronize(Stream());
   if (status == cudaSuccess) status = cudaFreeHost(data);
@@ -336,6 +342,28 @@ void CudaBackend::FreeOffloaded(void* data) const {
   cudaGetLastError();
   std::fprintf(stderr, "cuda backend: cudaFreeHost(%p) failed: %s\n", data,
                cudaGetErrorString(status));
+}
+
+MemoryUse CudaBackend::Memory() const {
+  cudaMemPool_t pool = nullptr;
+  uint64_t held = 0, peak = 0;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &held));
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak));
+  const std::lock_guard<std::mutex> lock(offloaded_mutex_);
+  return {.held = int64_t(held),
+          .peak = int64_t(peak),
+          .offloaded = offloaded_bytes_,
+          .offloaded_peak = offloaded_peak_};
+}
+
+void CudaBackend::ResetMemoryPeak() const {
+  cudaMemPool_t pool = nullptr;
+  uint64_t zero = 0;  // the runtime's only value here: the mark restarts from what is held
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  const std::lock_guard<std::mutex> lock(offloaded_mutex_);
+  offloaded_peak_ = offloaded_bytes_;
 }
 
 // A copy's kind as the backend memory at each end lies: offloaded memory is host memory to

@@ -64,6 +64,9 @@ class CudaBackend final : public Backend {
   // unified addressing): kernels read and write it over the bus, a row at a time.
   void* AllocateOffloaded(int64_t bytes, bool zero) const override;
   void FreeOffloaded(void* data) const override;
+  // held and peak: the device's memory pool (Allocate's), which also holds the uploaded weights.
+  MemoryUse Memory() const override;
+  void ResetMemoryPeak() const override;
   void CopyBytes(const void* src, int64_t bytes, void* dst) const override;
   void Zero(float* x, int64_t n) const override;
   void Upload(const void* host, int64_t bytes, void* dst) const override;
@@ -144,6 +147,7 @@ class CudaBackend final : public Backend {
   mutable cublasContext* blas_ = nullptr;
   mutable std::mutex offloaded_mutex_;
   mutable std::map<uintptr_t, size_t> offloaded_;  // AllocateOffloaded's: address -> bytes
+  mutable int64_t offloaded_bytes_ = 0, offloaded_peak_ = 0;  // their sum, its high mark
 };
 
 }  // namespace polestar
