@@ -441,6 +441,29 @@ TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {
   }
 }
 
+// Stopped at a block's first step (a cancellation, a callback's stop), the decoder waits for
+// the overlap worker's clustering before the cache it reads goes. It once did not: the job ran
+// on over freed memory (a failed check, or a use after free under AddressSanitizer).
+TEST(PolestarOverlap, AStopAtABlockStartWaitsForTheWorker) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+  DecodeOptions options;
+  options.policy = "polestar";
+  options.gen_length = 32;
+  options.block_length = 8;
+  options.steps = 32;
+  options.overlap = true;
+  for (int run = 0; run < 20; ++run) {
+    int steps = 0;
+    const GenerationResult result = Generate(*model, prompt, options, [&](const StepEvent&) {
+      ++steps;
+      return false;
+    });
+    EXPECT_EQ(steps, 1);
+    EXPECT_TRUE(result.cancelled);
+  }
+}
+
 // The NVFP4 store offloaded (Placement::kOffloaded: on a GPU, pinned host memory the kernels
 // quantise into and dequantise from over the bus) holds the bits of the store in backend
 // memory, so the tokens do not change. The CPU places both in host memory; the CUDA backend

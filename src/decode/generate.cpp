@@ -118,6 +118,12 @@ class Decoder {
     result_.cache_bytes = cache_.Bytes() + (guidance_ ? guidance_->CacheBytes() : 0);
     Advance();
   }
+  // The policy goes first: its side-queue job (Polestar's block-start clustering with
+  // overlap) may still read the cache through forward_ when decoding stops early (a
+  // cancellation, a step callback's stop), and its destructor waits for that job.
+  ~Decoder() { policy_.reset(); }
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
   bool done() const { return done_; }
   int64_t cache_bytes() const { return result_.cache_bytes; }
