@@ -420,22 +420,28 @@ TEST(DriftOps, BlockCausalCaptureIsTheAttentionOfTheVisibleKeys) {
   }
 }
 
+// A fixture prompt, and Polestar over four blocks of 8 in 32 steps.
+constexpr int kPrompt[] = {1, 5, 9, 14, 22, 31, 40, 3};
+DecodeOptions FourBlocksOfPolestar() {
+  DecodeOptions options;
+  options.policy = "polestar";
+  options.gen_length = 32;
+  options.block_length = 8;
+  options.steps = 32;
+  return options;
+}
+
 // The overlap worker clusters each layer on its own thread while the forward goes on; the
 // result must not change (scripts/test.sh also runs this under ThreadSanitizer).
 TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {
   for (const char* fixture : {"llada-tiny", "dream-tiny"}) {
     SCOPED_TRACE(fixture);
     auto model = Model::Load(testing::FixtureDir(fixture));
-    const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
-    DecodeOptions serial;
-    serial.policy = "polestar";
-    serial.gen_length = 32;
-    serial.block_length = 8;
-    serial.steps = 32;
+    const DecodeOptions serial = FourBlocksOfPolestar();
     DecodeOptions overlap = serial;
     overlap.overlap = true;
-    const GenerationResult expected = Generate(*model, prompt, serial);
-    const GenerationResult result = Generate(*model, prompt, overlap);
+    const GenerationResult expected = Generate(*model, kPrompt, serial);
+    const GenerationResult result = Generate(*model, kPrompt, overlap);
     EXPECT_EQ(result.tokens, expected.tokens);
     EXPECT_EQ(result.nfe, expected.nfe);
   }
@@ -446,16 +452,11 @@ TEST(PolestarOverlap, WorkerThreadGivesTheSameTokens) {
 // on over freed memory (a failed check, or a use after free under AddressSanitizer).
 TEST(PolestarOverlap, AStopAtABlockStartWaitsForTheWorker) {
   auto model = Model::Load(testing::FixtureDir("llada-tiny"));
-  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
-  DecodeOptions options;
-  options.policy = "polestar";
-  options.gen_length = 32;
-  options.block_length = 8;
-  options.steps = 32;
+  DecodeOptions options = FourBlocksOfPolestar();
   options.overlap = true;
   for (int run = 0; run < 20; ++run) {
     int steps = 0;
-    const GenerationResult result = Generate(*model, prompt, options, [&](const StepEvent&) {
+    const GenerationResult result = Generate(*model, kPrompt, options, [&](const StepEvent&) {
       ++steps;
       return false;
     });
@@ -470,12 +471,7 @@ TEST(PolestarOverlap, AStopAtABlockStartWaitsForTheWorker) {
 // (a GPU, or its emulation in the sanitizer stage) places them apart.
 TEST(PolestarOffload, TheOffloadedStoreGivesTheSameTokens) {
   auto model = Model::Load(testing::FixtureDir("llada-tiny"));
-  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
-  DecodeOptions in_backend;
-  in_backend.policy = "polestar";
-  in_backend.gen_length = 32;
-  in_backend.block_length = 8;
-  in_backend.steps = 32;
+  DecodeOptions in_backend = FourBlocksOfPolestar();
   in_backend.nvfp4_hidden = true;
   DecodeOptions offloaded = in_backend;
   offloaded.offload_residuals = true;
@@ -488,10 +484,10 @@ TEST(PolestarOffload, TheOffloadedStoreGivesTheSameTokens) {
     }
     const Backend& backend = BackendNamed(spec);
     model->UseBackend(backend);
-    const GenerationResult expected = Generate(*model, prompt, in_backend);
+    const GenerationResult expected = Generate(*model, kPrompt, in_backend);
     backend.ResetMemoryPeak();
     const int64_t offloaded_before = backend.Memory().offloaded_peak;  // -1: not counted
-    const GenerationResult result = Generate(*model, prompt, offloaded);
+    const GenerationResult result = Generate(*model, kPrompt, offloaded);
     if (offloaded_before >= 0) {
       EXPECT_GT(backend.Memory().offloaded_peak, offloaded_before) << "nothing was offloaded";
     }
@@ -507,7 +503,7 @@ TEST(PolestarOffload, TheOffloadedStoreGivesTheSameTokens) {
   DecodeOptions without_store = offloaded;
   without_store.nvfp4_hidden = false;
   try {
-    Generate(*model, prompt, without_store);
+    Generate(*model, kPrompt, without_store);
     ADD_FAILURE() << "offload_residuals without nvfp4_hidden decoded";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("--offload-residuals needs --nvfp4-hidden"));

@@ -303,7 +303,7 @@ void* CudaBackend::AllocateOffloaded(int64_t bytes, bool zero) const {
   if (const cudaError_t status = cudaHostAlloc(&data, size, cudaHostAllocMapped);
       status == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    Fail("out of pinned host memory: ", bytes >> 20, " MiB asked for (the NVFP4 store offloaded)");
+    Fail("out of pinned host memory: ", bytes >> 20, " MiB of offloaded memory asked for");
   } else {
     CUDA_CHECK(status);
   }
