@@ -212,6 +212,71 @@ TEST_F(CudaEmulationDeathTest, HostCodeTouchingDeviceMemoryIsReported) {
 #endif
 }
 
+// A captured stream gathers its work into the graph: nothing runs at the capture, and each
+// launch runs all of it again.
+TEST(CudaEmulation, ACapturedGraphRunsItsWorkAtEveryLaunchAndNotBefore) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Buffers buffers(4);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(stream, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusActive);
+  ASSERT_EQ(cudaMemsetAsync(buffers.device, 1, 4 * sizeof(int), stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(buffers.pinned, buffers.device, 4 * sizeof(int), cudaMemcpyDeviceToHost,
+                            stream),
+            cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphDestroy(graph), cudaSuccess);  // the instance keeps the work
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(buffers.pinned[0], 0);  // the capture ran nothing
+  for (int launch = 0; launch < 2; ++launch) {
+    std::memset(buffers.pinned, 0, 4 * sizeof(int));
+    ASSERT_EQ(cudaMemsetAsync(buffers.device, 0, 4 * sizeof(int), stream), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(buffers.pinned[3], 0x01010101) << "launch " << launch;
+  }
+  ASSERT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  cudaStreamDestroy(stream);
+}
+
+// A capture cannot hold a wait for the stream or a copy with pageable memory at an end: the
+// call fails, and so does the capture's end, as on a GPU.
+TEST(CudaEmulation, ACallACaptureCannotHoldFailsTheCapture) {
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  Buffers buffers(4);
+  std::vector<int> pageable(4, 7);
+  auto refused = [&](auto call) {
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    EXPECT_EQ(call(), cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(&pageable);  // overwritten
+    EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaErrorStreamCaptureInvalidated);
+    EXPECT_EQ(graph, nullptr);
+    cudaGetLastError();
+  };
+  refused([&] { return cudaStreamSynchronize(stream); });
+  refused([&] {
+    return cudaMemcpyAsync(buffers.device, pageable.data(), 4 * sizeof(int), cudaMemcpyHostToDevice,
+                           stream);
+  });
+  refused([&] {
+    return cudaMemcpyAsync(pageable.data(), buffers.device, 4 * sizeof(int), cudaMemcpyDeviceToHost,
+                           stream);
+  });
+  EXPECT_EQ(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeRelaxed),
+            cudaErrorStreamCaptureUnsupported);  // the legacy stream is never captured
+  cudaGraph_t none = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(stream, &none), cudaErrorIllegalState);  // no capture begun
+  cudaGetLastError();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // the stream works on
+  cudaStreamDestroy(stream);
+}
+
 TEST(CudaEmulation, LaunchesAreCheckedAsOnAGpu) {
   const auto nothing = [] {};
   EXPECT_EQ(cuda_emulation::Launch(nullptr, dim3(0), dim3(32), 0, nullptr, nothing),

@@ -7,6 +7,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -286,6 +288,120 @@ TEST(CudaOffloaded, TheStoreIsPinnedHostMemoryTheKernelsUseAsDeviceMemory) {
   cuda.Synchronize();  // the free has run
   EXPECT_EQ(cuda.Memory().held, before.held);
   EXPECT_GE(cuda.Memory().peak, before.held + kBytes);
+}
+
+// A CUDA backend of its own (not BackendNamed's, shared by the binary's tests): these tests
+// grow its scratch, or turn its recording off.
+std::unique_ptr<Backend> OwnCuda(const BackendOptions& options) {
+  for (const BackendEntry& entry : RegisteredBackends()) {
+    if (entry.name == "cuda") return entry.make(options);
+  }
+  return nullptr;
+}
+
+// A recording (CUDA graph) replays its ops over what memory holds at the replay, with the
+// host lists they staged as they were (however many), whatever was staged since; once a product of
+// more rows has replaced the scratch the recorded product used, it refuses to replay.
+TEST(CudaRecording, AReplayIssuesTheRecordedOpsOverWhatMemoryHoldsNow) {
+  if (const std::string why = testing::BackendUnavailable(kReducedCuda); !why.empty()) {
+    GTEST_SKIP() << "backend '" << kReducedCuda << "' cannot run here: " << why;
+  }
+  const std::unique_ptr<Backend> owned = OwnCuda({{"activations", "reduced"}});
+  const Backend& cuda = *owned;
+  std::mt19937 rng(5);
+  constexpr int64_t kRows = 4, kN = 24, kK = 32;
+  std::vector<uint16_t> weights;  // [N, K] BF16
+  for (const float value : Uniform(kN * kK, -1.0f, 1.0f, rng))
+    weights.push_back(RoundToBf16(value));
+  Buffer resident(cuda, kN * kK, ElementType::kBf16, Buffer::Init::kNone);
+  cuda.Upload(weights.data(), resident.bytes(), resident.As<uint16_t>());
+  const WeightView w{DType::kBF16, reinterpret_cast<const uint8_t*>(resident.As<uint16_t>()), kN,
+                     kK, kK * 2};
+  Buffer x(cuda, kRows * kK), y(cuda, kRows * kN), picked(cuda, 2 * kN), other(cuda, 2 * kN);
+  const int64_t segments[] = {kRows};
+  const std::vector<int> picked_rows = {3, 1}, other_rows = {0, 2};
+  auto ops = [&] {
+    cuda.MatMulBatch(x.data(), segments, w, y.data());
+    // More lists than the recording's first memory for them holds: the last from its second.
+    for (int copy = 0; copy < 300; ++copy) {
+      cuda.CopyRows(y.data(), copy % 2 ? other_rows : picked_rows, picked.data(), {}, kN);
+    }
+  };
+  auto run_on = [&](const std::vector<float>& input, const std::function<void()>& issue) {
+    cuda.Upload(input.data(), x.bytes(), x.data());
+    issue();
+    std::vector<float> out(size_t(picked.size()));
+    cuda.Download(picked.data(), picked.bytes(), out.data());
+    return out;
+  };
+  const std::vector<float> a = Uniform(kRows * kK, -1.0f, 1.0f, rng);
+  const std::vector<float> b = Uniform(kRows * kK, -1.0f, 1.0f, rng);
+  const std::vector<float> want_a = run_on(a, ops), want_b = run_on(b, ops);
+  ASSERT_NE(want_a, want_b);
+
+  std::unique_ptr<OpGraph> graph;
+  EXPECT_EQ(run_on(a, [&] { graph = cuda.Record(ops); }), want_a);  // recording runs them once
+  ASSERT_NE(graph, nullptr);
+  // Lists staged since move the staging ring on (past a wrap); the recording keeps its own.
+  for (int i = 0; i < 600; ++i) cuda.CopyRows(y.data(), other_rows, other.data(), {}, kN);
+  EXPECT_EQ(run_on(b, [&] { ASSERT_TRUE(cuda.Replay(*graph)); }), want_b);
+  EXPECT_EQ(run_on(a, [&] { ASSERT_TRUE(cuda.Replay(*graph)); }), want_a);
+
+  constexpr int64_t kMoreRows = 4096;
+  Buffer more_x(cuda, kMoreRows * kK), more_y(cuda, kMoreRows * kN);
+  const int64_t more_segments[] = {kMoreRows};
+  cuda.MatMulBatch(more_x.data(), more_segments, w, more_y.data());
+  EXPECT_FALSE(cuda.Replay(*graph));
+}
+
+// An op a capture cannot hold (a download, an allocation) leaves the recorded ops run once as
+// issued, says why, and turns recording off; so does graphs=off, silently.
+TEST(CudaRecording, AnOpACaptureCannotHoldRunsAsIssuedAndEndsRecording) {
+  if (const std::string why = testing::BackendUnavailable(kReducedCuda); !why.empty()) {
+    GTEST_SKIP() << "backend '" << kReducedCuda << "' cannot run here: " << why;
+  }
+  struct Case {
+    BackendOptions options;
+    bool downloads;  // else it allocates
+    const char* says;
+  };
+  const Case cases[] = {
+      {{}, true, "recording a step as a CUDA graph failed (an op downloaded 32 bytes"},
+      {{}, false, "recording a step as a CUDA graph failed (an op allocated 4 bytes"},
+      {{{"graphs", "off"}}, true, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    const std::unique_ptr<Backend> cuda = OwnCuda(c.options);
+    const std::vector<float> ones(8, 1.0f);
+    Buffer x(*cuda, 8);
+    cuda->Upload(ones.data(), x.bytes(), x.data());
+    std::vector<float> seen(8, 0.0f);
+    auto ops = [&] {
+      cuda->AddInPlace(x.data(), x.data(), 8);  // x doubles
+      if (c.downloads) {
+        cuda->Download(x.data(), x.bytes(), seen.data());
+      } else {
+        const Buffer scratch(*cuda, 1);
+      }
+    };
+    ::testing::internal::CaptureStderr();
+    const std::unique_ptr<OpGraph> graph = cuda->Record(ops);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(graph, nullptr);
+    if (*c.says == '\0') {
+      EXPECT_EQ(said, "");
+    } else {
+      EXPECT_THAT(said, ::testing::HasSubstr(c.says));
+    }
+    cuda->Download(x.data(), x.bytes(), seen.data());
+    EXPECT_EQ(seen, std::vector<float>(8, 2.0f));  // the ops ran once
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(cuda->Record(ops), nullptr);  // off now: run as issued, and said no more
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+    cuda->Download(x.data(), x.bytes(), seen.data());
+    EXPECT_EQ(seen, std::vector<float>(8, 4.0f));
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -17,6 +18,7 @@
 #include <set>
 #include <tuple>
 
+#include "backend/registry.h"
 #include "base/error.h"
 #include "decode/generate.h"
 #include "decode/option_schema.h"
@@ -424,6 +426,67 @@ TEST(StepKinds, CachedPoliciesNameTheStepsTheyRun) {
     }
     EXPECT_EQ(counted, got.step_kinds);
   }
+}
+
+// A step's quiet layers (no hook acting, no attention captured, dense) replay as one recording
+// on the CUDA backend once seen twice. A replay runs the recorded kernels over the same
+// memory, so the tokens must be those of the same steps issued op by op, and the cached steps
+// of every policy but the mixtures' layers must replay. (On the CPU nothing records.)
+TEST(RecordedSteps, ReplayedLayersGiveTheTokensOfStepsIssuedOpByOp) {
+  struct Case {
+    const char* fixture;
+    const char* policy;
+    const char* activations;
+  };
+  const Case cases[] = {
+      {"llada-tiny", "vanilla", "reduced"},        {"llada-tiny", "fast-dllm-prefix", "reduced"},
+      {"llada-tiny", "fast-dllm-dual", "reduced"}, {"llada-tiny", "fast-dllm-dual", "f32"},
+      {"llada-tiny", "polestar", "reduced"},       {"dream-tiny", "fast-dllm-dual", "reduced"},
+      {"llada2-a", "polestar", "reduced"},         {"lladamoe-a", "fast-dllm-dual", "reduced"},
+  };
+  const std::vector<int> prompt = {1, 5, 9, 14, 22, 31, 40, 3};
+  int ran = 0;
+  for (const Case& c : cases) {
+    const std::string on = std::string("cuda:activations=") + c.activations;
+    const std::string off = on + ",graphs=off";
+    SCOPED_TRACE(std::string(c.fixture) + " " + c.policy + " " + on);
+    if (const std::string why = testing::BackendUnavailable(on); !why.empty()) {
+      std::printf("backend '%s' cannot run here: %s\n", on.c_str(), why.c_str());
+      continue;
+    }
+    auto model = Model::Load(testing::FixtureDir(c.fixture));
+    DecodeOptions options;
+    options.policy = c.policy;
+    options.gen_length = 32;
+    options.block_length = 8;
+    options.steps = 32;
+    // A commit a step (random weights are confident): blocks of eight steps to replay.
+    options.threshold = 1.0;
+    model->UseBackend(BackendNamed(off));
+    const GenerationResult op_by_op = Generate(*model, prompt, options);
+    model->UseBackend(BackendNamed(on));
+    const GenerationResult replayed = Generate(*model, prompt, options);
+    EXPECT_EQ(replayed.tokens, op_by_op.tokens);
+    EXPECT_EQ(replayed.nfe, op_by_op.nfe);
+    EXPECT_EQ(op_by_op.layers_replayed, 0);
+    // The last layer computes only the rows still masked (the logit rows): never quiet.
+    const ModelConfig& config = model->config();
+    int quiet_layers = 0;
+    for (int layer = 0; layer < config.layers - 1; ++layer)
+      quiet_layers += !config.IsMoeLayer(layer);
+    if (quiet_layers == 0) {
+      EXPECT_EQ(replayed.layers_replayed, 0);
+    } else if (std::string(c.policy) == "fast-dllm-dual") {
+      // Four blocks of eight steps: each block's dual steps replay from its third, and the full
+      // passes that start blocks from the third block.
+      EXPECT_EQ(replayed.nfe, 32);
+      EXPECT_EQ(replayed.layers_replayed, int64_t(quiet_layers) * (4 * 5 + 2));
+    } else {
+      EXPECT_GT(replayed.layers_replayed, 0);
+    }
+    ++ran;
+  }
+  if (ran == 0) GTEST_SKIP() << "no CUDA backend here";
 }
 
 // Each logit row crosses to the host as what its sampler reads: at temperature 0 the

@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "io/safetensors.h"
@@ -120,6 +124,71 @@ TEST_P(FixtureForward, LastLayerComputesOnlyTheRowsItsOutputsFeed) {
     plan.attention_rows = {0, 3};  // row 3 gets logits too
     EXPECT_EQ(forward.Run(ids, plan).rows_computed, L * (layers - 1) + count + 1);
   }
+}
+
+// A plan's hook_layers name where its hook sees and chooses rows; OnAttention follows
+// capture_layers alone. The layers between run as quiet layers (their own path in the step
+// runner, the one a recording replays), which must give the bits and counts of the path that
+// offers the hook every layer.
+TEST(HookLayers, AHookIsCalledOnlyAtItsLayersAndTheRestGivesTheSameStep) {
+  auto model = Model::Load(testing::FixtureDir("llada-tiny"));
+  const int layers = model->config().layers;
+  ASSERT_GE(layers, 2);
+  const int64_t L = 24;
+  std::vector<int> ids(static_cast<size_t>(L));
+  for (int64_t i = 0; i < L; ++i) ids[size_t(i)] = int((i * 7 + 3) % model->config().vocab);
+  struct Calls final : LayerHook {
+    std::vector<int> stored, queried, attended;  // the layers of each call
+    void BeforeFreshRowsStored(int layer, std::span<const int>, const RowsView&) override {
+      stored.push_back(layer);
+    }
+    void BeforeQueries(LayerRows& rows) override { queried.push_back(rows.layer); }
+    void OnAttention(int layer, std::span<const int>, const RowsView&) override {
+      attended.push_back(layer);
+    }
+  };
+  struct Run {
+    StepResult full, partial;
+  };
+  // A full pass, then a step over rows 8 .. 15 with logits for three of them.
+  auto run = [&](LayerHook* hook, std::optional<std::vector<int>> hook_layers) {
+    KvCache cache = MakeCache(*model, L, true, ExactBackend());
+    Forward forward(*model, cache);
+    StepPlan plan;
+    plan.input_rows.resize(size_t(L));
+    std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+    plan.logit_rows = {9, 10, 12};
+    plan.hook = hook;
+    plan.hook_layers = hook_layers;
+    Run got;
+    got.full = forward.Run(ids, plan);
+    plan.input_rows = {8, 9, 10, 11, 12, 13, 14, 15};
+    plan.capture_layers = {0};
+    got.partial = forward.Run(ids, plan);
+    return got;
+  };
+  Calls every, some;
+  const Run offered = run(&every, std::nullopt);
+  const Run quiet = run(&some, std::vector<int>{layers - 1});
+  std::vector<int> all(static_cast<size_t>(layers));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<int> twice = all;
+  twice.insert(twice.end(), all.begin(), all.end());
+  EXPECT_EQ(every.stored, twice);
+  EXPECT_EQ(every.queried, twice);
+  EXPECT_EQ(some.stored, std::vector<int>({layers - 1, layers - 1}));
+  EXPECT_EQ(some.queried, std::vector<int>({layers - 1, layers - 1}));
+  EXPECT_EQ(every.attended, std::vector<int>{0});
+  EXPECT_EQ(some.attended, std::vector<int>{0});
+  for (const auto& [a, b] :
+       {std::pair{&offered.full, &quiet.full}, {&offered.partial, &quiet.partial}}) {
+    EXPECT_EQ(a->logits, b->logits);
+    EXPECT_EQ(a->rows_computed, b->rows_computed);
+    EXPECT_EQ(a->kv_rows_written, b->kv_rows_written);
+    EXPECT_EQ(b->layers_replayed, 0);  // the CPU records nothing
+  }
+  EXPECT_EQ(quiet.partial.kv_rows_written, 8 * layers);
+  EXPECT_EQ(quiet.partial.rows_computed, 8 * (layers - 1) + 3);
 }
 
 // LLaDA 2.x's sampler runs the model with block-causal attention: position p sees the

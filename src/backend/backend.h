@@ -140,6 +140,13 @@ class SideQueue {
   virtual void Wait() = 0;
 };
 
+// Ops recorded once to be issued again as a whole (Backend::Record): on a GPU a CUDA graph,
+// whose replay costs one launch where the ops cost one each.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+};
+
 enum class DriftMetric { kKl, kCosine };
 // The KL's logs of HeadMeanDrift's two distributions, each [rows, H, L] (backend memory,
 // F64 Buffers), for a caller
@@ -198,6 +205,19 @@ class Backend {
   virtual void Synchronize() const = 0;
   // A second queue (see SideQueue).
   virtual std::unique_ptr<SideQueue> MakeSideQueue() const = 0;
+  // Runs `issue`, which issues ops on this thread's main queue, and returns those ops
+  // recorded for Replay; null where the backend does not record (the ops ran as issued, as
+  // they also do when a recording fails). A recording names the memory the ops name and keeps
+  // the host lists they took as they were then, so `issue` must issue the same ops whenever it
+  // runs, whatever earlier ops computed; it may not wait for the queue (Download, Synchronize),
+  // allocate, or free. The caller keeps that memory where it is while it replays.
+  virtual std::unique_ptr<OpGraph> Record(const std::function<void()>& issue) const {
+    issue();
+    return nullptr;
+  }
+  // Issues a recording of this backend's again on the main queue; false (nothing issued) once
+  // scratch of the backend's own that its ops used has been replaced: it never replays then.
+  virtual bool Replay(const OpGraph& graph) const { return false; }
 
   // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when given), for every weight type, with the M
   // rows of x split into `segments` (one per sequence of a batch, in order): each segment's

@@ -166,6 +166,7 @@ class Decoder {
     result_.nfe += 1;
     result_.rows_computed += step_result.rows_computed;
     result_.kv_rows_written += step_result.kv_rows_written;
+    result_.layers_replayed += step_result.layers_replayed;
     if (guidance_) guidance_->Apply(results[1], step_result);
     RequireFinite(step_result);
 

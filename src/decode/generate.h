@@ -44,6 +44,7 @@ struct GenerationResult {
   int nfe = 0;
   int64_t rows_computed = 0;  // (layer, position) rows pushed through attention + MLP
   int64_t kv_rows_written = 0;
+  int64_t layers_replayed = 0;  // (step, layer) pairs issued as a replayed recording
   double seconds = 0;
   bool cancelled = false;
   int tokens_until_eos = 0;  // generated tokens before the first EOS / end-of-turn

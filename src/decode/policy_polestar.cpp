@@ -107,6 +107,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
       mode_ = context.step_in_block == 0 ? Mode::kBlockStart : Mode::kDecode;
       plan.input_rows = Range(options_.refresh_all ? 0 : final_before_, context.block.end);
       final_before_ = context.block.start;
+      plan.hook_layers.emplace();  // under block diffusion the hook reads attention alone
       if (options_.early_commit) plan.capture_layers = {config.layers - 1};  // token drift
       stats_["pass"] = "block";
       kind_ = context.step_in_block == 0 ? step_kind::kBlockStart : step_kind::kBlockStep;
@@ -130,6 +131,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     const bool trigger = trigger_.Fire(block_commits_last_step_);
     if (options_.refresh_all) {
       mode_ = Mode::kDecode;
+      plan.hook_layers.emplace();  // a decode step's hook reads attention alone
       plan.input_rows = Range(0, length);
       stats_["pass"] = "full";
       kind_ = step_kind::kFullPass;
@@ -138,6 +140,7 @@ class PolestarPolicy final : public Policy, public LayerHook, public HiddenSourc
     mode_ =
         trigger && options_.polestar_cache && total_clusters_ > 0 ? Mode::kRefresh : Mode::kDecode;
     plan.input_rows = block_rows_;
+    if (mode_ == Mode::kDecode) plan.hook_layers.emplace();
     stats_["pass"] = mode_ == Mode::kRefresh ? "refresh" : "block";
     kind_ = mode_ == Mode::kRefresh ? step_kind::Refresh(options_.topk_clusters)
                                     : std::string(step_kind::kDualStep);

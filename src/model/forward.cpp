@@ -91,6 +91,13 @@ bool Captures(const StepPlan& plan, int layer) {
   return std::ranges::find(plan.capture_layers, layer) != plan.capture_layers.end();
 }
 
+// The plan's hook where it sees or chooses rows at `layer`, else null.
+LayerHook* HookAt(const StepPlan& plan, int layer) {
+  if (plan.hook == nullptr || !plan.hook_layers) return plan.hook;
+  return std::ranges::find(*plan.hook_layers, layer) != plan.hook_layers->end() ? plan.hook
+                                                                                : nullptr;
+}
+
 // Fills out[|Q|, C] with the inputs of s.query: fresh rows from x[|F|, C], the others from
 // the hook's hidden source or else the cache's hidden-state rows.
 void GatherSequenceQueryInputs(const Backend& backend, KvCache& cache, int layer,
@@ -186,6 +193,7 @@ struct StepRunner::Step {
   std::vector<int64_t> segments;    // [n] rows per sequence of the op at hand
   int64_t queries = 0;              // M = sum |Q_l|
   bool queries_are_fresh = true;    // Q_l = F_l in every sequence
+  bool inputs_swapped = false;      // x_ and x_next_ traded places (GatherQueryInputs)
   std::vector<StepResult> results;  // [n]
 };
 
@@ -194,6 +202,11 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
   Step step(steps);
   EmbedFreshRows(step);
   for (int layer = 0; layer < step.config.layers; ++layer) {
+    if (const int end = QuietLayersEnd(step, layer); end > layer) {
+      RunQuietLayers(step, layer, end);
+      layer = end - 1;
+      continue;
+    }
     WriteFreshKeysValues(step, layer);
     ChooseQueryRows(step, layer);
     // When Q_l = F_l, normed_ still holds rmsnorm(x_) of exactly these rows from the K/V pass.
@@ -205,6 +218,9 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
     step.QueryRowsBecomeFresh();
   }
   ComputeLogits(step);
+  // Every step starts from the same buffers, so the next one's quiet layers name the memory
+  // this one's did (QuietLayersKey).
+  if (step.inputs_swapped) std::swap(x_, x_next_);
   return std::move(step.results);
 }
 
@@ -255,15 +271,13 @@ void StepRunner::WriteFreshKeysValues(Step& step, int layer) {
   for (size_t i = 0; i < step.sequences.size(); ++i) {
     const SequenceRows& s = step.rows[i];
     KvCache& cache = step.sequences[i].forward->cache_;
-    LayerHook* hook = step.sequences[i].plan->hook;
     float* k = k_.data() + s.fresh_offset * kv_width;
     const float* x = x_.data() + s.fresh_offset * C;
     backend_.ApplyRope(k, s.fresh, c.kv_heads, step.weights.rope, c.rope_interleaved);
-    if (hook != nullptr) {
+    if (LayerHook* hook = HookAt(*step.sequences[i].plan, layer)) {
       hook->BeforeFreshRowsStored(
           layer, s.fresh, RowsView(*step.sequences[i].forward, x, int64_t(s.fresh.size()), C));
     }
-    step.results[i].kv_rows_written += int64_t(s.fresh.size());
     if (s.fresh.empty()) continue;
     backend_.CopyRows(k, {}, cache.keys(layer), s.fresh, kv_width);
     backend_.CopyRows(v_.data() + s.fresh_offset * kv_width, {}, cache.values(layer), s.fresh,
@@ -281,7 +295,7 @@ void StepRunner::ChooseQueryRows(Step& step, int layer) {
     StepResult& result = step.results[i];
     s.query = s.fresh;
     s.hidden_source = nullptr;
-    if (LayerHook* hook = sequence.plan->hook) {
+    if (LayerHook* hook = HookAt(*sequence.plan, layer)) {
       LayerRows layer_rows{layer, s.fresh, &s.query, &result.logit_rows};
       hook->BeforeQueries(layer_rows);
       s.hidden_source = layer_rows.hidden_source;
@@ -292,10 +306,119 @@ void StepRunner::ChooseQueryRows(Step& step, int layer) {
     }
     s.query_offset = step.queries;
     step.queries += int64_t(s.query.size());
+    result.kv_rows_written += int64_t(s.fresh.size());
     result.rows_computed += int64_t(s.query.size());
     step.queries_are_fresh = step.queries_are_fresh && s.query == s.fresh;
   }
   step.Split(&SequenceRows::query);
+}
+
+int StepRunner::QuietLayersEnd(const Step& step, int first) {
+  const ModelConfig& c = step.config;
+  int end = first;
+  for (; end < c.layers && !c.IsMoeLayer(end); ++end) {
+    for (size_t i = 0; i < step.sequences.size(); ++i) {
+      const StepPlan& plan = *step.sequences[i].plan;
+      if (HookAt(plan, end) != nullptr || Captures(plan, end)) return end;
+      if (end == c.layers - 1) {  // quiet only where the last layer keeps every fresh row
+        std::vector<int> kept = step.rows[i].fresh;
+        KeepRowsRead(plan, end, step.results[i].logit_rows,
+                     step.sequences[i].forward->cache_.positions(), kept);
+        if (kept.size() != step.rows[i].fresh.size()) return end;
+      }
+    }
+  }
+  return end;
+}
+
+void StepRunner::RunQuietLayers(Step& step, int first, int end) {
+  const ModelConfig& c = step.config;
+  const int64_t layers = end - first;
+  // ChooseQueryRows' outcome at every quiet layer: Q_l = F_l.
+  step.queries = 0;
+  step.queries_are_fresh = true;
+  for (size_t i = 0; i < step.rows.size(); ++i) {
+    SequenceRows& s = step.rows[i];
+    s.query = s.fresh;
+    s.query_offset = step.queries;
+    s.hidden_source = nullptr;
+    step.queries += int64_t(s.query.size());
+    step.results[i].kv_rows_written += layers * int64_t(s.fresh.size());
+    step.results[i].rows_computed += layers * int64_t(s.query.size());
+  }
+  step.Split(&SequenceRows::query);
+  auto issue = [&] {
+    for (int layer = first; layer < end; ++layer) {
+      WriteFreshKeysValues(step, layer);
+      ComputeQueries(step, layer);
+      AttendEachSequence(step, layer);
+      AddAttentionOutput(step, layer);
+      FeedForward(step, layer);
+    }
+  };
+  if (!backend_records_) {
+    issue();
+    return;
+  }
+  // The stages' scratch at its size for these rows first, so the key holds the memory they
+  // will use (the stages' own Reserve calls then keep it).
+  const int64_t m = step.queries;
+  int64_t inner = 0;  // F
+  for (int layer = first; layer < end; ++layer) {
+    inner = std::max(inner, step.weights.layers[size_t(layer)].mlp.gate.rows);
+  }
+  for (Buffer* rows_of_width : {&normed_, &proj_}) rows_of_width->Reserve(m * c.width);
+  for (Buffer* kv_rows : {&k_, &v_}) kv_rows->Reserve(m * step.kv_width);
+  for (Buffer* query_rows : {&q_, &attn_}) query_rows->Reserve(m * step.q_width);
+  for (Buffer* inner_rows : {&gate_, &up_}) inner_rows->Reserve(m * inner);
+  std::vector<int64_t> key = QuietLayersKey(step, first, end);
+
+  if (const auto it = std::ranges::find(recordings_, key, &Recording::key);
+      it != recordings_.end()) {
+    if (backend_.Replay(*it->graph)) {
+      std::rotate(recordings_.begin(), it, it + 1);
+      for (StepResult& result : step.results) result.layers_replayed += layers;
+      return;
+    }
+    recordings_.erase(it);  // its ops used scratch the backend has since replaced
+  }
+  const auto seen = std::ranges::find(unrecorded_keys_, key);
+  if (seen == unrecorded_keys_.end()) {
+    if (unrecorded_keys_.size() == kRecordings) unrecorded_keys_.pop_back();
+    unrecorded_keys_.insert(unrecorded_keys_.begin(), std::move(key));
+    issue();
+    return;
+  }
+  unrecorded_keys_.erase(seen);
+  std::unique_ptr<OpGraph> graph = backend_.Record(issue);
+  if (graph == nullptr) {
+    backend_records_ = false;
+    return;
+  }
+  if (recordings_.size() == kRecordings) recordings_.pop_back();
+  recordings_.insert(recordings_.begin(), {std::move(key), std::move(graph)});
+}
+
+std::vector<int64_t> StepRunner::QuietLayersKey(const Step& step, int first, int end) const {
+  auto address = [](const void* p) { return int64_t(reinterpret_cast<intptr_t>(p)); };
+  std::vector<int64_t> key = {first, end, address(&step.weights)};
+  for (const Buffer* scratch : {&x_, &normed_, &q_, &k_, &v_, &attn_, &proj_, &gate_, &up_}) {
+    key.push_back(address(scratch->data()));
+  }
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    const KvCache& cache = step.sequences[i].forward->cache_;
+    const std::vector<int>& fresh = step.rows[i].fresh;
+    key.push_back(step.sequences[i].plan->attention_block);
+    key.push_back(cache.positions());
+    for (int layer = first; layer < end; ++layer) {
+      key.push_back(address(cache.keys(layer)));
+      key.push_back(address(cache.values(layer)));
+      key.push_back(cache.keeps_hidden() ? address(cache.hidden(layer)) : 0);
+    }
+    key.push_back(int64_t(fresh.size()));
+    key.insert(key.end(), fresh.begin(), fresh.end());
+  }
+  return key;
 }
 
 void StepRunner::GatherQueryInputs(Step& step, int layer) {
@@ -308,6 +431,7 @@ void StepRunner::GatherQueryInputs(Step& step, int layer) {
                               loaded_);
   }
   std::swap(x_, x_next_);  // x_: [sum |Q|, C]
+  step.inputs_swapped = !step.inputs_swapped;
   normed_.Reserve(m * C);
   backend_.RmsNorm(x_.data(), m, C, step.weights.layers[size_t(layer)].attn_norm.data(),
                    step.config.rms_eps, normed_.data());

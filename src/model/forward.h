@@ -22,6 +22,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -102,6 +104,11 @@ struct StepPlan {
   // What each logit row returns: its logits [V] (a sampler reads the distribution), or, when
   // set, the backend's greedy choice by this spec alone (16 bytes to the host, not 4V).
   std::optional<GreedySpec> greedy = {};
+  // The layers at which the hook sees or chooses rows (BeforeFreshRowsStored, BeforeQueries);
+  // nullopt: every layer. OnAttention follows capture_layers. The layers no hook acts at issue
+  // the same ops in every step with the same rows, which the runner replays as one recording
+  // where its backend records (Backend::Record).
+  std::optional<std::vector<int>> hook_layers = {};
 };
 
 // One logit row of a step's result, as its plan asked: the row's logits, or the backend's
@@ -122,6 +129,7 @@ struct StepResult {
   std::vector<GreedyChoice> choices;  // [logit_rows] with greedy
   int64_t rows_computed = 0;          // sum over layers of |Q_l|
   int64_t kv_rows_written = 0;        // sum over layers of |F_l|
+  int64_t layers_replayed = 0;        // layers issued as a replayed recording
 
   // What the step returned for logit row `row` (logit_rows is ascending); nullopt when it is
   // not a logit row.
@@ -158,6 +166,16 @@ class StepRunner {
   void WriteFreshKeysValues(Step& step, int layer);
   // Each sequence's Q_l: F_l unless its hook chooses others; at the last layer only rows read.
   static void ChooseQueryRows(Step& step, int layer);
+  // The end of the quiet layers from `first`: where no sequence's hook acts, no attention is
+  // captured, and Q_l = F_l (dense layers only: a mixture's products follow its routing). The
+  // stages of a quiet layer issue the same ops whenever the rows are the same.
+  static int QuietLayersEnd(const Step& step, int first);
+  // Layers [first, end), all quiet: the stages, issued, recorded, or replayed (Backend::Record).
+  // A run of quiet layers is recorded the second time it comes in a row, and replayed after.
+  void RunQuietLayers(Step& step, int first, int end);
+  // What the ops of quiet layers [first, end) depend on besides the weights' and caches'
+  // contents: the rows, the memory, the shapes. Equal keys issue equal ops.
+  std::vector<int64_t> QuietLayersKey(const Step& step, int first, int end) const;
   // x_[M, C] = the query rows' inputs (from x_ or the hidden-state store), normed_[M, C].
   void GatherQueryInputs(Step& step, int layer);
   // q_[M, H*D] = the queries of normed_, rotated to their rows' positions.
@@ -192,6 +210,16 @@ class StepRunner {
   void MixtureOfExperts(const Step& step, const LayerWeights& w);
 
   const Backend& backend_;
+  // Recordings of quiet layers, the most recently replayed first, and the keys of the quiet
+  // layers last issued without one. Off once the backend records none.
+  struct Recording {
+    std::vector<int64_t> key;
+    std::unique_ptr<OpGraph> graph;
+  };
+  static constexpr size_t kRecordings = 4;
+  std::vector<Recording> recordings_;
+  std::vector<std::vector<int64_t>> unrecorded_keys_;  // most recent first, at most kRecordings
+  bool backend_records_ = true;
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes at
   // the stages above.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;

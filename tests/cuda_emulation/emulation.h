@@ -38,6 +38,7 @@ std::string KernelName(const void* kernel);
 // GPU's fixed costs of a step, which the emulation can count where it cannot time them.
 void CountProduct();
 void CountHostWait();
+void CountGraphLaunch();
 
 // Runs every block of a launch (threads.cpp); called when its stream reaches it.
 void RunGrid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,

@@ -14,7 +14,11 @@
 //   kernel reading past it), poisoned whenever no queued work runs (up to 4 MiB an
 //   allocation), so host code that touches device memory directly is reported as a use of
 //   poisoned memory;
-// * copies check their kind against where the pointers lie, and stay inside one allocation.
+// * copies check their kind against where the pointers lie, and stay inside one allocation;
+// * a stream being captured (cudaStreamBeginCapture) gathers its work into the graph, to run
+//   at every launch of it, with the arguments it had when issued; what a capture cannot hold
+//   (a wait for the stream, a copy to or from pageable memory) fails and invalidates it, as on
+//   a GPU, and what the emulation does not model (allocations, events) in one aborts.
 #include <sanitizer/asan_interface.h>
 
 #include <algorithm>
@@ -34,9 +38,17 @@
 #include "cuda_emulation/emulation.h"
 
 // The runtime's handles, defined here (the headers only declare them).
+struct CUgraph_st {
+  std::vector<std::function<void()>> work;  // in issue order
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> work;  // the graph's, run in order at each launch
+};
 struct CUstream_st {
   std::deque<std::function<void()>> queue;  // work issued and not yet run, in issue order
   uint64_t reached = 0;                     // the ticket of the last event record it has run
+  CUgraph_st* capture = nullptr;            // where work issued goes while it is captured
+  bool capture_invalidated = false;         // a call the capture could not hold failed
 };
 struct CUevent_st {
   CUstream_st* stream = nullptr;  // where it was last recorded (null: never)
@@ -110,6 +122,26 @@ void Run(CUstream_st* stream, More more) {
   if (--state.running == 0) PoisonDevice(true);
 }
 
+// Work issued to `stream`: into its queue, or into its graph while it is captured.
+void Push(CUstream_st* stream, std::function<void()> work) {
+  if (stream->capture != nullptr) {
+    stream->capture->work.push_back(std::move(work));
+  } else {
+    stream->queue.push_back(std::move(work));
+  }
+}
+
+// A call that a capture of `stream` cannot hold: it fails, and so does the capture's end.
+cudaError_t RefuseInCapture(CUstream_st* stream) {
+  stream->capture_invalidated = true;
+  return SetError(cudaErrorStreamCaptureUnsupported);
+}
+
+// Aborts on a call the emulation does not model inside a capture.
+void NotInCapture(CUstream_st* stream, const char* call) {
+  if (stream->capture != nullptr) Die("%s on a stream being captured is not emulated", call);
+}
+
 void Drain(CUstream_st* stream) {
   Run(stream, [] { return true; });
 }
@@ -170,13 +202,17 @@ cudaError_t Copy(const char* call, void* dst, const void* src, size_t count, cud
     return SetError(cudaErrorInvalidValue);
   }
   CUstream_st* queue = StreamOf(stream);
+  if (queue->capture != nullptr && (blocking || (!src_device && !IsPinned(src, count)) ||
+                                    (!dst_device && !IsPinned(dst, count)))) {
+    return RefuseInCapture(queue);  // a copy with pageable memory at an end waits for the host
+  }
   if (!src_device && !IsPinned(src, count)) {
     // From pageable memory the runtime stages the bytes before it returns.
     auto staged = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(src),
                                                          static_cast<const uint8_t*>(src) + count);
-    queue->queue.push_back([dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    Push(queue, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
   } else {
-    queue->queue.push_back([dst, src, count] { std::memcpy(dst, src, count); });
+    Push(queue, [dst, src, count] { std::memcpy(dst, src, count); });
   }
   // To pageable memory, and every cudaMemcpy, the call returns once the copy is done.
   if (blocking || (!dst_device && !IsPinned(dst, count))) {
@@ -210,7 +246,7 @@ cudaError_t SetError(cudaError_t error) {
 }
 
 void Enqueue(cudaStream_t stream, std::function<void()> work) {
-  StreamOf(stream)->queue.push_back(std::move(work));
+  Push(StreamOf(stream), std::move(work));
 }
 
 bool IsDeviceRange(const void* data, size_t bytes) {
@@ -264,6 +300,12 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidDevice";
     case cudaErrorCudartUnloading:
       return "cudaErrorCudartUnloading";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
     default:
       return "cudaErrorUnknown";
   }
@@ -283,6 +325,12 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "invalid device ordinal";
     case cudaErrorCudartUnloading:
       return "driver shutting down";
+    case cudaErrorIllegalState:
+      return "the resource is not in a valid state to perform the requested operation";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
     default:
       return "unknown error";
   }
@@ -306,8 +354,71 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  if (queue->capture != nullptr) return cuda_emulation::RefuseInCapture(queue);
   cuda_emulation::CountHostWait();
-  cuda_emulation::Drain(cuda_emulation::StreamOf(stream));
+  cuda_emulation::Drain(queue);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  if (stream == nullptr) return SetError(cudaErrorStreamCaptureUnsupported);  // legacy stream
+  CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  if (queue->capture != nullptr) return SetError(cudaErrorIllegalState);
+  queue->capture = new CUgraph_st;
+  queue->capture_invalidated = false;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  *graph = nullptr;
+  if (queue->capture == nullptr) return SetError(cudaErrorIllegalState);
+  CUgraph_st* captured = std::exchange(queue->capture, nullptr);
+  if (std::exchange(queue->capture_invalidated, false)) {
+    delete captured;
+    return SetError(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = captured;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  const CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  *status = queue->capture == nullptr    ? cudaStreamCaptureStatusNone
+            : queue->capture_invalidated ? cudaStreamCaptureStatusInvalidated
+                                         : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->work};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  cuda_emulation::NotInCapture(queue, "cudaGraphLaunch");
+  cuda_emulation::CountGraphLaunch();
+  queue->queue.push_back([exec] {
+    for (const std::function<void()>& work : exec->work) work();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
+  cuda_emulation::DrainAll();  // its queued launches run first (the runtime frees it after them)
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 
@@ -331,6 +442,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
   CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  cuda_emulation::NotInCapture(queue, "cudaEventRecord");
   const uint64_t ticket = ++Emulation().tickets;
   event->stream = queue;
   event->ticket = ticket;
@@ -348,6 +460,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
   CUstream_st* queue = cuda_emulation::StreamOf(stream);
+  cuda_emulation::NotInCapture(queue, "cudaStreamWaitEvent");
   if (event->stream == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
   queue->queue.push_back([recorded = event->stream, ticket = event->ticket] {
     cuda_emulation::RunUntil(recorded, ticket);
@@ -381,7 +494,7 @@ cudaError_t cudaMalloc(void** data, size_t size) {
 cudaError_t cudaMallocAsync(void** data, size_t size, cudaStream_t stream) {
   {
     const std::lock_guard<std::mutex> lock(cuda_emulation::Lock());
-    cuda_emulation::StreamOf(stream);
+    cuda_emulation::NotInCapture(cuda_emulation::StreamOf(stream), "cudaMallocAsync");
   }
   return cudaMalloc(data, size);
 }
@@ -416,6 +529,7 @@ cudaError_t cudaFreeAsync(void* data, cudaStream_t stream) {
   if (!Emulation().device.contains(reinterpret_cast<uintptr_t>(data))) {
     cuda_emulation::Die("cudaFreeAsync(%p): no live device allocation starts there", data);
   }
+  cuda_emulation::NotInCapture(cuda_emulation::StreamOf(stream), "cudaFreeAsync");
   cuda_emulation::Enqueue(stream, [data] { cuda_emulation::FreeDevice(data); });
   return cudaSuccess;
 }
@@ -544,8 +658,8 @@ namespace cuda_emulation {
 namespace {
 
 struct Tally {
-  std::map<const void*, uint64_t> launches;  // by kernel
-  uint64_t products = 0, host_waits = 0;
+  std::map<const void*, uint64_t> launches;  // by kernel (a capture's count once)
+  uint64_t products = 0, host_waits = 0, graph_launches = 0;
 };
 void PrintTally();
 
@@ -561,9 +675,10 @@ void PrintTally() {
   uint64_t launches = 0;
   for (const auto& [kernel, count] : tally->launches) launches += count;
   std::fprintf(stderr,
-               "cuda emulation tally: %llu launches, %llu cuBLAS products, %llu host waits\n",
+               "cuda emulation tally: %llu launches, %llu cuBLAS products, %llu host waits, %llu "
+               "graph launches\n",
                (unsigned long long)launches, (unsigned long long)tally->products,
-               (unsigned long long)tally->host_waits);
+               (unsigned long long)tally->host_waits, (unsigned long long)tally->graph_launches);
   for (const auto& [kernel, count] : tally->launches) {
     std::fprintf(stderr, "  %10llu  %s\n", (unsigned long long)count, KernelName(kernel).c_str());
   }
@@ -576,6 +691,9 @@ void CountProduct() {
 }
 void CountHostWait() {
   if (tally != nullptr) ++tally->host_waits;
+}
+void CountGraphLaunch() {
+  if (tally != nullptr) ++tally->graph_launches;
 }
 
 cudaError_t Launch(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,

@@ -127,16 +127,17 @@ void CudaBackend::Attention(const float* q, int64_t m, const float* k, const flo
   const int64_t row_scores = int64_t(heads) * l;  // one query row's [H, L]
   const int64_t chunk =
       std::clamp<int64_t>(kScoreScratchBytes / (row_scores * int64_t(sizeof(float))), 1, m);
-  Buffer scores(*this, chunk * row_scores, Buffer::Init::kNone);  // [chunk, H, L]
-  const cuda::BlasCalls calls(*this);
+  cuda::BlasCalls calls(*this);
   const cublasHandle_t blas = calls.handle();
+  // [chunk, H, L]
+  float* scores = calls.scratch().Get<float>(cuda::ScratchKind::kScores, chunk * row_scores);
   for (int64_t first = 0; first < m; first += chunk) {
     const int rows = int(std::min(chunk, m - first));
-    Scores(blas, q + first * heads * head_dim, rows, k, int(l), s, scores.data());
-    CUDA_CHECK(cuda::LaunchSoftmaxRows(scores.data(), int64_t(rows) * heads, l,
+    Scores(blas, q + first * heads * head_dim, rows, k, int(l), s, scores);
+    CUDA_CHECK(cuda::LaunchSoftmaxRows(scores, int64_t(rows) * heads, l,
                                        probs == nullptr ? nullptr : probs + first * row_scores,
                                        Stream()));
-    WeightedValues(blas, scores.data(), rows, v, int(l), s, out + first * heads * head_dim);
+    WeightedValues(blas, scores, rows, v, int(l), s, out + first * heads * head_dim);
   }
 }
 

@@ -7,9 +7,8 @@
 namespace polestar::cuda {
 namespace {
 
-// cuBLAS's workspace per op: NVIDIA's recommended size for Hopper, and its alignment.
+// cuBLAS's workspace: NVIDIA's recommended size for Hopper.
 constexpr int64_t kWorkspaceBytes = int64_t(32) << 20;
-constexpr int64_t kWorkspaceAlign = 256;
 
 }  // namespace
 
@@ -19,10 +18,7 @@ void CheckBlas(cublasStatus_t status, const char* call) {
        cublasGetStatusName(status), ")");
 }
 
-BlasCalls::BlasCalls(const CudaBackend& backend)
-    : lock_(backend.blas_mutex_),
-      workspace_(backend, kWorkspaceBytes + kWorkspaceAlign, ElementType::kU8,
-                 Buffer::Init::kNone) {
+BlasCalls::BlasCalls(const CudaBackend& backend) : scratch_(backend), lock_(backend.blas_mutex_) {
   if (backend.blas_ == nullptr) {
     cublasHandle_t created = nullptr;
     CUBLAS_CHECK(cublasCreate(&created));
@@ -35,11 +31,9 @@ BlasCalls::BlasCalls(const CudaBackend& backend)
     backend.blas_ = created;
   }
   handle_ = backend.blas_;
-  const auto address = reinterpret_cast<uintptr_t>(workspace_.As<uint8_t>());
-  const uintptr_t aligned = (address + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  void* workspace = scratch_.Get(ScratchKind::kBlasWorkspace, kWorkspaceBytes);
   CUBLAS_CHECK(cublasSetStream(handle_, backend.Stream()));  // resets the workspace to cuBLAS's
-  CUBLAS_CHECK(
-      cublasSetWorkspace(handle_, reinterpret_cast<void*>(aligned), size_t(kWorkspaceBytes)));
+  CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace, size_t(kWorkspaceBytes)));
 }
 
 }  // namespace polestar::cuda

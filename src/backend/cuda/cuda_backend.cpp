@@ -19,6 +19,7 @@
 #endif
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_entry.h"
+#include "backend/cuda/scratch.h"
 #include "backend/worker_queue.h"
 #include "base/error.h"
 
@@ -116,6 +117,141 @@ class IndexStaging {
   std::vector<void*> outgrown_;  // device rings replaced by larger ones
 };
 
+// A recorded step (CudaBackend::Record): the graph captured from the main stream,
+// instantiated, and the host lists its ops staged, copied to device memory of its own that
+// stays for every replay (the staging rings move on). The lists are gathered on the host
+// while the stream is captured and uploaded after, before the first launch. Their memory is
+// taken from the pool before the capture, as much as the last recording's lists took; lists
+// beyond that take more during it (cudaMalloc, which a relaxed capture allows).
+class CudaGraph final : public OpGraph {
+ public:
+  CudaGraph(const CudaBackend& backend, cudaStream_t stream, uint64_t generation,
+            size_t expected_list_bytes)
+      : backend_(backend), stream_(stream), generation_(generation) {
+    Chunk& first = chunks_.emplace_back();
+    first.bytes = std::max(expected_list_bytes, kFirstChunkBytes);
+    CUDA_CHECK(cudaMallocAsync(&first.device, first.bytes, stream_));
+    first.pooled = true;
+  }
+  // The launches and the lists' memory are freed once the launches issued before have run.
+  ~CudaGraph() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    for (const Chunk& chunk : chunks_) {
+      if (chunk.pooled) {
+        cudaFreeAsync(chunk.device, stream_);
+      } else {
+        cudaFree(chunk.device);
+      }
+    }
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  const CudaBackend& backend() const { return backend_; }
+  uint64_t generation() const { return generation_; }
+  cudaGraphExec_t exec() const { return exec_; }
+  size_t list_bytes() const {
+    size_t bytes = 0;
+    for (const Chunk& chunk : chunks_) bytes += chunk.used;
+    return bytes;
+  }
+
+  // Captures what `issue` issues on the stream; "" when it is instantiated, else why not.
+  // Memory the ops free is freed after the capture (a freeing graph would free it at every
+  // replay), and the recording fails.
+  std::string Capture(const std::function<void()>& issue);
+  const int* Stage(std::span<const int> host);
+  void DeferFree(void* data) { deferred_frees_.push_back(data); }
+  // The lists to their device memory, in stream order; the host copies go.
+  void UploadLists() {
+    for (Chunk& chunk : chunks_) {
+      CUDA_CHECK(cudaMemcpyAsync(chunk.device, chunk.host.data(), chunk.used,
+                                 cudaMemcpyHostToDevice, stream_));
+      chunk.host = {};  // pageable: staged before the copy returned
+    }
+  }
+
+ private:
+  static constexpr size_t kFirstChunkBytes = size_t(64) << 10;
+  static constexpr size_t kAlign = 256;
+  struct Chunk {
+    void* device = nullptr;  // [bytes]
+    size_t bytes = 0;
+    bool pooled = false;        // from the stream's pool, else cudaMalloc's
+    std::vector<uint8_t> host;  // [used] the lists' bytes
+    size_t used = 0;
+  };
+
+  const CudaBackend& backend_;
+  cudaStream_t stream_;
+  const uint64_t generation_;  // of the main stream's scratch when recorded
+  cudaGraphExec_t exec_ = nullptr;
+  std::vector<Chunk> chunks_;
+  std::vector<void*> deferred_frees_;
+};
+
+namespace {
+
+// The recording the calling thread is making, and on which backend.
+struct ActiveRecording {
+  const CudaBackend* backend = nullptr;
+  CudaGraph* graph = nullptr;
+};
+thread_local ActiveRecording active_recording;
+
+}  // namespace
+
+std::string CudaGraph::Capture(const std::function<void()>& issue) {
+  // Relaxed: the capture leaves other threads' calls alone (the side stream's worker), and
+  // lets a list chunk be allocated in the middle of it.
+  if (const cudaError_t begin = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+      begin != cudaSuccess) {
+    cudaGetLastError();
+    return Cat("cudaStreamBeginCapture: ", cudaGetErrorString(begin));
+  }
+  std::string failure;
+  active_recording = {&backend_, this};
+  try {
+    issue();
+  } catch (const std::exception& error) {
+    failure = error.what();
+  }
+  active_recording = {};
+  cudaGraph_t captured = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &captured);
+  if (failure.empty() && end != cudaSuccess) {
+    failure = Cat("cudaStreamEndCapture: ", cudaGetErrorString(end));
+  }
+  if (failure.empty() && !deferred_frees_.empty()) failure = "an op freed memory";
+  if (failure.empty()) {
+    if (const cudaError_t made = cudaGraphInstantiate(&exec_, captured, 0); made != cudaSuccess) {
+      exec_ = nullptr;
+      failure = Cat("cudaGraphInstantiate: ", cudaGetErrorString(made));
+    }
+  }
+  if (captured != nullptr) cudaGraphDestroy(captured);
+  cudaGetLastError();
+  for (void* data : std::exchange(deferred_frees_, {})) backend_.Free(data);
+  return failure;
+}
+
+const int* CudaGraph::Stage(std::span<const int> host) {
+  const size_t bytes = host.size_bytes();
+  const size_t slot = (bytes + kAlign - 1) / kAlign * kAlign;  // keeps the next list aligned
+  if (chunks_.back().used + slot > chunks_.back().bytes) {
+    Chunk& more = chunks_.emplace_back();
+    more.bytes = std::max(slot, 2 * chunks_[chunks_.size() - 2].bytes);
+    CUDA_CHECK(cudaMalloc(&more.device, more.bytes));
+  }
+  Chunk& chunk = chunks_.back();
+  chunk.host.resize(chunk.used + slot);
+  std::memcpy(chunk.host.data() + chunk.used, host.data(), bytes);
+  const auto* device =
+      reinterpret_cast<const int*>(static_cast<uint8_t*>(chunk.device) + chunk.used);
+  chunk.used += slot;
+  return device;
+}
+
 namespace {
 
 // "" where this process can use a CUDA device, else why not.
@@ -145,6 +281,7 @@ class SideStream final : public SideQueue {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&main_issued_, cudaEventDisableTiming));
     staging_ = std::make_unique<IndexStaging>(stream_);
+    scratch_ = std::make_unique<cuda::StreamScratch>(backend);
   }
   ~SideStream() override {
     // Destructors do not throw: a failure here leaves nothing to recover.
@@ -154,6 +291,7 @@ class SideStream final : public SideQueue {
     }
     staging_.reset();
     cudaStreamSynchronize(stream_);
+    scratch_.reset();  // on the main stream, after this one's ops that used it
     cudaEventDestroy(main_issued_);
     cudaStreamDestroy(stream_);
   }
@@ -163,6 +301,7 @@ class SideStream final : public SideQueue {
   const CudaBackend& backend() const { return backend_; }
   cudaStream_t stream() const { return stream_; }
   IndexStaging& staging() const { return *staging_; }
+  cuda::StreamScratch& scratch() const { return *scratch_; }
 
   void Run(std::function<void()> job) override {
     worker_.Wait();
@@ -198,7 +337,8 @@ class SideStream final : public SideQueue {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t main_issued_ = nullptr;
   std::unique_ptr<IndexStaging> staging_;  // used by the worker thread alone
-  WorkerQueue worker_;                     // last: its thread stops before the rest goes
+  std::unique_ptr<cuda::StreamScratch> scratch_;
+  WorkerQueue worker_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace
@@ -216,26 +356,38 @@ BackendEntry CudaBackendEntry() {
       .options = {{"activations", "reduced|f32",
                    "reduced: BF16 activations in the products, FP32 accumulation; f32: FP32 "
                    "products with TF32 off, the exact mode (default: POLESTAR_ACTIVATIONS, "
-                   "else reduced)"}},
+                   "else reduced)"},
+                  {"graphs", "on|off",
+                   "on: a step's layers that repeat from step to step are recorded once as a "
+                   "CUDA graph and replayed as one launch; off: every op is its own launch "
+                   "(default: on)"}},
       .unavailable = NoDeviceReason,
       .make = [](const BackendOptions& options) -> std::unique_ptr<Backend> {
         std::optional<ActivationPrecision> activations;
-        for (const auto& [key, value] : options) {  // activations, the only key
+        bool graphs = true;
+        for (const auto& [key, value] : options) {
+          if (key == "graphs") {
+            if (value != "on" && value != "off")
+              Fail("backend option graphs=", value, ": expected on or off");
+            graphs = value == "on";
+            continue;
+          }
           if (value != "reduced" && value != "f32")
             Fail("backend option activations=", value, ": expected reduced or f32");
           activations = value == "f32" ? ActivationPrecision::kF32 : ActivationPrecision::kReduced;
         }
         return std::make_unique<CudaBackend>(
-            0, activations ? *activations : ActivationPrecisionFromEnvironment());
+            0, activations ? *activations : ActivationPrecisionFromEnvironment(), graphs);
       },
   };
 }
 
-CudaBackend::CudaBackend(int device, ActivationPrecision activations)
-    : device_(device), activations_(activations) {
+CudaBackend::CudaBackend(int device, ActivationPrecision activations, bool records)
+    : device_(device), activations_(activations), records_(records) {
   CUDA_CHECK(cudaSetDevice(device_));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   staging_ = std::make_unique<IndexStaging>(stream_);
+  scratch_ = std::make_unique<cuda::StreamScratch>(*this);
   // The pool keeps what is freed for the next allocation instead of returning it to the
   // driver at every synchronisation: scratch reuse across steps costs no cudaMalloc.
   cudaMemPool_t pool = nullptr;
@@ -251,6 +403,7 @@ CudaBackend::~CudaBackend() {
   // reach into the unloaded runtime).
   const bool unloading = cudaStreamSynchronize(stream_) == cudaErrorCudartUnloading;
   staging_.reset();
+  scratch_.reset();
   if (blas_ != nullptr && !unloading) cublasDestroy(blas_);
   cudaStreamDestroy(stream_);
 }
@@ -267,6 +420,8 @@ BackendContract CudaBackend::contract() const {
 }
 
 void* CudaBackend::Allocate(int64_t bytes, bool zero) const {
+  // Captured, it would be an allocation of the graph's, and its replays' memory.
+  if (Recording()) Fail("an op allocated ", bytes, " bytes while a step was being recorded");
   void* data = nullptr;
   // At least one byte, as the CPU backend: every Buffer has a distinct address.
   const size_t size = size_t(bytes > 0 ? bytes : 1);
@@ -290,6 +445,10 @@ void* CudaBackend::Allocate(int64_t bytes, bool zero) const {
 // keeps to its end are freed after the runtime has shut down (cudaErrorCudartUnloading).
 void CudaBackend::Free(void* data) const {
   if (data == nullptr) return;
+  if (Recording()) {
+    active_recording.graph->DeferFree(data);
+    return;
+  }
   const cudaError_t status = cudaFreeAsync(data, Stream());
   if (status == cudaSuccess || status == cudaErrorCudartUnloading) return;
   cudaGetLastError();  // a sticky error stays for the next checked call to report
@@ -403,21 +562,67 @@ void CudaBackend::Upload(const void* host, int64_t bytes, void* dst) const {
 
 void CudaBackend::Download(const void* src, int64_t bytes, void* host) const {
   if (bytes <= 0) return;
+  if (Recording()) Fail("an op downloaded ", bytes, " bytes while a step was being recorded");
   CUDA_CHECK(cudaMemcpyAsync(host, src, size_t(bytes), KindOf(src, host, cudaMemcpyDeviceToHost),
                              Stream()));
   CUDA_CHECK(cudaStreamSynchronize(Stream()));
 }
 
-void CudaBackend::Synchronize() const { CUDA_CHECK(cudaStreamSynchronize(Stream())); }
+void CudaBackend::Synchronize() const {
+  if (Recording()) Fail("an op waited for the GPU while a step was being recorded");
+  CUDA_CHECK(cudaStreamSynchronize(Stream()));
+}
 
 std::unique_ptr<SideQueue> CudaBackend::MakeSideQueue() const {
   return std::make_unique<SideStream>(*this);
+}
+
+bool CudaBackend::Recording() const {
+  return active_recording.backend == this && Stream() == stream_;
+}
+
+std::unique_ptr<OpGraph> CudaBackend::Record(const std::function<void()>& issue) const {
+  if (!records_ || Stream() != stream_ || active_recording.backend != nullptr) {
+    issue();
+    return nullptr;
+  }
+  auto graph = std::make_unique<CudaGraph>(*this, stream_, scratch_->generation(),
+                                           recorded_list_bytes_.load());
+  const std::string failure = graph->Capture(issue);
+  recorded_list_bytes_ = graph->list_bytes();
+  if (!failure.empty()) {
+    if (records_.exchange(false)) {
+      std::fprintf(stderr,
+                   "cuda backend: recording a step as a CUDA graph failed (%s); steps run op by "
+                   "op from here on\n",
+                   failure.c_str());
+    }
+    issue();
+    return nullptr;
+  }
+  graph->UploadLists();
+  CUDA_CHECK(cudaGraphLaunch(graph->exec(), stream_));
+  return graph;
+}
+
+bool CudaBackend::Replay(const OpGraph& graph) const {
+  const auto* recorded = dynamic_cast<const CudaGraph*>(&graph);
+  PS_CHECK(recorded != nullptr && &recorded->backend() == this && Stream() == stream_);
+  if (recorded->generation() != scratch_->generation()) return false;
+  CUDA_CHECK(cudaGraphLaunch(recorded->exec(), stream_));
+  return true;
+}
+
+cuda::StreamScratch& CudaBackend::Scratch() const {
+  const SideStream* side = active_side_stream;
+  return side != nullptr && &side->backend() == this ? side->scratch() : *scratch_;
 }
 
 const int* CudaBackend::Stage(std::span<const int> host) const {
   if (host.empty()) return nullptr;
   const SideStream* side = active_side_stream;
   if (side != nullptr && &side->backend() == this) return side->staging().Stage(host);
+  if (Recording()) return active_recording.graph->Stage(host);  // kept for the replays
   const std::lock_guard<std::mutex> lock(staging_mutex_);
   return staging_->Stage(host);
 }

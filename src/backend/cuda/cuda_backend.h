@@ -3,7 +3,8 @@
 // POLESTAR_CUDA. The C++20 files (this class's methods, one file per group of ops) see only
 // the CUDA runtime API; kernels live in .cu files (C++17) behind plain-pointer headers:
 //
-//   cuda_backend.cpp  memory, transfers, queues, index staging, registration
+//   cuda_backend.cpp  memory, transfers, queues, index staging, recorded steps, registration
+//   scratch.cpp       the scratch ops use between their launches, one set per stream
 //   products.cpp      MatMulBatch, LmHeadBatch, Embed (weights of every stored type)
 //   attention.cpp     RoPE, attention (a step's sequences in one launch) and its probabilities
 //   rowwise.cpp       RMSNorm, SwiGLU, add, clamp, row copies, routing, greedy choices
@@ -16,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,15 +33,17 @@ namespace polestar {
 
 class IndexStaging;  // cuda_backend.cpp
 namespace cuda {
-class BlasCalls;  // blas.h
-}
+class BlasCalls;      // blas.h
+class StreamScratch;  // scratch.h
+}  // namespace cuda
 
 class CudaBackend final : public Backend {
  public:
   // Fails (Error) when `device` cannot be used: no driver, no such device, device busy.
   // `activations`: kReduced multiplies BF16 (or F16) activations with FP32 accumulation;
   // kF32 runs every product in FP32 with TF32 off (the exact mode conformance runs).
-  CudaBackend(int device, ActivationPrecision activations);
+  // `records`: whether Record captures CUDA graphs (else it runs the ops as issued).
+  CudaBackend(int device, ActivationPrecision activations, bool records = true);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -54,6 +58,11 @@ class CudaBackend final : public Backend {
   // before it launches: the ring never wraps past the first of them. Empty lists give
   // nullptr.
   const int* Stage(std::span<const int> host) const;
+  // The scratch of the calling thread's stream (scratch.h).
+  cuda::StreamScratch& Scratch() const;
+  // Whether the calling thread is recording a step (Record) on the stream it issues to: its
+  // ops then may not allocate, free, or wait.
+  bool Recording() const;
 
   std::string_view name() const override { return "cuda"; }
   BackendContract contract() const override;
@@ -73,6 +82,10 @@ class CudaBackend final : public Backend {
   void Download(const void* src, int64_t bytes, void* host) const override;
   void Synchronize() const override;
   std::unique_ptr<SideQueue> MakeSideQueue() const override;
+  // A CUDA graph captured from the main stream. A recording that fails (an op the capture
+  // refuses) runs the ops as issued instead, and Record stops capturing: it says so once.
+  std::unique_ptr<OpGraph> Record(const std::function<void()>& issue) const override;
+  bool Replay(const OpGraph& graph) const override;
 
   void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                    const float* bias = nullptr) const override;
@@ -140,7 +153,10 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;  // the main queue
   mutable std::mutex staging_mutex_;
-  std::unique_ptr<IndexStaging> staging_;  // the main stream's
+  std::unique_ptr<IndexStaging> staging_;                // the main stream's
+  std::unique_ptr<cuda::StreamScratch> scratch_;         // the main stream's
+  mutable std::atomic<bool> records_;                    // Record captures graphs
+  mutable std::atomic<size_t> recorded_list_bytes_ = 0;  // the last recording's staged lists
   // cuBLAS (blas.h): created by the first product; each op binds it under the mutex.
   friend class cuda::BlasCalls;
   mutable std::mutex blas_mutex_;

@@ -27,6 +27,7 @@
 #include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/scratch.h"
 #include "base/error.h"
 #include "ops/quant.h"
 
@@ -78,13 +79,14 @@ void Gemm(const cuda::BlasCalls& blas, int64_t n, int64_t m, int64_t k, const vo
 
 // The product over weights decoded chunk by chunk: rows [n0, n0 + nc) of w as BF16 (`bf16`,
 // times x_bf16[M, K]) or F32 (times x[M, K]) into scratch, then y's columns [n0, n0 + nc).
-void DecodedProduct(const CudaBackend& backend, const cuda::BlasCalls& blas, const float* x,
+void DecodedProduct(const CudaBackend& backend, cuda::BlasCalls& blas, const float* x,
                     const uint16_t* x_bf16, int64_t m, const WeightView& w, bool bf16, float* y) {
   const int64_t n = w.rows, k = w.cols;
-  const int64_t chunk_rows = std::clamp<int64_t>(kScratchBytes / (k * (bf16 ? 2 : 4)), 1, n);
-  Buffer scratch(backend, chunk_rows * k, bf16 ? ElementType::kBf16 : ElementType::kF32,
-                 Buffer::Init::kNone);  // [chunk_rows, K]
-  void* decoded = bf16 ? static_cast<void*>(scratch.As<uint16_t>()) : scratch.data();
+  const int64_t element_bytes = bf16 ? 2 : 4;
+  const int64_t chunk_rows = std::clamp<int64_t>(kScratchBytes / (k * element_bytes), 1, n);
+  // [chunk_rows, K] BF16 or F32
+  void* decoded =
+      blas.scratch().Get(cuda::ScratchKind::kDecodedWeights, chunk_rows * k * element_bytes);
   for (int64_t n0 = 0; n0 < n; n0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, n - n0);
     // The stream orders this chunk's decoding after the previous chunk's product.
@@ -123,30 +125,31 @@ void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const Weight
              m <= cuda::kMaxTileProductRows) {
     // A cached step's rows over quantised weights: decoded tile by tile beside the tensor
     // cores, so the product reads the stored bytes once (no decoded copy).
-    Buffer scratch(*this, cuda::TileProductScratchFloats(m, n, k), Buffer::Init::kNone);
-    CUDA_CHECK(cuda::LaunchTileProduct(w.dtype, w.data, w.row_bytes, n, k, x, m, y, scratch.data(),
-                                       Stream()));
+    cuda::OpScratch scratch(*this);
+    float* tiles = scratch.Get<float>(cuda::ScratchKind::kTileProduct,
+                                      cuda::TileProductScratchFloats(m, n, k));
+    CUDA_CHECK(
+        cuda::LaunchTileProduct(w.dtype, w.data, w.row_bytes, n, k, x, m, y, tiles, Stream()));
   } else if (!native && m <= cuda::kMaxDecodedProductRows) {
     // A cached step's few rows over weights cuBLAS does not take as stored: decoded in
     // registers, so the product reads the stored bytes once (no decoded copy).
     CUDA_CHECK(cuda::LaunchRowsTimesDecoded(w.dtype, w.data, w.row_bytes, n, k, x, m, y, Stream()));
   } else {
-    const cuda::BlasCalls blas(*this);
+    cuda::BlasCalls blas(*this);
     const bool reduced = activations_ == ActivationPrecision::kReduced;
     const bool bf16 = reduced && (w.dtype == DType::kBF16 || IsBlockQuantized(w.dtype));
-    Buffer x_bf16;  // [M, K] when bf16
+    uint16_t* x_bf16 = nullptr;  // [M, K] when bf16
     if (bf16) {
-      x_bf16 = Buffer(*this, m * k, ElementType::kBf16, Buffer::Init::kNone);
-      CUDA_CHECK(cuda::LaunchRoundToBf16(x, m * k, x_bf16.As<uint16_t>(), Stream()));
+      x_bf16 = blas.scratch().Get<uint16_t>(cuda::ScratchKind::kBf16Activations, m * k);
+      CUDA_CHECK(cuda::LaunchRoundToBf16(x, m * k, x_bf16, Stream()));
     }
     if (w.dtype == DType::kF32) {
       Gemm(blas, n, m, k, w.data, CUDA_R_32F, ldw, x, CUDA_R_32F, y, n,
            CUBLAS_COMPUTE_32F_PEDANTIC);
     } else if (bf16 && w.dtype == DType::kBF16) {
-      Gemm(blas, n, m, k, w.data, CUDA_R_16BF, ldw, x_bf16.As<uint16_t>(), CUDA_R_16BF, y, n,
-           CUBLAS_COMPUTE_32F);
+      Gemm(blas, n, m, k, w.data, CUDA_R_16BF, ldw, x_bf16, CUDA_R_16BF, y, n, CUBLAS_COMPUTE_32F);
     } else {
-      DecodedProduct(*this, blas, x, bf16 ? x_bf16.As<uint16_t>() : nullptr, m, w, bf16, y);
+      DecodedProduct(*this, blas, x, x_bf16, m, w, bf16, y);
     }
   }
   if (bias != nullptr) CUDA_CHECK(cuda::LaunchAddBias(y, m, n, bias, Stream()));
