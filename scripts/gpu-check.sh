@@ -144,6 +144,11 @@ print(f"{sys.argv[2]}: {j['tests']} tests, {len(failed)} failed" +
       "".join(f"\n  FAILED {name}" for name in failed[:20]))
 EOF
 done
+# A capture the GPU refused leaves steps running op by op (right, but slower): say so.
+if grep -q "recording a step as a CUDA graph failed" "$log"; then
+  echo "CUDA graphs: a recording failed, so steps ran op by op:" >> "$summary"
+  grep -m3 "recording a step as a CUDA graph failed" "$log" >> "$summary"
+fi
 echo "total $((SECONDS - start)) s" >> "$summary"
 cat "$summary"
 [ -f "$results/table.md" ] && cat "$results/table.md"

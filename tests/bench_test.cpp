@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -1041,6 +1042,38 @@ TEST(Scale, ForcedScheduleStepsPerBlock) {
   EXPECT_EQ(ForcedStepsPerBlock(8, 8), 1);
 }
 
+// Where steps replay recordings (the CUDA backend's graphs), the dual-cache step is timed
+// both ways: replayed, and with every op launched.
+TEST(Scale, ARecordingBackendTimesTheDualStepBothWays) {
+  if (const std::string why = testing::BackendUnavailable("cuda"); !why.empty()) {
+    GTEST_SKIP() << "backend 'cuda' cannot run here: " << why;
+  }
+  const std::string dir = testing::TempDir() + "/m";
+  RandomModelOptions random;
+  random.shape = ShapeByName("llada-tiny");
+  WriteRandomModel(dir, random);
+  auto model = Model::Load(dir);
+  model->UseBackend(BackendNamed("cuda"));
+  ScaleOptions options;
+  options.reps = 1;
+  options.prompt_length = 8;
+  options.base.gen_length = 32;
+  options.base.block_length = 8;
+  options.blocks = 4;
+  std::vector<std::string> kinds;
+  int64_t dual_rows = -1, op_by_op_rows = -2;
+  for (const StepTiming& s : TimeSteps(*model, options)) {
+    kinds.push_back(s.kind);
+    if (s.kind == "dual-cache step") dual_rows = s.rows_computed;
+    if (s.kind == "dual-cache step, op by op") op_by_op_rows = s.rows_computed;
+  }
+  const auto dual = std::ranges::find(kinds, "dual-cache step");
+  ASSERT_NE(dual, kinds.end());
+  ASSERT_NE(dual + 1, kinds.end());
+  EXPECT_EQ(dual[1], "dual-cache step, op by op");
+  EXPECT_EQ(op_by_op_rows, dual_rows);
+}
+
 TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   const std::string dir = testing::TempDir() + "/m";
   RandomModelOptions random;
@@ -1068,6 +1101,7 @@ TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
   EXPECT_EQ(rows("windowed pass"), 24 + 8);      // block 3: [start - 16, end), the canvas ends
   EXPECT_EQ(rows("prefix-cache step"), 20 + 8);  // blocks 1 and 2: 24 and 16 rows
   EXPECT_EQ(rows("dual-cache step"), 8 + 8);
+  EXPECT_EQ(rows("dual-cache step, op by op"), -1);  // the CPU records no steps to replay
   // Block 2's window holds 24 rows in 8 clusters of 3: k clusters at layer 0; at the last
   // layer cluster 1, rows 3-5 of the prefix, which get no logits (only suffix rows would).
   EXPECT_EQ(rows("refresh step, k=4"), (8 + 12) + 8);

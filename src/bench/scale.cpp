@@ -175,8 +175,10 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   // What the base options' commit rule asks of each logit row, as decoding asks it.
   const std::optional<GreedySpec> greedy =
       MakeCommitRule(options.base.Resolved(config), config)->Greedy();
+  // Times the plans; returns the layers their timed steps replayed (Backend::Record).
   auto time_plan = [&](const std::string& kind, std::vector<StepPlan> plans) {
     StepTiming t{kind, 0, {}, {}};
+    int64_t replayed = 0;
     for (StepPlan& plan : plans) plan.greedy = greedy;
     // Untimed, each plan twice: a backend that records steps (CUDA graphs) records one the
     // second time it comes, so the timed ones are replays, as in a decode's steady state.
@@ -187,12 +189,17 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       const TransferBytes before = forward.transfers();
       const double start = ClockSeconds(options.clock);
       int64_t rows = 0;
-      for (const StepPlan& plan : plans) rows += forward.Run(canvas, plan).rows_computed;
+      for (const StepPlan& plan : plans) {
+        const StepResult result = forward.Run(canvas, plan);
+        rows += result.rows_computed;
+        replayed += result.layers_replayed;
+      }
       t.seconds.push_back((ClockSeconds(options.clock) - start) / double(plans.size()));
       t.rows_computed = rows / int64_t(plans.size());
       t.transfers = TransfersSince(forward, before, int64_t(plans.size()));
     }
     timings.push_back(std::move(t));
+    return replayed;
   };
   // The cache must hold every row before partial steps read it (and this warms the weights).
   const StepPlan full{Range(0, g.length), block_rows(0), {}, nullptr};
@@ -209,7 +216,13 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
   }
   if (g.blocks % 2 == 1) prefix_plans.pop_back();  // odd: the middle block is the mean
   time_plan(step_kind::kPrefixStep, prefix_plans);
-  time_plan(step_kind::kDualStep, {{block_rows(middle), block_rows(middle), {}, nullptr}});
+  const StepPlan dual{block_rows(middle), block_rows(middle), {}, nullptr};
+  if (time_plan(step_kind::kDualStep, {dual}) > 0) {
+    // Its layers replayed a recording (CUDA graphs): the same step with every op launched.
+    forward.set_records(false);
+    time_plan(std::string(step_kind::kDualStep) + ", op by op", {dual});
+    forward.set_records(true);
+  }
   if (config.sampler == SamplerFamily::kLlada2) {
     // LLaDA 2.x's own steps (vanilla, its only policy): block-causal attention, the earlier
     // blocks' K/V cached and final. A step computes its block; a block's first step also

@@ -356,7 +356,7 @@ void StepRunner::RunQuietLayers(Step& step, int first, int end) {
       FeedForward(step, layer);
     }
   };
-  if (!backend_records_) {
+  if (!backend_records_ || !records_) {
     issue();
     return;
   }

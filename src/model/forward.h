@@ -152,6 +152,9 @@ class StepRunner {
   explicit StepRunner(const Backend& backend);
   // results[i] belongs to steps[i]. Every step's forward shares one model and backend.
   std::vector<StepResult> Run(std::span<const SequenceStep> steps);
+  // Whether quiet layers may be recorded and replayed (on by default; off issues every op, as
+  // a benchmark times the steps both ways).
+  void set_records(bool records) { records_ = records; }
 
  private:
   // What the stages of one step share (sequences, their rows per layer, results): forward.cpp.
@@ -220,6 +223,7 @@ class StepRunner {
   std::vector<Recording> recordings_;
   std::vector<std::vector<int64_t>> unrecorded_keys_;  // most recent first, at most kRecordings
   bool backend_records_ = true;
+  bool records_ = true;  // set_records
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes at
   // the stages above.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
@@ -259,6 +263,8 @@ class Forward {
   Forward(const Model& model, KvCache& cache);
   StepResult Run(std::span<const int> canvas, const StepPlan& plan);
   const Backend& backend() const { return backend_; }
+  // This sequence's steps' StepRunner::set_records.
+  void set_records(bool records) { runner_.set_records(records); }
 
   // Every byte this sequence moved between host and backend so far: its steps' plans and
   // outputs, its hooks' downloads, its drift ops' inputs and outputs.
