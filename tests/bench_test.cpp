@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "backend/registry.h"
@@ -1042,24 +1043,34 @@ TEST(Scale, ForcedScheduleStepsPerBlock) {
   EXPECT_EQ(ForcedStepsPerBlock(8, 8), 1);
 }
 
-// Where steps replay recordings (the CUDA backend's graphs), the dual-cache step is timed
-// both ways: replayed, and with every op launched.
-TEST(Scale, ARecordingBackendTimesTheDualStepBothWays) {
-  if (const std::string why = testing::BackendUnavailable("cuda"); !why.empty()) {
-    GTEST_SKIP() << "backend 'cuda' cannot run here: " << why;
-  }
+// A tiny random LLaDA written to the test's folder, and the scale bench's options for it:
+// a prompt of 8, four blocks of 8, one rep.
+std::unique_ptr<Model> TinyScaleModel() {
   const std::string dir = testing::TempDir() + "/m";
   RandomModelOptions random;
   random.shape = ShapeByName("llada-tiny");
   WriteRandomModel(dir, random);
-  auto model = Model::Load(dir);
-  model->UseBackend(BackendNamed("cuda"));
+  return Model::Load(dir);
+}
+ScaleOptions TinyScaleOptions() {
   ScaleOptions options;
   options.reps = 1;
   options.prompt_length = 8;
   options.base.gen_length = 32;
   options.base.block_length = 8;
   options.blocks = 4;
+  return options;
+}
+
+// Where steps replay recordings (the CUDA backend's graphs), the dual-cache step is timed
+// both ways: replayed, and with every op launched.
+TEST(Scale, ARecordingBackendTimesTheDualStepBothWays) {
+  if (const std::string why = testing::BackendUnavailable("cuda"); !why.empty()) {
+    GTEST_SKIP() << "backend 'cuda' cannot run here: " << why;
+  }
+  auto model = TinyScaleModel();
+  model->UseBackend(BackendNamed("cuda"));
+  const ScaleOptions options = TinyScaleOptions();
   std::vector<std::string> kinds;
   int64_t dual_rows = -1, op_by_op_rows = -2;
   for (const StepTiming& s : TimeSteps(*model, options)) {
@@ -1075,18 +1086,9 @@ TEST(Scale, ARecordingBackendTimesTheDualStepBothWays) {
 }
 
 TEST(Scale, StepTimingsAndForcedRunsOnATinyRandomModel) {
-  const std::string dir = testing::TempDir() + "/m";
-  RandomModelOptions random;
-  random.shape = ShapeByName("llada-tiny");
-  WriteRandomModel(dir, random);
-  auto model = Model::Load(dir);
-  ScaleOptions options;
-  options.reps = 1;
-  options.prompt_length = 8;
-  options.base.gen_length = 32;
-  options.base.block_length = 8;
+  auto model = TinyScaleModel();
+  ScaleOptions options = TinyScaleOptions();
   options.tokens_per_step = 2;
-  options.blocks = 4;
   options.max_steps = 0;
   options.policies = {"vanilla", "fast-dllm-prefix", "fast-dllm-dual", "elastic-cache", "polestar"};
   const std::vector<StepTiming> steps = TimeSteps(*model, options);

@@ -402,6 +402,11 @@ TEST(CudaRecording, AnOpACaptureCannotHoldRunsAsIssuedAndEndsRecording) {
     cuda->Download(x.data(), x.bytes(), seen.data());
     EXPECT_EQ(seen, std::vector<float>(8, 4.0f));
   }
+  EXPECT_THAT(
+      [] {
+        OwnCuda({{"graphs", "maybe"}});
+      },
+      testing::ThrowsErrorContaining({"backend option graphs=maybe: expected on or off"}));
 }
 
 }  // namespace
