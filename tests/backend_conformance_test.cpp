@@ -423,6 +423,64 @@ TEST_P(BackendConformance, MatMulBatchSegments) {
   }
 }
 
+// Row groups whose sizes only backend memory holds (a mixture's experts): every group's rows
+// within the product bound of the reference, which multiplies the groups one by one, and, on
+// a batch-invariant backend, every sequence's rows of a group bit for bit what the backend
+// gives them alone. Groups empty in every sequence and in some, and one of more than 64 rows
+// (a GPU's tile of rows).
+TEST_P(BackendConformance, MatMulGroupsReadTheirSizesInBackendMemory) {
+  std::mt19937 rng(14);
+  const int64_t n = 70, k = 256, sequences = 3;
+  const int groups = 5;
+  const std::vector<int> counts = {2, 0, 9, 40, 1,   // [S, G]: sequence 0
+                                   0, 0, 0, 30, 5,   // sequence 1
+                                   3, 0, 1, 7,  0};  // sequence 2
+  const Buffer counts_in = PutAs(counts, ElementType::kI32);
+  std::vector<int> group_of_row;  // [rows]
+  for (int g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < sequences; ++s) {
+      group_of_row.insert(group_of_row.end(), size_t(counts[size_t(s * groups + g)]), g);
+    }
+  }
+  const int64_t rows = int64_t(group_of_row.size());
+  for (const DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_K}) {
+    std::vector<Weights> weights;
+    std::vector<WeightView> views, host_views;  // [G]
+    for (int g = 0; g < groups; ++g) {
+      weights.push_back(MakeWeights(type, n, k, rng));
+      views.push_back(weights.back().view);
+      host_views.push_back(weights.back().host);
+    }
+    const std::vector<float> x = Random(rows * k, 1.0f, rng);
+    const Buffer x_in = Put(x);
+    Buffer y = Poisoned(rows * n);
+    backend().MatMulGroups(x_in.data(), rows, views, counts_in.As<int>(), sequences, y.data());
+    const std::vector<float> got = Get(y);
+    std::vector<float> want(size_t(rows * n));
+    reference_.MatMulGroups(x.data(), rows, host_views, counts.data(), sequences, want.data());
+    const std::string label = Cat("MatMulGroups ", DTypeName(type));
+    ExpectClose(
+        got, want,
+        [&](size_t i) {
+          const Weights& w = weights[size_t(group_of_row[i / n])];
+          return ProductBound(w, GetParam().activations, exact_, &x[i / n * k], int64_t(i % n));
+        },
+        label);
+    if (!backend().contract().batch_invariant) continue;
+    int64_t row = 0;
+    for (int g = 0; g < groups; ++g) {
+      for (int64_t s = 0; s < sequences; ++s) {
+        const int64_t count = counts[size_t(s * groups + g)];
+        Buffer alone = Poisoned(count * n);
+        backend().MatMul(x_in.data() + row * k, count, views[size_t(g)], alone.data());
+        ExpectExact(std::vector<float>(got.begin() + row * n, got.begin() + (row + count) * n),
+                    Get(alone), Cat(label, " group ", g, " sequence ", s, " alone"));
+        row += count;
+      }
+    }
+  }
+}
+
 TEST_P(BackendConformance, LmHeadBatchNormsInPlaceThenProjects) {
   std::mt19937 rng(5);
   const int64_t c = 256, vocab = 90;
@@ -616,7 +674,7 @@ TEST_P(BackendConformance, RouteTopKWithBiasGroupsAndNormalisation) {
   }
 }
 
-TEST_P(BackendConformance, RowCopiesScaleAddAndEmbed) {
+TEST_P(BackendConformance, RowCopiesCombineExpertsAndEmbed) {
   std::mt19937 rng(10);
   const int64_t width = 19;
   const std::vector<float> src = Random(6 * width, 2.0f, rng);  // [6, width]
@@ -641,16 +699,18 @@ TEST_P(BackendConformance, RowCopiesScaleAddAndEmbed) {
   reference_.CopyStrided(src.data() + 2, width, strided_want.data() + 1, 7, 5, 3);
   ExpectExact(Get(strided), strided_want, "CopyStrided");
 
-  // dst row to[i] += scales[i] * src row i: one product and one sum each.
-  const std::vector<float> scales = {0.5f, -1.25f, 3.0f};
+  // dst row r += scales[p] * src row p over its slots in order: a product and a sum each,
+  // rounded as the twin rounds them.
+  const std::vector<float> scales = {0.5f, -1.25f, 3.0f, 0.75f, -2.0f, 1.5f};  // [6]
+  const std::vector<int> slots = {0, 4, 1, 2, 3, 5};                           // [M = 3, k = 2]
   Buffer accumulated = Put(background);
-  const Buffer scales_in = Put(scales), to_in = PutAs(to, ElementType::kI32);
-  backend().ScaleAddRows(src_in.data(), scales_in.data(), accumulated.data(), to_in.As<int>(),
-                         int64_t(to.size()), width);
+  const Buffer scales_in = Put(scales), slots_in = PutAs(slots, ElementType::kI32);
+  backend().CombineExperts(src_in.data(), scales_in.data(), slots_in.As<int>(), 3, 2, width,
+                           accumulated.data());
   std::vector<float> accumulated_want = background;
-  reference_.ScaleAddRows(src.data(), scales.data(), accumulated_want.data(), to.data(),
-                          int64_t(to.size()), width);
-  ExpectTwin(Get(accumulated), accumulated_want, 4 * kUlp, "ScaleAddRows");
+  reference_.CombineExperts(src.data(), scales.data(), slots.data(), 3, 2, width,
+                            accumulated_want.data());
+  ExpectExact(Get(accumulated), accumulated_want, "CombineExperts");
 
   const std::vector<int> tokens = {7, 2, 0, 7, 5};
   const std::vector<int> rows = {4, 1, 0};
@@ -809,15 +869,18 @@ TEST_P(BackendConformance, GroupByExpertAndGatherRows) {
   Buffer row_weights_out = Poisoned(m * k + 1);
   Buffer counts_out =
       PutAs(std::vector<int>(size_t(sequences * experts + 1), -1), ElementType::kI32);
+  Buffer slots_out = PutAs(std::vector<int>(size_t(m * k + 1), -1), ElementType::kI32);
   backend().GroupByExpert(chosen_in.As<int>(), weights_in.data(), segments, experts, k,
-                          rows_out.As<int>(), row_weights_out.data(), counts_out.As<int>());
+                          rows_out.As<int>(), row_weights_out.data(), counts_out.As<int>(),
+                          slots_out.As<int>());
   std::vector<int> want_rows(size_t(m * k + 1), -1),
-      want_counts(size_t(sequences * experts + 1), -1);
+      want_counts(size_t(sequences * experts + 1), -1), want_slots(size_t(m * k + 1), -1);
   std::vector<float> want_weights(size_t(m * k + 1), kNan);
   reference_.GroupByExpert(chosen.data(), weights.data(), segments, experts, k, want_rows.data(),
-                           want_weights.data(), want_counts.data());
+                           want_weights.data(), want_counts.data(), want_slots.data());
   EXPECT_EQ(GetAs<int>(rows_out), want_rows) << "GroupByExpert rows";
   EXPECT_EQ(GetAs<int>(counts_out), want_counts) << "GroupByExpert counts";
+  EXPECT_EQ(GetAs<int>(slots_out), want_slots) << "GroupByExpert slots";
   ExpectExact(Get(row_weights_out), want_weights, "GroupByExpert row weights");
   for (int64_t s = 0; s < sequences; ++s) {
     EXPECT_EQ(want_counts[size_t(s * experts + 4)], 0) << "expert 4 was never chosen";

@@ -888,13 +888,15 @@ TEST(Routing, TopKOfSoftmaxWithBiasNormalisationAndScaling) {
   EXPECT_NEAR(weights[1], 2.0f * 0.3f / 0.7f, 1e-6f);
 }
 
-TEST(Routing, ScaleAddRowsAccumulatesWeightedRowsIntoTheirTargets) {
-  const float src[4] = {1, 2, 3, 4};                  // [2, 2]
-  std::vector<float> dst = {10, 10, 20, 20, 30, 30};  // [3, 2]
-  const float scales[2] = {0.5f, -1.0f};
-  const int rows[2] = {2, 0};
-  CpuBackend::Host().ScaleAddRows(src, scales, dst.data(), rows, 2, 2);
-  EXPECT_EQ(dst, (std::vector<float>{7, 6, 20, 20, 30.5f, 31}));
+// Each row adds its slots' weighted rows in slot order: row 0 slots 0 and 2, row 1 slots 1
+// and 3.
+TEST(Routing, CombineExpertsAddsEachRowsWeightedSlots) {
+  const float src[8] = {1, 2, 3, 4, 5, 6, 7, 8};  // [4 slots, 2]
+  std::vector<float> dst = {10, 10, 20, 20};      // [2, 2]
+  const float scales[4] = {0.5f, -1.0f, 2.0f, 0.25f};
+  const int slots[4] = {0, 2, 1, 3};  // [M = 2, k = 2]
+  CpuBackend::Host().CombineExperts(src, scales, slots, 2, 2, 2, dst.data());
+  EXPECT_EQ(dst, (std::vector<float>{10 + 0.5f + 10, 10 + 1 + 12, 20 - 3 + 1.75f, 20 - 4 + 2}));
 }
 
 TEST(CpuBackend, AttentionProbabilitiesAreTheAttentionsProbabilities) {
@@ -1110,11 +1112,20 @@ TEST(CpuBackend, GroupByExpertIsAStableCountingSort) {
       }
     }
   }
-  std::vector<int> rows(size_t(m * k), -7), counts(size_t(sequences * experts), -7);
+  // A row's slots: the places it holds in the grouped rows, ascending.
+  std::vector<int> expected_slots;
+  for (int64_t r = 0; r < m; ++r) {
+    for (size_t at = 0; at < expected_rows.size(); ++at) {
+      if (expected_rows[at] == r) expected_slots.push_back(int(at));
+    }
+  }
+  std::vector<int> rows(size_t(m * k), -7), counts(size_t(sequences * experts), -7),
+      slots(size_t(m * k), -7);
   std::vector<float> row_weights(size_t(m * k), std::nanf(""));
   CpuBackend::Host().GroupByExpert(chosen.data(), weights.data(), segments, experts, k, rows.data(),
-                                   row_weights.data(), counts.data());
+                                   row_weights.data(), counts.data(), slots.data());
   EXPECT_EQ(rows, expected_rows);
+  EXPECT_EQ(slots, expected_slots);
   EXPECT_EQ(row_weights, expected_weights);
   EXPECT_EQ(counts, expected_counts);
   EXPECT_EQ(counts[size_t(2 * experts + 6)], 0);

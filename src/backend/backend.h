@@ -231,6 +231,14 @@ class Backend {
     const int64_t rows[] = {m};
     MatMulBatch(x, rows, w, y, bias);
   }
+  // The products of a routed batch's row groups, whose sizes only backend memory holds:
+  // y[n, N] rows of group g = x[n, K] rows of group g · weights[g]^T, the groups' rows in
+  // order (group 0's first). counts[S, G] (backend memory, GroupByExpert's; G =
+  // |weights|, every view of one type and shape [N, K]) holds how many rows of each of S
+  // sequences group g has; they sum to n. Group g's rows are split by sequence into segments
+  // of counts[s, g] rows, as MatMulBatch's segments.
+  virtual void MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                            const int* counts, int64_t sequences, float* y) const = 0;
   // out[M, C] = x[M, C] / rms(x) * weight[C]. out may alias x.
   virtual void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                        float* out) const = 0;
@@ -267,10 +275,12 @@ class Backend {
   // it.
   virtual void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                          float* weights) const = 0;
-  // dst row dst_rows[i] += scales[i] * src row i for i < n (scales[n] and dst_rows[n] backend
-  // memory, GroupByExpert's): an expert's output rows, weighted, into the rows that chose it.
-  virtual void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
-                            int64_t n, int64_t width) const = 0;
+  // dst row r [width] += scales[p] * src row p for p = slots[r, 0], ..., slots[r, k - 1] in
+  // that order (dst[M, width], slots[M, k] ascending and scales backend memory,
+  // GroupByExpert's): the experts' outputs, weighted, into the rows that chose them, expert by
+  // expert as the reference's index_add adds them.
+  virtual void CombineExperts(const float* src, const float* scales, const int* slots, int64_t m,
+                              int k, int64_t width, float* dst) const = 0;
   // dst row dst_rows[i] = src row src_rows[i] (rows of `width` floats); an empty list stands
   // for 0, 1, 2, ... so a gather passes no dst_rows and a scatter no src_rows. Row lists
   // are host memory; at least one must be non-empty, and both the same length when given.
@@ -317,10 +327,11 @@ class Backend {
   // rows[M*k] and row_weights[M*k] hold expert 0's rows ascending with their weights[M, k],
   // then expert 1's, ...; counts[S, E] = how many rows of sequence s (the `segments`, host,
   // S of them, summing to M) chose expert e. An expert's rows are those of counts' column e,
-  // and they start after the rows of the experts before it.
+  // and they start after the rows of the experts before it. slots[M, k] = where row r's
+  // choices went in rows[], ascending (so in the order of their experts).
   virtual void GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
-                             int experts, int k, int* rows, float* row_weights,
-                             int* counts) const = 0;
+                             int experts, int k, int* rows, float* row_weights, int* counts,
+                             int* slots) const = 0;
   // dst row i [width] = src row rows[i], for i < n (rows[n] backend memory).
   virtual void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
                           int64_t width) const = 0;

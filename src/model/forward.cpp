@@ -73,7 +73,8 @@ StepRunner::StepRunner(const Backend& backend)
       route_weights_(backend, 0),
       expert_rows_(backend, 0, ElementType::kI32),
       expert_weights_(backend, 0),
-      expert_counts_(backend, 0, ElementType::kI32) {}
+      expert_counts_(backend, 0, ElementType::kI32),
+      expert_slots_(backend, 0, ElementType::kI32) {}
 
 namespace {
 
@@ -316,7 +317,7 @@ void StepRunner::ChooseQueryRows(Step& step, int layer) {
 int StepRunner::QuietLayersEnd(const Step& step, int first) {
   const ModelConfig& c = step.config;
   int end = first;
-  for (; end < c.layers && !c.IsMoeLayer(end); ++end) {
+  for (; end < c.layers; ++end) {
     for (size_t i = 0; i < step.sequences.size(); ++i) {
       const StepPlan& plan = *step.sequences[i].plan;
       if (HookAt(plan, end) != nullptr || Captures(plan, end)) return end;
@@ -363,14 +364,31 @@ void StepRunner::RunQuietLayers(Step& step, int first, int end) {
   // The stages' scratch at its size for these rows first, so the key holds the memory they
   // will use (the stages' own Reserve calls then keep it).
   const int64_t m = step.queries;
-  int64_t inner = 0;  // F
+  const int64_t routed = m * c.moe.experts_per_token;  // a mixture's rows, one per choice
+  int64_t inner = 0;  // the rows times F of gate_ and up_ at the widest layer
+  bool mixture = false;
   for (int layer = first; layer < end; ++layer) {
-    inner = std::max(inner, step.weights.layers[size_t(layer)].mlp.gate.rows);
+    const LayerWeights& w = step.weights.layers[size_t(layer)];
+    if (c.IsMoeLayer(layer)) {
+      mixture = true;
+      inner = std::max({inner, routed * w.experts[0].gate.rows, m * w.shared.gate.rows});
+    } else {
+      inner = std::max(inner, m * w.mlp.gate.rows);
+    }
   }
   for (Buffer* rows_of_width : {&normed_, &proj_}) rows_of_width->Reserve(m * c.width);
   for (Buffer* kv_rows : {&k_, &v_}) kv_rows->Reserve(m * step.kv_width);
   for (Buffer* query_rows : {&q_, &attn_}) query_rows->Reserve(m * step.q_width);
-  for (Buffer* inner_rows : {&gate_, &up_}) inner_rows->Reserve(m * inner);
+  for (Buffer* inner_rows : {&gate_, &up_}) inner_rows->Reserve(inner);
+  if (mixture) {
+    router_.Reserve(m * c.moe.experts);
+    for (Buffer* choices :
+         {&chosen_, &route_weights_, &expert_rows_, &expert_weights_, &expert_slots_}) {
+      choices->Reserve(routed);
+    }
+    expert_counts_.Reserve(int64_t(step.sequences.size()) * c.moe.experts);
+    for (Buffer* routed_rows : {&expert_in_, &expert_out_}) routed_rows->Reserve(routed * c.width);
+  }
   std::vector<int64_t> key = QuietLayersKey(step, first, end);
 
   if (const auto it = std::ranges::find(recordings_, key, &Recording::key);
@@ -402,7 +420,10 @@ void StepRunner::RunQuietLayers(Step& step, int first, int end) {
 std::vector<int64_t> StepRunner::QuietLayersKey(const Step& step, int first, int end) const {
   auto address = [](const void* p) { return int64_t(reinterpret_cast<intptr_t>(p)); };
   std::vector<int64_t> key = {first, end, address(&step.weights)};
-  for (const Buffer* scratch : {&x_, &normed_, &q_, &k_, &v_, &attn_, &proj_, &gate_, &up_}) {
+  for (const Buffer* scratch :
+       {&x_, &normed_, &q_, &k_, &v_, &attn_, &proj_, &gate_, &up_, &router_, &chosen_,
+        &route_weights_, &expert_rows_, &expert_weights_, &expert_counts_, &expert_slots_,
+        &expert_in_, &expert_out_}) {
     key.push_back(address(scratch->data()));
   }
   for (size_t i = 0; i < step.sequences.size(); ++i) {
@@ -617,13 +638,14 @@ void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segm
 // proj_[M, C] = sum over each row's chosen experts of weight * expert(normed_ row), plus the
 // shared expert's output: the reference's order (zeros, index_add expert by expert, + shared).
 // Each expert runs once over the rows that chose it, in row order, split by sequence so every
-// sequence's rows get the bits they get alone. Routing and grouping stay in backend memory;
-// only the rows per expert and sequence come back, to issue the products.
+// sequence's rows get the bits they get alone. Routing, grouping and the experts' row counts
+// stay in backend memory: the grouped products read them there, so the host issues the layer
+// without waiting for the device.
 void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
   const ModelConfig& c = step.config;
   const MoeConfig& moe = c.moe;
   const int k = moe.experts_per_token, experts = moe.experts;
-  const int64_t C = c.width, m = step.queries;
+  const int64_t C = c.width, m = step.queries, routed = m * k;
   const int64_t sequences = int64_t(step.segments.size());
   router_.Reserve(m * experts);  // [M, E]
   backend_.MatMulBatch(normed_.data(), step.segments, w.router, router_.data());
@@ -639,37 +661,37 @@ void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
                         .normalize = moe.normalize_top_k,
                         .scaling = moe.routed_scaling};
   backend_.RouteTopK(router_.data(), m, spec, chosen_.As<int>(), route_weights_.data());
-  expert_rows_.Reserve(m * k);                  // [M*k]
-  expert_weights_.Reserve(m * k);               // [M*k]
+  expert_rows_.Reserve(routed);                 // [M*k]
+  expert_weights_.Reserve(routed);              // [M*k]
   expert_counts_.Reserve(sequences * experts);  // [S, E]
+  expert_slots_.Reserve(routed);                // [M, k]
   backend_.GroupByExpert(chosen_.As<int>(), route_weights_.data(), step.segments, experts, k,
-                         expert_rows_.As<int>(), expert_weights_.data(), expert_counts_.As<int>());
-  // Each sequence downloads its own counts: the bytes its step alone would move.
-  expert_counts_host_.resize(size_t(sequences * experts));  // [S, E]
-  for (int64_t s = 0; s < sequences; ++s) {
-    step.sequences[size_t(s)].forward->Download(expert_counts_.As<int>() + s * experts, experts * 4,
-                                                expert_counts_host_.data() + s * experts);
-  }
+                         expert_rows_.As<int>(), expert_weights_.data(), expert_counts_.As<int>(),
+                         expert_slots_.As<int>());
 
-  backend_.Zero(proj_.data(), m * C);
-  expert_segments_.resize(size_t(sequences));  // [S]
-  int64_t first = 0;                           // expert e's first row in expert_rows_
+  // The routed rows, expert by expert: [M*k, C] in, [M*k, Fe] through the SwiGLU, [M*k, C] out.
+  expert_gates_.resize(size_t(experts));  // [E]
+  expert_ups_.resize(size_t(experts));    // [E]
+  expert_downs_.resize(size_t(experts));  // [E]
   for (int e = 0; e < experts; ++e) {
-    int64_t n = 0;
-    for (int64_t s = 0; s < sequences; ++s) {
-      expert_segments_[size_t(s)] = expert_counts_host_[size_t(s * experts + e)];
-      n += expert_segments_[size_t(s)];
-    }
-    if (n == 0) continue;
-    const int* rows = expert_rows_.As<int>() + first;
-    expert_in_.Reserve(n * C);   // [n, C] the rows that chose expert e
-    expert_out_.Reserve(n * C);  // [n, C]
-    backend_.GatherRows(normed_.data(), rows, n, expert_in_.data(), C);
-    SwiGlu(w.experts[size_t(e)], expert_in_.data(), expert_segments_, n, expert_out_.data());
-    backend_.ScaleAddRows(expert_out_.data(), expert_weights_.data() + first, proj_.data(), rows, n,
-                          C);
-    first += n;
+    expert_gates_[size_t(e)] = w.experts[size_t(e)].gate;
+    expert_ups_[size_t(e)] = w.experts[size_t(e)].up;
+    expert_downs_[size_t(e)] = w.experts[size_t(e)].down;
   }
+  const int64_t inner = w.experts[0].gate.rows;
+  expert_in_.Reserve(routed * C);   // [M*k, C]
+  gate_.Reserve(routed * inner);    // [M*k, Fe]
+  up_.Reserve(routed * inner);      // [M*k, Fe]
+  expert_out_.Reserve(routed * C);  // [M*k, C]
+  const int* counts = expert_counts_.As<int>();
+  backend_.GatherRows(normed_.data(), expert_rows_.As<int>(), routed, expert_in_.data(), C);
+  backend_.MatMulGroups(expert_in_.data(), routed, expert_gates_, counts, sequences, gate_.data());
+  backend_.MatMulGroups(expert_in_.data(), routed, expert_ups_, counts, sequences, up_.data());
+  backend_.SiluMul(gate_.data(), up_.data(), routed * inner);
+  backend_.MatMulGroups(gate_.data(), routed, expert_downs_, counts, sequences, expert_out_.data());
+  backend_.Zero(proj_.data(), m * C);
+  backend_.CombineExperts(expert_out_.data(), expert_weights_.data(), expert_slots_.As<int>(), m, k,
+                          C, proj_.data());
   if (moe.shared_ffn > 0) {
     expert_out_.Reserve(m * C);  // [M, C]
     SwiGlu(w.shared, normed_.data(), step.segments, m, expert_out_.data());

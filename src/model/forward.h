@@ -170,8 +170,8 @@ class StepRunner {
   // Each sequence's Q_l: F_l unless its hook chooses others; at the last layer only rows read.
   static void ChooseQueryRows(Step& step, int layer);
   // The end of the quiet layers from `first`: where no sequence's hook acts, no attention is
-  // captured, and Q_l = F_l (dense layers only: a mixture's products follow its routing). The
-  // stages of a quiet layer issue the same ops whenever the rows are the same.
+  // captured, and Q_l = F_l. The stages of a quiet layer issue the same ops whenever the rows
+  // are the same (a mixture's too: its routing stays in backend memory).
   static int QuietLayersEnd(const Step& step, int first);
   // Layers [first, end), all quiet: the stages, issued, recorded, or replayed (Backend::Record).
   // A run of quiet layers is recorded the second time it comes in a row, and replayed after.
@@ -231,15 +231,14 @@ class StepRunner {
   Buffer run_probs_;  // block-causal capture: one run's probabilities [run, H, keys]
   std::vector<AttentionCall>
       uncaptured_;  // a layer's attention runs whose probabilities no hook reads
-  Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [n, C], [max(n, M), C]
+  Buffer router_, expert_in_, expert_out_;  // MoE layers: [M, E], [M*k, C], [M*k, C]
   // MoE routing, in backend memory: per row its experts and weights ([M, k], i32 and f32),
-  // the rows grouped by expert with their weights ([M*k], i32 and f32), and the rows of each
-  // sequence per expert ([S, E], i32; GroupByExpert).
-  Buffer chosen_, route_weights_, expert_rows_, expert_weights_, expert_counts_;
-  // On the host: the counts ([S, E], downloaded: the expert loop issues its products by
-  // them) and one expert's rows per sequence ([S]).
-  std::vector<int> expert_counts_host_;
-  std::vector<int64_t> expert_segments_;
+  // the rows grouped by expert with their weights ([M*k], i32 and f32), the rows of each
+  // sequence per expert ([S, E], i32) and each row's places among the grouped rows ([M, k],
+  // i32; GroupByExpert).
+  Buffer chosen_, route_weights_, expert_rows_, expert_weights_, expert_counts_, expert_slots_;
+  // The experts' weights, a list per product ([E] each).
+  std::vector<WeightView> expert_gates_, expert_ups_, expert_downs_;
 };
 
 // The scratch of the drift ops that need some (ProjectQueries, ProxyAttention), grown to the

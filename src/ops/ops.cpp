@@ -141,14 +141,16 @@ void Clamp(float* x, int64_t n, float limit) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], -limit, limit);
 }
 
-void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
-                  std::span<const int> dst_rows, int64_t width) {
-  PS_CHECK(scales.size() == dst_rows.size());
-  for (size_t i = 0; i < dst_rows.size(); ++i) {
-    const float scale = scales[i];
-    const float* from = src + int64_t(i) * width;
-    float* to = dst + int64_t(dst_rows[i]) * width;
-    for (int64_t j = 0; j < width; ++j) to[j] += scale * from[j];
+void CombineExperts(const float* src, const float* scales, const int* slots, int64_t m, int k,
+                    int64_t width, float* dst) {
+  for (int64_t r = 0; r < m; ++r) {
+    float* to = dst + r * width;
+    for (int i = 0; i < k; ++i) {
+      const int64_t slot = slots[r * k + i];
+      const float scale = scales[slot];
+      const float* from = src + slot * width;
+      for (int64_t j = 0; j < width; ++j) to[j] += scale * from[j];
+    }
   }
 }
 

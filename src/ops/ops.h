@@ -39,9 +39,10 @@ void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chos
 // x[n] clamped to [-limit, limit].
 void Clamp(float* x, int64_t n, float limit);
 
-// dst row dst_rows[i] += scales[i] * src row i (rows of `width` floats; scales host).
-void ScaleAddRows(const float* src, std::span<const float> scales, float* dst,
-                  std::span<const int> dst_rows, int64_t width);
+// dst row r [width] += scales[p] * src row p for p = slots[r, 0], ..., slots[r, k - 1] in
+// that order, for r < m (Backend::CombineExperts).
+void CombineExperts(const float* src, const float* scales, const int* slots, int64_t m, int k,
+                    int64_t width, float* dst);
 
 // The commit rules' row math (decode/sampling.h), shared by the host samplers and every
 // backend's GreedyChoices so that a token and its confidence have the same bits wherever

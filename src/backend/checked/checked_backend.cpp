@@ -320,6 +320,19 @@ void CheckedBackend::MatMulBatch(const float* x, RowSegments segments, const Wei
   op.Run([&] { kernels_->MatMulBatch(x, segments, w, y, bias); });
 }
 
+void CheckedBackend::MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                                  const int* counts, int64_t sequences, float* y) const {
+  Op op(*this, "MatMulGroups");
+  const int64_t k = weights.empty() ? 0 : weights[0].cols,
+                width = weights.empty() ? 0 : weights[0].rows;
+  op.Device(x, n * k * 4, "x")
+      .Host(weights.data(), int64_t(weights.size_bytes()), "weights")
+      .Device(counts, sequences * int64_t(weights.size()) * 4, "counts")
+      .Device(y, n * width * 4, "y");
+  for (const WeightView& w : weights) op.Weights(w, "weights[g]");
+  op.Run([&] { kernels_->MatMulGroups(x, n, weights, counts, sequences, y); });
+}
+
 void CheckedBackend::RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                              float* out) const {
   Op(*this, "RmsNorm")
@@ -413,16 +426,16 @@ void CheckedBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec&
   op.Run([&] { kernels_->RouteTopK(logits, m, spec, chosen, weights); });
 }
 
-// Row lists in backend memory cannot be read here (before the op): the rows they name are
-// checked to be one row at least, their lists in full.
-void CheckedBackend::ScaleAddRows(const float* src, const float* scales, float* dst,
-                                  const int* dst_rows, int64_t n, int64_t width) const {
-  Op(*this, "ScaleAddRows")
-      .Device(src, n * width * 4, "src")
-      .Device(scales, n * 4, "scales")
-      .Device(dst, n > 0 ? width * 4 : 0, "dst")
-      .Device(dst_rows, n * 4, "dst_rows")
-      .Run([&] { kernels_->ScaleAddRows(src, scales, dst, dst_rows, n, width); });
+// Row lists in backend memory cannot be read here (before the op): src is checked to hold
+// every slot the routed rows can name (M*k rows).
+void CheckedBackend::CombineExperts(const float* src, const float* scales, const int* slots,
+                                    int64_t m, int k, int64_t width, float* dst) const {
+  Op(*this, "CombineExperts")
+      .Device(src, m * k * width * 4, "src")
+      .Device(scales, m * k * 4, "scales")
+      .Device(slots, m * k * 4, "slots")
+      .Device(dst, m * width * 4, "dst")
+      .Run([&] { kernels_->CombineExperts(src, scales, slots, m, k, width, dst); });
 }
 
 void CheckedBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
@@ -510,8 +523,8 @@ void CheckedBackend::TopKeys(const double* mass, std::span<const int> keys,
 }
 
 void CheckedBackend::GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
-                                   int experts, int k, int* rows, float* row_weights,
-                                   int* counts) const {
+                                   int experts, int k, int* rows, float* row_weights, int* counts,
+                                   int* slots) const {
   const int64_t m = Sum(segments);
   Op(*this, "GroupByExpert")
       .Device(chosen, m * k * 4, "chosen")
@@ -520,8 +533,10 @@ void CheckedBackend::GroupByExpert(const int* chosen, const float* weights, RowS
       .Device(rows, m * k * 4, "rows")
       .Device(row_weights, m * k * 4, "row_weights")
       .Device(counts, int64_t(segments.size()) * experts * 4, "counts")
+      .Device(slots, m * k * 4, "slots")
       .Run([&] {
-        kernels_->GroupByExpert(chosen, weights, segments, experts, k, rows, row_weights, counts);
+        kernels_->GroupByExpert(chosen, weights, segments, experts, k, rows, row_weights, counts,
+                                slots);
       });
 }
 

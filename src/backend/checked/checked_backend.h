@@ -46,6 +46,8 @@ class CheckedBackend final : public Backend {
 
   void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                    const float* bias = nullptr) const override;
+  void MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                    const int* counts, int64_t sequences, float* y) const override;
   void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                float* out) const override;
   void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
@@ -63,8 +65,8 @@ class CheckedBackend final : public Backend {
   void Clamp(float* x, int64_t n, float limit) const override;
   void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                  float* weights) const override;
-  void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
-                    int64_t n, int64_t width) const override;
+  void CombineExperts(const float* src, const float* scales, const int* slots, int64_t m, int k,
+                      int64_t width, float* dst) const override;
   void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                 std::span<const int> dst_rows, int64_t width) const override;
   void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
@@ -81,7 +83,7 @@ class CheckedBackend final : public Backend {
                      double* mass) const override;
   void TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const override;
   void GroupByExpert(const int* chosen, const float* weights, RowSegments segments, int experts,
-                     int k, int* rows, float* row_weights, int* counts) const override;
+                     int k, int* rows, float* row_weights, int* counts, int* slots) const override;
   void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
                   int64_t width) const override;
   void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,

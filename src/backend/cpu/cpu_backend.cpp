@@ -156,6 +156,27 @@ void CpuBackend::Zero(float* x, int64_t n) const { std::fill(x, x + n, 0.0f); }
 // row, and every tile shape runs the same operations per output), and so does every output of
 // MatMulColumns once its path (dot or panel, by the call's row count) is fixed. None depends
 // on which thread's range of columns it falls in, so the grains may depend on M.
+void CpuBackend::MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                              const int* counts, int64_t sequences, float* y) const {
+  const int64_t groups = int64_t(weights.size());
+  std::vector<int64_t> segments(
+      static_cast<size_t>(sequences));  // [S] group g's rows of each sequence
+  int64_t first = 0;                    // group g's first row
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t rows = 0;
+    for (int64_t s = 0; s < sequences; ++s) {
+      segments[size_t(s)] = counts[s * groups + g];
+      rows += segments[size_t(s)];
+    }
+    PS_CHECK(rows >= 0 && first + rows <= n);
+    if (rows == 0) continue;
+    const WeightView& w = weights[size_t(g)];
+    MatMulBatch(x + first * w.cols, segments, w, y + first * w.rows);
+    first += rows;
+  }
+  PS_CHECK(first == n);
+}
+
 void CpuBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                              const float* bias) const {
   int64_t m = 0;
@@ -277,9 +298,9 @@ void CpuBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec& spe
   polestar::RouteTopK(logits, m, spec, chosen, weights);
 }
 
-void CpuBackend::ScaleAddRows(const float* src, const float* scales, float* dst,
-                              const int* dst_rows, int64_t n, int64_t width) const {
-  polestar::ScaleAddRows(src, {scales, size_t(n)}, dst, {dst_rows, size_t(n)}, width);
+void CpuBackend::CombineExperts(const float* src, const float* scales, const int* slots, int64_t m,
+                                int k, int64_t width, float* dst) const {
+  polestar::CombineExperts(src, scales, slots, m, k, width, dst);
 }
 
 void CpuBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
@@ -390,8 +411,8 @@ void CpuBackend::TopKeys(const double* mass, std::span<const int> keys, std::spa
 }
 
 void CpuBackend::GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
-                               int experts, int k, int* rows, float* row_weights,
-                               int* counts) const {
+                               int experts, int k, int* rows, float* row_weights, int* counts,
+                               int* slots) const {
   const int64_t sequences = int64_t(segments.size());
   std::fill(counts, counts + sequences * experts, 0);
   int64_t m = 0;
@@ -416,7 +437,9 @@ void CpuBackend::GroupByExpert(const int* chosen, const float* weights, RowSegme
       const int64_t at = next[size_t(chosen[r * k + i])]++;
       rows[at] = int(r);
       row_weights[at] = weights[r * k + i];
+      slots[r * k + i] = int(at);
     }
+    std::sort(slots + r * k, slots + (r + 1) * k);
   }
 }
 

@@ -5,7 +5,8 @@
 //
 //   cuda_backend.cpp  memory, transfers, queues, index staging, recorded steps, registration
 //   scratch.cpp       the scratch ops use between their launches, one set per stream
-//   products.cpp      MatMulBatch, LmHeadBatch, Embed (weights of every stored type)
+//   products.cpp      MatMulBatch, MatMulGroups, LmHeadBatch, Embed (weights of every stored
+//                     type)
 //   attention.cpp     RoPE, attention (a step's sequences in one launch) and its probabilities
 //   rowwise.cpp       RMSNorm, SwiGLU, add, clamp, row copies, routing, greedy choices
 //   drift.cpp         the drift measurements, Elastic-Cache's key ranking, k-means, NVFP4
@@ -89,6 +90,8 @@ class CudaBackend final : public Backend {
 
   void MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
                    const float* bias = nullptr) const override;
+  void MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                    const int* counts, int64_t sequences, float* y) const override;
   void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                float* out) const override;
   void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
@@ -106,8 +109,8 @@ class CudaBackend final : public Backend {
   void Clamp(float* x, int64_t n, float limit) const override;
   void RouteTopK(const float* logits, int64_t m, const RouterSpec& spec, int* chosen,
                  float* weights) const override;
-  void ScaleAddRows(const float* src, const float* scales, float* dst, const int* dst_rows,
-                    int64_t n, int64_t width) const override;
+  void CombineExperts(const float* src, const float* scales, const int* slots, int64_t m, int k,
+                      int64_t width, float* dst) const override;
   void CopyRows(const float* src, std::span<const int> src_rows, float* dst,
                 std::span<const int> dst_rows, int64_t width) const override;
   void CopyStrided(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
@@ -124,7 +127,7 @@ class CudaBackend final : public Backend {
                      double* mass) const override;
   void TopKeys(const double* mass, std::span<const int> keys, std::span<int> top) const override;
   void GroupByExpert(const int* chosen, const float* weights, RowSegments segments, int experts,
-                     int k, int* rows, float* row_weights, int* counts) const override;
+                     int k, int* rows, float* row_weights, int* counts, int* slots) const override;
   void GatherRows(const float* src, const int* rows, int64_t n, float* dst,
                   int64_t width) const override;
   void SphericalKMeans(const float* points, int64_t n, int64_t d, int k, int iterations,

@@ -155,6 +155,60 @@ void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const Weight
   if (bias != nullptr) CUDA_CHECK(cuda::LaunchAddBias(y, m, n, bias, Stream()));
 }
 
+// The groups' sizes stay on the device (counts), so no host round trip orders the products:
+// one kernel a product, whose blocks read their group's rows from counts. With kReduced,
+// BF16 and block-type weights are multiplied as the tile product multiplies them (BF16
+// operands on the tensor cores, FP32 sums); other weights, and every weight with kF32, as
+// the few-row product (decoded in registers, FP32), a few rows at a time.
+void CudaBackend::MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
+                               const int* counts, int64_t sequences, float* y) const {
+  if (weights.empty() || n == 0) return;
+  const WeightView& first = weights[0];
+  for (const WeightView& w : weights) {
+    CheckWeights(w, "MatMulGroups");
+    if (w.dtype != first.dtype || w.rows != first.rows || w.cols != first.cols ||
+        w.row_bytes != first.row_bytes) {
+      Fail("cuda MatMulGroups: the groups' weights differ in type or shape (", DTypeName(w.dtype),
+           " ", w.rows, " x ", w.cols, " beside ", DTypeName(first.dtype), " ", first.rows, " x ",
+           first.cols, ")");
+    }
+  }
+  const int64_t groups = int64_t(weights.size()), out = first.rows, k = first.cols;
+  if (groups > cuda::kMaxProductGroups || sequences <= 0 || sequences * groups > INT_MAX ||
+      n > INT_MAX) {
+    Fail("cuda MatMulGroups: ", groups, " groups of ", sequences, " sequences and ", n,
+         " rows exceed its grid");
+  }
+  if (out == 0) return;
+  if (k == 0) {
+    Zero(y, n * out);  // empty sums
+    return;
+  }
+  std::vector<const uint8_t*> pointers(weights.size());  // [G]
+  for (size_t g = 0; g < weights.size(); ++g) pointers[g] = weights[g].data;
+  static_assert(sizeof(const uint8_t*) % sizeof(int) == 0);
+  const int* staged = Stage({reinterpret_cast<const int*>(pointers.data()),
+                             pointers.size() * (sizeof(const uint8_t*) / sizeof(int))});
+  const cuda::ProductGroups product_groups{
+      .weights = reinterpret_cast<const uint8_t* const*>(staged),
+      .counts = counts,
+      .sequences = int(sequences),
+      .groups = int(groups)};
+  const bool tiles = activations_ == ActivationPrecision::kReduced &&
+                     (first.dtype == DType::kBF16 || IsBlockQuantized(first.dtype)) && k % 8 == 0;
+  if (tiles) {
+    cuda::OpScratch scratch(*this);
+    // [n, K]
+    auto* x_bf16 = scratch.Get<uint16_t>(cuda::ScratchKind::kBf16Activations, n * k);
+    CUDA_CHECK(cuda::LaunchRoundToBf16(x, n * k, x_bf16, Stream()));
+    CUDA_CHECK(cuda::LaunchGroupsTileProduct(first.dtype, product_groups, first.row_bytes, out, k,
+                                             x_bf16, n, y, Stream()));
+  } else {
+    CUDA_CHECK(cuda::LaunchGroupsTimesDecoded(first.dtype, product_groups, first.row_bytes, out, k,
+                                              x, y, Stream()));
+  }
+}
+
 void CudaBackend::LmHeadBatch(float* x, RowSegments segments, int64_t c, const float* final_norm,
                               float eps, const WeightView& lm_head, float* logits) const {
   if (lm_head.cols != c) {

@@ -152,12 +152,13 @@ cudaError_t LaunchDequantize(const uint8_t* weights, int64_t row_bytes, int64_t 
                       weights, row_bytes, block_bytes, k, rows, first_row, count, out);
 }
 
-// One warp per weight row (grid-strided by whole warps, so every lane of a warp takes the
-// same rows and the reductions see all 32): lane l decodes values l, l + 32, ... of the row
-// and adds each times every row of x; the lanes' sums are then reduced.
+// One warp per weight row (grid-strided by whole warps over the blocks of the grid's x, so
+// every lane of a warp takes the same rows and the reductions see all 32): lane l decodes
+// values l, l + 32, ... of the row and adds each times every row of x[m, K] (m <=
+// kMaxDecodedProductRows); the lanes' sums are then reduced into y[m, N].
 template <DType kType>
-__global__ void RowsTimesDecodedKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
-                                       int64_t n, int64_t k, const float* x, int m, float* y) {
+__device__ void RowsTimesDecodedRows(const uint8_t* weights, int64_t row_bytes, int block_bytes,
+                                     int64_t n, int64_t k, const float* x, int m, float* y) {
   constexpr int kWarpsPerBlock = kThreads / kWarp;
   const int lane = int(threadIdx.x) % kWarp;
   for (int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; row < n;
@@ -177,6 +178,58 @@ __global__ void RowsTimesDecodedKernel(const uint8_t* weights, int64_t row_bytes
       const float total = WarpReduce(sums[r], Sum());
       if (lane == 0) y[r * n + row] = total;
     }
+  }
+}
+
+template <DType kType>
+__global__ void RowsTimesDecodedKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
+                                       int64_t n, int64_t k, const float* x, int m, float* y) {
+  RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x, m, y);
+}
+
+// Group blockIdx.y's first row and row count: the sums of counts[S, G] over the sequences and
+// the groups before it (warp 0 adds them; the block shares the result).
+__device__ void GroupExtent(const ProductGroups& groups, int64_t* first, int* count) {
+  __shared__ int64_t shared_first;
+  __shared__ int shared_count;
+  const int g = int(blockIdx.y);
+  if (threadIdx.x < kWarp) {
+    int64_t before = 0, mine = 0;
+    const int64_t items = int64_t(groups.sequences) * (g + 1);  // counts[s, 0 .. g]
+    for (int64_t i = threadIdx.x; i < items; i += kWarp) {
+      const int64_t s = i / (g + 1), e = i % (g + 1);
+      const int64_t rows = groups.counts[s * groups.groups + e];
+      if (e < g) {
+        before += rows;
+      } else {
+        mine += rows;
+      }
+    }
+    before = WarpReduce(before, Sum());
+    mine = WarpReduce(mine, Sum());
+    if (threadIdx.x == 0) {
+      shared_first = before;
+      shared_count = int(mine);
+    }
+  }
+  __syncthreads();
+  *first = shared_first;
+  *count = shared_count;
+}
+
+// Group blockIdx.y's rows, kMaxDecodedProductRows at a time.
+template <DType kType>
+__global__ void GroupsTimesDecodedKernel(ProductGroups groups, int64_t row_bytes, int block_bytes,
+                                         int64_t n, int64_t k, const float* x, float* y) {
+  int64_t first;
+  int count;
+  GroupExtent(groups, &first, &count);
+  const uint8_t* weights = groups.weights[blockIdx.y];
+  for (int r0 = 0; r0 < count; r0 += int(kMaxDecodedProductRows)) {
+    const int m =
+        count - r0 < int(kMaxDecodedProductRows) ? count - r0 : int(kMaxDecodedProductRows);
+    RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x + (first + r0) * k, m,
+                                y + (first + r0) * n);
   }
 }
 
@@ -217,63 +270,68 @@ union EightBf16 {
   __nv_bfloat16 value[8];
 };
 
-// x_padded is [16 * x_tiles, K rounded up to kTileStep] BF16 with zeros past x's m rows and
-// K values; out[s, m, N] takes split s's sums (y itself when there is one split).
+namespace wmma = nvcuda::wmma;
+using TileSums = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// The block's shared memory (kTileSharedBytes): the weight and x tiles, and (reusing them)
+// the sums.
+struct TileSpace {
+  __device__ TileSpace() {
+    uint8_t* base = DynamicShared<uint8_t>();
+    base += (32 - reinterpret_cast<uintptr_t>(base) % 32) % 32;
+    w_tile = reinterpret_cast<__nv_bfloat16*>(base);
+    x_tile = reinterpret_cast<__nv_bfloat16*>(base + kWeightTileBytes);
+    sums = reinterpret_cast<float*>(base);
+  }
+  __nv_bfloat16* w_tile;  // [64, kTileStep] of kTileStride
+  __nv_bfloat16* x_tile;  // [16 x_tiles, kTileStep] of kTileStride
+  float* sums;            // [m, 64] of kTileOutStride, after the steps
+};
+
+constexpr int kTileGroupsPerRow = kTileStep / 8;
+
+// w_tile = weight rows [row0, row0 + 64) (of n), values [c0, c0 + kTileStep) (of k_end), as
+// BF16; zeros past them.
 template <DType kType>
-__global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
-                                  int64_t n, int64_t k, const __nv_bfloat16* x_padded,
-                                  int64_t padded_k, int m, int x_tiles, int64_t split_k,
-                                  float* out) {
-  namespace wmma = nvcuda::wmma;
-  uint8_t* base = DynamicShared<uint8_t>();
-  base += (32 - reinterpret_cast<uintptr_t>(base) % 32) % 32;
-  auto* w_tile = reinterpret_cast<__nv_bfloat16*>(base);  // [64, kTileStep] of kTileStride
-  auto* x_tile = reinterpret_cast<__nv_bfloat16*>(base + kWeightTileBytes);  // [16 x_tiles, ...]
-  auto* sums = reinterpret_cast<float*>(base);  // [m, 64] of kTileOutStride, after the steps
-
-  const int t = threadIdx.x, warp = t / kWarp;
-  const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
-  const int64_t k_begin = int64_t(blockIdx.y) * split_k;
-  const int64_t k_end = k_begin + split_k < k ? k_begin + split_k : k;
-  constexpr int kGroupsPerRow = kTileStep / 8;
-
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTileXTiles];
+__device__ void DecodeWeightStep(__nv_bfloat16* w_tile, const uint8_t* weights, int64_t row_bytes,
+                                 int block_bytes, int64_t n, int64_t row0, int64_t c0,
+                                 int64_t k_end) {
+  for (int g = threadIdx.x; g < kTileWeightRows * kTileGroupsPerRow; g += kTileThreads) {
+    const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
+    EightBf16 eight;
+    if (row0 + r < n && c0 + c < k_end) {
+      const Group<kType> group(weights + (row0 + r) * row_bytes, c0 + c, block_bytes);
 #pragma unroll
-  for (int i = 0; i < kTileXTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
-  for (int64_t c0 = k_begin; c0 < k_end; c0 += kTileStep) {
-    __syncthreads();  // the last step's tiles are read
-    for (int g = t; g < kTileWeightRows * kGroupsPerRow; g += kTileThreads) {
-      const int r = g / kGroupsPerRow, c = g % kGroupsPerRow * 8;
-      EightBf16 eight;
-      if (row0 + r < n && c0 + c < k_end) {
-        const Group<kType> group(weights + (row0 + r) * row_bytes, c0 + c, block_bytes);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) eight.value[i] = __float2bfloat16_rn(group[i]);
-      } else {
-        eight.whole = make_uint4(0, 0, 0, 0);
-      }
-      *reinterpret_cast<uint4*>(w_tile + r * kTileStride + c) = eight.whole;
+      for (int i = 0; i < 8; ++i) eight.value[i] = __float2bfloat16_rn(group[i]);
+    } else {
+      eight.whole = make_uint4(0, 0, 0, 0);
     }
-    for (int g = t; g < 16 * x_tiles * kGroupsPerRow; g += kTileThreads) {
-      const int r = g / kGroupsPerRow, c = g % kGroupsPerRow * 8;
-      // A step never crosses a split (split_k is whole steps); past K both tiles are zero.
-      *reinterpret_cast<uint4*>(x_tile + r * kTileStride + c) =
-          *reinterpret_cast<const uint4*>(x_padded + r * padded_k + c0 + c);
-    }
-    __syncthreads();
+    *reinterpret_cast<uint4*>(w_tile + r * kTileStride + c) = eight.whole;
+  }
+}
+
+// Each warp's 16 weight rows times every 16-row tile of x over one step, into acc.
+__device__ void MultiplyStep(TileSums (&acc)[kTileXTiles], const __nv_bfloat16* w_tile,
+                             const __nv_bfloat16* x_tile, int x_tiles) {
+  const int warp = int(threadIdx.x) / kWarp;
 #pragma unroll
-    for (int kk = 0; kk < kTileStep; kk += 16) {
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> w_part;
-      wmma::load_matrix_sync(w_part, w_tile + warp * 16 * kTileStride + kk, kTileStride);
+  for (int kk = 0; kk < kTileStep; kk += 16) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> w_part;
+    wmma::load_matrix_sync(w_part, w_tile + warp * 16 * kTileStride + kk, kTileStride);
 #pragma unroll
-      for (int i = 0; i < kTileXTiles; ++i) {
-        if (i >= x_tiles) break;  // the same in every lane
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> x_part;
-        wmma::load_matrix_sync(x_part, x_tile + i * 16 * kTileStride + kk, kTileStride);
-        wmma::mma_sync(acc[i], x_part, w_part, acc[i]);
-      }
+    for (int i = 0; i < kTileXTiles; ++i) {
+      if (i >= x_tiles) break;  // the same in every lane
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> x_part;
+      wmma::load_matrix_sync(x_part, x_tile + i * 16 * kTileStride + kk, kTileStride);
+      wmma::mma_sync(acc[i], x_part, w_part, acc[i]);
     }
   }
+}
+
+// out[m, N] columns [row0, row0 + 64) (of n) = the block's sums, once its steps are done.
+__device__ void StoreTileSums(const TileSums (&acc)[kTileXTiles], float* sums, int x_tiles, int m,
+                              int64_t n, int64_t row0, float* out) {
+  const int warp = int(threadIdx.x) / kWarp;
   __syncthreads();  // the tiles are read: the space takes the sums
 #pragma unroll
   for (int i = 0; i < kTileXTiles; ++i) {
@@ -282,10 +340,75 @@ __global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int
                             wmma::mem_row_major);
   }
   __syncthreads();
-  float* split_out = out + int64_t(blockIdx.y) * m * n;
-  for (int e = t; e < m * kTileWeightRows; e += kTileThreads) {
+  for (int e = threadIdx.x; e < m * kTileWeightRows; e += kTileThreads) {
     const int r = e / kTileWeightRows, c = e % kTileWeightRows;
-    if (row0 + c < n) split_out[r * n + row0 + c] = sums[r * kTileOutStride + c];
+    if (row0 + c < n) out[r * n + row0 + c] = sums[r * kTileOutStride + c];
+  }
+  __syncthreads();  // the sums are read: the next tile's steps may take the space
+}
+
+// x_padded is [16 * x_tiles, K rounded up to kTileStep] BF16 with zeros past x's m rows and
+// K values; out[s, m, N] takes split s's sums (y itself when there is one split).
+template <DType kType>
+__global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
+                                  int64_t n, int64_t k, const __nv_bfloat16* x_padded,
+                                  int64_t padded_k, int m, int x_tiles, int64_t split_k,
+                                  float* out) {
+  const TileSpace space;
+  const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
+  const int64_t k_begin = int64_t(blockIdx.y) * split_k;
+  const int64_t k_end = k_begin + split_k < k ? k_begin + split_k : k;
+
+  TileSums acc[kTileXTiles];
+#pragma unroll
+  for (int i = 0; i < kTileXTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
+  for (int64_t c0 = k_begin; c0 < k_end; c0 += kTileStep) {
+    __syncthreads();  // the last step's tiles are read
+    DecodeWeightStep<kType>(space.w_tile, weights, row_bytes, block_bytes, n, row0, c0, k_end);
+    for (int g = threadIdx.x; g < 16 * x_tiles * kTileGroupsPerRow; g += kTileThreads) {
+      const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
+      // A step never crosses a split (split_k is whole steps); past K both tiles are zero.
+      *reinterpret_cast<uint4*>(space.x_tile + r * kTileStride + c) =
+          *reinterpret_cast<const uint4*>(x_padded + r * padded_k + c0 + c);
+    }
+    __syncthreads();
+    MultiplyStep(acc, space.w_tile, space.x_tile, x_tiles);
+  }
+  StoreTileSums(acc, space.sums, x_tiles, m, n, row0, out + int64_t(blockIdx.y) * m * n);
+}
+
+// Group blockIdx.y's rows of x[rows, K] (BF16, K a multiple of 8), 64 at a time (row tiles
+// strided by the grid's z), times its weights' rows [64 blockIdx.x, + 64), over all of K.
+template <DType kType>
+__global__ void GroupsTileProductKernel(ProductGroups groups, int64_t row_bytes, int block_bytes,
+                                        int64_t n, int64_t k, const __nv_bfloat16* x, float* y) {
+  int64_t first;
+  int count;
+  GroupExtent(groups, &first, &count);
+  const TileSpace space;
+  const uint8_t* weights = groups.weights[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
+  for (int64_t tile0 = int64_t(blockIdx.z) * kMaxTileProductRows; tile0 < count;
+       tile0 += int64_t(gridDim.z) * kMaxTileProductRows) {
+    const int m = int(count - tile0 < kMaxTileProductRows ? count - tile0 : kMaxTileProductRows);
+    const int x_tiles = (m + 15) / 16;
+    const __nv_bfloat16* x_rows = x + (first + tile0) * k;  // [m, K]
+    TileSums acc[kTileXTiles];
+#pragma unroll
+    for (int i = 0; i < kTileXTiles; ++i) wmma::fill_fragment(acc[i], 0.0f);
+    for (int64_t c0 = 0; c0 < k; c0 += kTileStep) {
+      __syncthreads();  // the last step's tiles are read
+      DecodeWeightStep<kType>(space.w_tile, weights, row_bytes, block_bytes, n, row0, c0, k);
+      for (int g = threadIdx.x; g < 16 * x_tiles * kTileGroupsPerRow; g += kTileThreads) {
+        const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
+        uint4 eight = make_uint4(0, 0, 0, 0);
+        if (r < m && c0 + c < k) eight = *reinterpret_cast<const uint4*>(x_rows + r * k + c0 + c);
+        *reinterpret_cast<uint4*>(space.x_tile + r * kTileStride + c) = eight;
+      }
+      __syncthreads();
+      MultiplyStep(acc, space.w_tile, space.x_tile, x_tiles);
+    }
+    StoreTileSums(acc, space.sums, x_tiles, m, n, row0, y + (first + tile0) * n);
   }
 }
 
@@ -426,6 +549,43 @@ cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_by
   if (status != cudaSuccess || splits == 1) return status;
   return Launch(SumSplitsKernel, GridBlocks(m * n), kThreads, 0, stream,
                 static_cast<const float*>(partial), m * n, splits, y);
+}
+
+cudaError_t LaunchGroupsTimesDecoded(DType type, const ProductGroups& groups, int64_t row_bytes,
+                                     int64_t n, int64_t k, const float* x, float* y,
+                                     cudaStream_t stream) {
+  if (groups.groups <= 0 || n <= 0) return cudaSuccess;
+  if (groups.groups > kMaxProductGroups) return cudaErrorInvalidValue;
+  constexpr int64_t kWarpsPerBlock = kThreads / kWarp;
+  const dim3 grid(unsigned(std::min<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock,
+                                             std::max<int64_t>(1, kMaxBlocks / groups.groups))),
+                  unsigned(groups.groups));
+  return ForWeightType(type, [&](auto stored) {
+    return Launch(GroupsTimesDecodedKernel<decltype(stored)::value>, grid, kThreads, 0, stream,
+                  groups, row_bytes, BlockBytes(type), n, k, x, y);
+  });
+}
+
+cudaError_t LaunchGroupsTileProduct(DType type, const ProductGroups& groups, int64_t row_bytes,
+                                    int64_t n, int64_t k, const uint16_t* x_bf16, int64_t rows,
+                                    float* y, cudaStream_t stream) {
+  if (groups.groups <= 0 || n <= 0 || rows <= 0) return cudaSuccess;
+  if (groups.groups > kMaxProductGroups || k % 8 != 0) return cudaErrorInvalidValue;
+  // Enough row tiles a group for the groups' mean rows; a larger group's blocks take more.
+  const int64_t mean_tiles =
+      (rows + groups.groups * kMaxTileProductRows - 1) / (groups.groups * kMaxTileProductRows);
+  const dim3 grid(unsigned((n + kTileWeightRows - 1) / kTileWeightRows), unsigned(groups.groups),
+                  unsigned(std::clamp<int64_t>(mean_tiles, 1, 16)));
+  return ForWeightType(type, [&](auto stored) {
+    constexpr DType kType = decltype(stored)::value;
+    if constexpr (kType == DType::kF32 || kType == DType::kF16) {
+      return cudaErrorInvalidValue;
+    } else {
+      return Launch(GroupsTileProductKernel<kType>, grid, kTileThreads, kTileSharedBytes, stream,
+                    groups, row_bytes, BlockBytes(type), n, k,
+                    reinterpret_cast<const __nv_bfloat16*>(x_bf16), y);
+    }
+  });
 }
 
 cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {

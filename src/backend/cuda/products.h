@@ -49,6 +49,33 @@ cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_by
                               int64_t k, const float* x, int64_t m, float* y, float* scratch,
                               cudaStream_t stream);
 
+// The row groups of a grouped product (Backend::MatMulGroups): group g's weights start at
+// weights[g] (device memory, [groups] pointers, every group's rows row_bytes apart), its rows
+// number the sum of counts[s, g] over the `sequences` rows of counts[S, G] (device memory),
+// and they follow the rows of the groups before it.
+struct ProductGroups {
+  const uint8_t* const* weights = nullptr;
+  const int* counts = nullptr;
+  int sequences = 0;
+  int groups = 0;
+};
+// The most groups a grouped product takes (a grid's y).
+constexpr int kMaxProductGroups = 65535;
+
+// y[rows, N] = each group's rows of x[rows, K] times its weights[N, K]^T, decoded in
+// registers and multiplied in FP32 as LaunchRowsTimesDecoded, kMaxDecodedProductRows rows at
+// a time.
+cudaError_t LaunchGroupsTimesDecoded(DType type, const ProductGroups& groups, int64_t row_bytes,
+                                     int64_t n, int64_t k, const float* x, float* y,
+                                     cudaStream_t stream);
+
+// The same over x_bf16[rows, K] (BF16 bits, K a multiple of 8) and weights of BF16 or a block
+// type, as the tile product multiplies them (BF16 operands on the tensor cores, FP32 sums),
+// kMaxTileProductRows rows at a time; K is not split.
+cudaError_t LaunchGroupsTileProduct(DType type, const ProductGroups& groups, int64_t row_bytes,
+                                    int64_t n, int64_t k, const uint16_t* x_bf16, int64_t rows,
+                                    float* y, cudaStream_t stream);
+
 // out[n] = x[n] as BF16 bits, rounded to nearest even (base/dtype.h F32ToBf16).
 cudaError_t LaunchRoundToBf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream);
 

@@ -79,9 +79,9 @@ void CudaBackend::RouteTopK(const float* logits, int64_t m, const RouterSpec& sp
   CUDA_CHECK(cuda::LaunchRouteTopK(logits, m, rule, chosen, weights, Stream()));
 }
 
-void CudaBackend::ScaleAddRows(const float* src, const float* scales, float* dst,
-                               const int* dst_rows, int64_t n, int64_t width) const {
-  CUDA_CHECK(cuda::LaunchScaleAddRows(src, scales, dst, dst_rows, n, width, Stream()));
+void CudaBackend::CombineExperts(const float* src, const float* scales, const int* slots, int64_t m,
+                                 int k, int64_t width, float* dst) const {
+  CUDA_CHECK(cuda::LaunchCombineExperts(src, scales, slots, m, k, width, dst, Stream()));
 }
 
 void CudaBackend::CopyRows(const float* src, std::span<const int> src_rows, float* dst,
@@ -105,8 +105,8 @@ void CudaBackend::CopyStrided(const float* src, int64_t src_stride, float* dst, 
 }
 
 void CudaBackend::GroupByExpert(const int* chosen, const float* weights, RowSegments segments,
-                                int experts, int k, int* rows, float* row_weights,
-                                int* counts) const {
+                                int experts, int k, int* rows, float* row_weights, int* counts,
+                                int* slots) const {
   PS_CHECK(experts > 0 && k > 0);
   if (experts > cuda::kMaxGroupedExperts) {
     Fail("GroupByExpert on the cuda backend: ", experts, " experts, more than its ",
@@ -125,7 +125,8 @@ void CudaBackend::GroupByExpert(const int* chosen, const float* weights, RowSegm
     segment_ends[s] = int(elements);
   }
   CUDA_CHECK(cuda::LaunchGroupByExpert(chosen, weights, Stage(segment_ends), int(segments.size()),
-                                       experts, k, elements, rows, row_weights, counts, Stream()));
+                                       experts, k, elements, rows, row_weights, counts, slots,
+                                       Stream()));
 }
 
 void CudaBackend::GatherRows(const float* src, const int* rows, int64_t n, float* dst,

@@ -113,14 +113,17 @@ __global__ void CopyRowsKernel(const float* src, const int* src_rows, float* dst
 }
 
 // As CopyRowsKernel. The twin rounds the product, then the sum (ops.cpp has no FMA): so here.
-__global__ void ScaleAddRowsKernel(const float* src, const float* scales, float* dst,
-                                   const int* dst_rows, int64_t n, int64_t width) {
-  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-    const float scale = scales[i];
-    const float* from = src + i * width;
-    float* to = dst + int64_t(dst_rows[i]) * width;
+__global__ void CombineExpertsKernel(const float* src, const float* scales, const int* slots,
+                                     int64_t m, int k, int64_t width, float* dst) {
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    float* to = dst + r * width;
     for (int64_t j = threadIdx.x; j < width; j += kThreads) {
-      to[j] = __fadd_rn(to[j], __fmul_rn(scale, from[j]));
+      float total = to[j];
+      for (int i = 0; i < k; ++i) {
+        const int64_t slot = slots[r * k + i];
+        total = __fadd_rn(total, __fmul_rn(scales[slot], src[slot * width + j]));
+      }
+      to[j] = total;
     }
   }
 }
@@ -217,7 +220,8 @@ __global__ void RouteTopKKernel(const float* logits, RouterRule rule, int* chose
 // An element naming no expert in [0, E) matches no thread and is left out.
 __global__ void GroupByExpertKernel(const int* chosen, const float* weights,
                                     const int* segment_ends, int sequences, int experts, int k,
-                                    int64_t n, int* rows, float* row_weights, int* counts) {
+                                    int64_t n, int* rows, float* row_weights, int* counts,
+                                    int* slots) {
   int* group_shared = DynamicShared<int>();
   int* chunk = group_shared;                // [blockDim] choices
   int* totals = group_shared + blockDim.x;  // [E] elements per expert
@@ -261,7 +265,12 @@ __global__ void GroupByExpertKernel(const int* chosen, const float* weights,
     const int64_t size = n - base < int64_t(blockDim.x) ? n - base : int64_t(blockDim.x);
     for (int64_t j = 0; active && j < size; ++j) {
       if (chunk[j] != e) continue;
-      rows[next] = int((base + j) / k);
+      // The row's slot for expert e: after those of its experts below e.
+      const int64_t row = (base + j) / k;
+      int rank = 0;
+      for (int i = 0; i < k; ++i) rank += chosen[row * k + i] < e ? 1 : 0;
+      slots[row * k + rank] = int(next);
+      rows[next] = int(row);
       row_weights[next] = weights[base + j];
       ++next;
     }
@@ -368,11 +377,11 @@ cudaError_t LaunchCopyRows(const float* src, const int* src_rows, float* dst, co
                 width);
 }
 
-cudaError_t LaunchScaleAddRows(const float* src, const float* scales, float* dst,
-                               const int* dst_rows, int64_t n, int64_t width, cudaStream_t stream) {
-  if (n <= 0 || width <= 0) return cudaSuccess;
-  return Launch(ScaleAddRowsKernel, RowBlocks(n), kThreads, 0, stream, src, scales, dst, dst_rows,
-                n, width);
+cudaError_t LaunchCombineExperts(const float* src, const float* scales, const int* slots, int64_t m,
+                                 int k, int64_t width, float* dst, cudaStream_t stream) {
+  if (m <= 0 || width <= 0 || k <= 0) return cudaSuccess;
+  return Launch(CombineExpertsKernel, RowBlocks(m), kThreads, 0, stream, src, scales, slots, m, k,
+                width, dst);
 }
 
 int64_t RouteTopKSharedBytes(const RouterRule& rule) {
@@ -390,13 +399,13 @@ cudaError_t LaunchRouteTopK(const float* logits, int64_t m, const RouterRule& ru
 
 cudaError_t LaunchGroupByExpert(const int* chosen, const float* weights, const int* segment_ends,
                                 int sequences, int experts, int k, int64_t n, int* rows,
-                                float* row_weights, int* counts, cudaStream_t stream) {
+                                float* row_weights, int* counts, int* slots, cudaStream_t stream) {
   if (sequences <= 0 || experts <= 0) return cudaSuccess;
   if (experts > kMaxGroupedExperts) return cudaErrorInvalidConfiguration;
   const int threads = (experts + kWarp - 1) / kWarp * kWarp;
   const size_t shared = size_t(threads + experts) * sizeof(int);
   return Launch(GroupByExpertKernel, 1, threads, shared, stream, chosen, weights, segment_ends,
-                sequences, experts, k, n, rows, row_weights, counts);
+                sequences, experts, k, n, rows, row_weights, counts, slots);
 }
 
 cudaError_t LaunchGreedyChoices(const float* logits, int64_t m, int64_t vocab, GreedyKind kind,

@@ -24,9 +24,10 @@ cudaError_t LaunchClamp(float* x, int64_t n, float limit, cudaStream_t stream);
 // stands for 0, 1, 2, ...
 cudaError_t LaunchCopyRows(const float* src, const int* src_rows, float* dst, const int* dst_rows,
                            int64_t n, int64_t width, cudaStream_t stream);
-// dst row dst_rows[i] += scales[i] * src row i for i < n (dst_rows distinct).
-cudaError_t LaunchScaleAddRows(const float* src, const float* scales, float* dst,
-                               const int* dst_rows, int64_t n, int64_t width, cudaStream_t stream);
+// dst row r += scales[p] * src row p for p = slots[r, 0 .. k) in order, for r < m
+// (Backend::CombineExperts; the twin's roundings, no contraction).
+cudaError_t LaunchCombineExperts(const float* src, const float* scales, const int* slots, int64_t m,
+                                 int k, int64_t width, float* dst, cudaStream_t stream);
 
 // RouterSpec (backend/types.h) in plain values; bias[E] device memory or null.
 struct RouterRule {
@@ -52,7 +53,7 @@ constexpr int kMaxGroupedExperts = 1024;
 // segment_ends[S] are the cumulative element counts (rows * k) of the S sequences.
 cudaError_t LaunchGroupByExpert(const int* chosen, const float* weights, const int* segment_ends,
                                 int sequences, int experts, int k, int64_t n, int* rows,
-                                float* row_weights, int* counts, cudaStream_t stream);
+                                float* row_weights, int* counts, int* slots, cudaStream_t stream);
 
 // GreedyConfidence (backend/types.h) by value, and GreedyChoice's layout (the backend checks
 // both match), so the choices come back in one copy.
