@@ -9,9 +9,12 @@ PyTorch times of the same steps (pytorch.json, from bench/pytorch_reference.py) 
     bench/gpu_table.py --rates R/rates.json --scale R/scale/scale.json \
         [--pytorch R/pytorch.json] [--json OUT]
 
-Floors (dense LLaDA shapes; stated, not measured):
-  weight bytes  = the checkpoint's bytes (every step reads every layer's matrices once);
-  FLOPs         = 2 x (parameters per layer) x (rows through the layers)
+Floors (stated, not measured):
+  weight bytes  = the checkpoint's bytes (every step reads every layer's matrices once); of a
+                  mixture's routed experts only those its rows chose, once a layer each
+                  (scale.json's experts_read, counted in an untimed run of the same step);
+  FLOPs         = 2 x (parameters per layer a row goes through: of a mixture's experts, the
+                  experts_per_token it chose) x (rows through the layers)
                   + 2 x width x vocab x (logit rows: the block's, 32, or every row of a full
                   pass) + 4 x width x canvas x (rows through the layers) for attention.
 """
@@ -46,12 +49,23 @@ def step_floor(step, model, canvas, bandwidth, peak):
     """(seconds, what bounds it) for one step of scale.json."""
     layers = model["layers"]
     width, vocab = model["width"], model["vocab"]
-    per_layer = (model["parameters"] - 2 * width * vocab) / layers
     rows = step["rows_computed"]
+    weight_bytes = model["file_bytes"]
+    routed_flops = 0  # a mixture's experts: each row through experts_per_token of them
+    routed_parameters = 0
+    if model.get("experts", 0) > 0 and "experts_read" in step:
+        weight_bytes += step["experts_read"] * model["expert_bytes"] - model["routed_expert_bytes"]
+        expert_parameters = 3 * width * model["expert_ffn"]
+        mixture_layers = model["routed_expert_bytes"] / model["expert_bytes"] / model["experts"]
+        routed_parameters = mixture_layers * model["experts"] * expert_parameters
+        routed_flops = (2 * rows / layers * mixture_layers * model["experts_per_token"]
+                        * expert_parameters)
+    per_layer = (model["parameters"] - 2 * width * vocab - routed_parameters) / layers
     length = canvas["prompt"] + canvas["gen_length"]
     logit_rows = length if step["kind"] == "full pass" else canvas["block_length"]
-    flops = 2 * per_layer * rows + 2 * width * vocab * logit_rows + 4 * width * length * rows
-    byte_seconds = model["file_bytes"] / bandwidth
+    flops = (2 * per_layer * rows + routed_flops + 2 * width * vocab * logit_rows
+             + 4 * width * length * rows)
+    byte_seconds = weight_bytes / bandwidth
     flop_seconds = flops / peak
     if byte_seconds >= flop_seconds:
         return byte_seconds, "bytes"

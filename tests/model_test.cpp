@@ -191,6 +191,46 @@ TEST(HookLayers, AHookIsCalledOnlyAtItsLayersAndTheRestGivesTheSameStep) {
   EXPECT_EQ(quiet.partial.rows_computed, 8 * (layers - 1) + 3);
 }
 
+// With set_counts_experts a step reports the experts its rows chose, each once a layer: one
+// row chooses experts_per_token at every mixture layer; a full pass at least that and at most
+// every expert; counting changes no logit. Off, nothing is counted.
+TEST(ExpertsRead, OneRowReadsItsChoicesAndCountingChangesNothing) {
+  for (const char* fixture : {"lladamoe-a", "llada2-a"}) {
+    SCOPED_TRACE(fixture);
+    auto model = Model::Load(testing::FixtureDir(fixture));
+    const ModelConfig& c = model->config();
+    int mixture_layers = 0;
+    for (int layer = 0; layer < c.layers; ++layer) mixture_layers += c.IsMoeLayer(layer);
+    ASSERT_GT(mixture_layers, 0);
+    const int k = c.moe.experts_per_token;
+    const int64_t L = 16;
+    std::vector<int> ids(static_cast<size_t>(L));
+    for (int64_t i = 0; i < L; ++i) ids[size_t(i)] = int((i * 5 + 2) % c.vocab);
+    auto run = [&](bool counts) {
+      KvCache cache = MakeCache(*model, L, true, ExactBackend());
+      Forward forward(*model, cache);
+      forward.set_counts_experts(counts);
+      StepPlan plan;
+      plan.input_rows.resize(size_t(L));
+      std::iota(plan.input_rows.begin(), plan.input_rows.end(), 0);
+      plan.logit_rows = {3, 9};
+      std::vector<StepResult> results = {forward.Run(ids, plan)};
+      plan.input_rows = {9};
+      plan.logit_rows = {9};
+      results.push_back(forward.Run(ids, plan));
+      return results;
+    };
+    const std::vector<StepResult> counted = run(true), uncounted = run(false);
+    for (size_t i = 0; i < counted.size(); ++i) {
+      EXPECT_EQ(counted[i].logits, uncounted[i].logits) << "step " << i;
+      EXPECT_EQ(uncounted[i].experts_read, 0) << "step " << i;
+    }
+    EXPECT_GE(counted[0].experts_read, int64_t(mixture_layers) * k);
+    EXPECT_LE(counted[0].experts_read, int64_t(mixture_layers) * c.moe.experts);
+    EXPECT_EQ(counted[1].experts_read, int64_t(mixture_layers) * k);
+  }
+}
+
 // LLaDA 2.x's sampler runs the model with block-causal attention: position p sees the
 // blocks up to its own. The reference's forward under that mask (block length 8), row by row.
 TEST(BlockCausalForward, MatchesTheReferenceUnderTheSamplersMask) {

@@ -198,6 +198,13 @@ std::vector<StepTiming> TimeSteps(const Model& model, const ScaleOptions& option
       t.rows_computed = rows / int64_t(plans.size());
       t.transfers = TransfersSince(forward, before, int64_t(plans.size()));
     }
+    if (config.moe.experts > 0) {
+      forward.set_counts_experts(true);
+      for (const StepPlan& plan : plans)
+        t.experts_read += double(forward.Run(canvas, plan).experts_read);
+      t.experts_read /= double(plans.size());
+      forward.set_counts_experts(false);
+    }
     timings.push_back(std::move(t));
     return replayed;
   };
@@ -673,6 +680,15 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
 
   const Geometry g = GeometryOf(options);
   const StepTiming* full = FindStep(steps, step_kind::kFullPass);
+  // The routed experts' weights: all of them (the file holds them), and one expert's, which
+  // a step reads once a layer for every expert its rows chose (the floors' bytes).
+  int64_t routed_expert_bytes = 0, expert_bytes = 0;
+  for (int l = 0; l < config.layers; ++l) {
+    for (const SwiGluWeights& e : model->layer(l).experts) {
+      expert_bytes = e.gate.Bytes() + e.up.Bytes() + e.down.Bytes();
+      routed_expert_bytes += expert_bytes;
+    }
+  }
   nlohmann::ordered_json out;
   out["machine"] = machine.ToJson();
   const int64_t peak_rss = PeakRssBytes();
@@ -683,6 +699,8 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                   {"experts", config.moe.experts},
                   {"experts_per_token", config.moe.experts_per_token},
                   {"expert_ffn", config.moe.expert_ffn},
+                  {"routed_expert_bytes", routed_expert_bytes},
+                  {"expert_bytes", expert_bytes},
                   {"like", options.like},
                   {"layer_scale", options.layer_scale},
                   {"layers", layers},
@@ -767,6 +785,7 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
                             {"seconds", s.seconds},
                             {"bytes_to_backend", s.transfers.to_backend},
                             {"bytes_to_host", s.transfers.to_host}});
+    if (config.moe.experts > 0) out["steps"].back()["experts_read"] = s.experts_read;
     if (!timed.empty()) out["steps"].back()["seconds_at_fit_layers"] = measured_json;
   }
 

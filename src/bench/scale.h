@@ -81,6 +81,9 @@ struct StepTiming {
   int64_t rows_computed = 0;  // (layer, position) rows; 0 for the overheads
   std::vector<double> seconds;
   TransferBytes transfers;  // host <-> backend bytes of one step (of each overhead's pass)
+  // A mixture's steps: the experts their routing read, over the layers (each expert once a
+  // layer; StepResult::experts_read), per step, from one more untimed run of the plans.
+  double experts_read = 0;
   double Median() const;
 };
 

@@ -357,7 +357,7 @@ void StepRunner::RunQuietLayers(Step& step, int first, int end) {
       FeedForward(step, layer);
     }
   };
-  if (!backend_records_ || !records_) {
+  if (!backend_records_ || !records_ || counts_experts_) {
     issue();
     return;
   }
@@ -558,7 +558,7 @@ void StepRunner::AddAttentionOutput(const Step& step, int layer) {
   backend_.AddInPlace(x_.data(), proj_.data(), size);
 }
 
-void StepRunner::FeedForward(const Step& step, int layer) {
+void StepRunner::FeedForward(Step& step, int layer) {
   const ModelConfig& c = step.config;
   const LayerWeights& w = step.weights.layers[size_t(layer)];
   const int64_t m = step.queries, C = c.width;
@@ -641,7 +641,7 @@ void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segm
 // sequence's rows get the bits they get alone. Routing, grouping and the experts' row counts
 // stay in backend memory: the grouped products read them there, so the host issues the layer
 // without waiting for the device.
-void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
+void StepRunner::MixtureOfExperts(Step& step, const LayerWeights& w) {
   const ModelConfig& c = step.config;
   const MoeConfig& moe = c.moe;
   const int k = moe.experts_per_token, experts = moe.experts;
@@ -668,6 +668,16 @@ void StepRunner::MixtureOfExperts(const Step& step, const LayerWeights& w) {
   backend_.GroupByExpert(chosen_.As<int>(), route_weights_.data(), step.segments, experts, k,
                          expert_rows_.As<int>(), expert_weights_.data(), expert_counts_.As<int>(),
                          expert_slots_.As<int>());
+  if (counts_experts_) {
+    expert_counts_host_.resize(size_t(sequences * experts));  // [S, E]
+    step.sequences[0].forward->Download(expert_counts_.As<int>(), sequences * experts * 4,
+                                        expert_counts_host_.data());
+    for (int64_t s = 0; s < sequences; ++s) {
+      const auto row = expert_counts_host_.begin() + s * experts;
+      step.results[size_t(s)].experts_read +=
+          std::count_if(row, row + experts, [](int n) { return n > 0; });
+    }
+  }
 
   // The routed rows, expert by expert: [M*k, C] in, [M*k, Fe] through the SwiGLU, [M*k, C] out.
   expert_gates_.resize(size_t(experts));  // [E]

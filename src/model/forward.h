@@ -130,6 +130,9 @@ struct StepResult {
   int64_t rows_computed = 0;          // sum over layers of |Q_l|
   int64_t kv_rows_written = 0;        // sum over layers of |F_l|
   int64_t layers_replayed = 0;        // layers issued as a replayed recording
+  // With StepRunner::set_counts_experts: over the mixture layers, the experts its rows chose
+  // (each expert once a layer), whose weights the step read.
+  int64_t experts_read = 0;
 
   // What the step returned for logit row `row` (logit_rows is ascending); nullopt when it is
   // not a logit row.
@@ -155,6 +158,10 @@ class StepRunner {
   // Whether quiet layers may be recorded and replayed (on by default; off issues every op, as
   // a benchmark times the steps both ways).
   void set_records(bool records) { records_ = records; }
+  // Whether each mixture layer downloads its experts' row counts to give experts_read (off by
+  // default: a host wait a layer, which also keeps its layers from recording): how a
+  // benchmark learns what weights a step's routing read.
+  void set_counts_experts(bool counts) { counts_experts_ = counts; }
 
  private:
   // What the stages of one step share (sequences, their rows per layer, results): forward.cpp.
@@ -201,7 +208,7 @@ class StepRunner {
   // x_[M, C] += W_o attn_ (proj_[M, C]): the attention block's residual.
   void AddAttentionOutput(const Step& step, int layer);
   // x_[M, C] += the MLP of rmsnorm(x_): SwiGLU, or a mixture of SwiGLU experts (proj_[M, C]).
-  void FeedForward(const Step& step, int layer);
+  void FeedForward(Step& step, int layer);
   // Final norm and LM head over each sequence's logit rows (final_[sum n_logits, C]), which
   // must be query rows of the last layer: its result's logits [n_logits, V], or with
   // StepPlan::greedy their choices [n_logits] (the logits stay in backend memory).
@@ -210,7 +217,7 @@ class StepRunner {
   // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).
   void SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m, float* out);
   // proj_ = the mixture of experts of normed_ (the step's M query rows).
-  void MixtureOfExperts(const Step& step, const LayerWeights& w);
+  void MixtureOfExperts(Step& step, const LayerWeights& w);
 
   const Backend& backend_;
   // Recordings of quiet layers, the most recently replayed first, and the keys of the quiet
@@ -223,7 +230,8 @@ class StepRunner {
   std::vector<Recording> recordings_;
   std::vector<std::vector<int64_t>> unrecorded_keys_;  // most recent first, at most kRecordings
   bool backend_records_ = true;
-  bool records_ = true;  // set_records
+  bool records_ = true;          // set_records
+  bool counts_experts_ = false;  // set_counts_experts
   // Scratch, grown to the largest step seen; rows of all sequences, concatenated. Shapes at
   // the stages above.
   Buffer x_, x_next_, normed_, q_, k_, v_, attn_, proj_, gate_, up_, probs_, loaded_, final_;
@@ -239,6 +247,7 @@ class StepRunner {
   Buffer chosen_, route_weights_, expert_rows_, expert_weights_, expert_counts_, expert_slots_;
   // The experts' weights, a list per product ([E] each).
   std::vector<WeightView> expert_gates_, expert_ups_, expert_downs_;
+  std::vector<int> expert_counts_host_;  // [S, E] with set_counts_experts
 };
 
 // The scratch of the drift ops that need some (ProjectQueries, ProxyAttention), grown to the
@@ -264,6 +273,8 @@ class Forward {
   const Backend& backend() const { return backend_; }
   // This sequence's steps' StepRunner::set_records.
   void set_records(bool records) { runner_.set_records(records); }
+  // This sequence's steps' StepRunner::set_counts_experts.
+  void set_counts_experts(bool counts) { runner_.set_counts_experts(counts); }
 
   // Every byte this sequence moved between host and backend so far: its steps' plans and
   // outputs, its hooks' downloads, its drift ops' inputs and outputs.
