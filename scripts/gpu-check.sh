@@ -6,10 +6,13 @@
 # a hang costs that step alone. Run scripts/gpu-pack.sh on the build machine first (it fills
 # .gpu/, which must travel with the tree).
 #
-#   scripts/gpu-check.sh RESULTS_DIR [--quick | --speed | --sanitize]
+#   scripts/gpu-check.sh RESULTS_DIR [--quick | --speed | --moe | --sanitize]
 #
 # --quick: correctness only (about 4 minutes); --speed: the speed table only (about 6
 # minutes); the two fit one device command each, back to back while the machine is warm.
+# --moe: the mixtures' speed tables only (LLaDA-MoE-7B-A1B's and LLaDA2-mini's shapes at a
+# quarter of their layers, BF16; POLESTAR_GPU_MOE_SHAPES names others), each step beside the
+# floor of the experts it read: RESULTS_DIR's scale-<shape>/ and table-<shape>.md.
 # --sanitize: correctness, then the conformance suite's exact-mode cases under
 # compute-sanitizer's memcheck (slow; for a visit that chases an illegal address).
 #
@@ -19,7 +22,7 @@
 # table.md (bench/gpu_table.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-results=${1:?usage: scripts/gpu-check.sh RESULTS_DIR [--quick | --speed | --sanitize]}
+results=${1:?usage: scripts/gpu-check.sh RESULTS_DIR [--quick | --speed | --moe | --sanitize]}
 mode=${2:-}
 mkdir -p "$results"
 summary="$results/summary.txt"
@@ -86,7 +89,7 @@ if [ "${POLESTAR_GPU_GLIBC:-}" = always ] || ! "$bin/backend_test" --gtest_list_
 fi
 
 step rates 60 "$bin/gpu_rates" --json "$results/rates.json"
-if [ "$mode" != --speed ]; then
+if [ "$mode" != --speed ] && [ "$mode" != --moe ]; then
   step ops 180 "$bin/backend_test" --gtest_filter='*cuda*:Cuda*' --gtest_output="json:$results/ops.json"
   step agreement 300 "$bin/device_agreement_test" --gtest_filter='*cuda*' \
     --gtest_output="json:$results/agreement.json"
@@ -108,6 +111,22 @@ if [ "$mode" = --sanitize ]; then
   # are their own risk.
   step racecheck 200 compute-sanitizer --tool racecheck --error-exitcode 1 "$bin/backend_test" \
     --gtest_filter='Cuda*'
+elif [ "$mode" = --moe ]; then
+  # Bytes bound a mixture's cached steps: the floor counts the experts each step's rows chose
+  # (bench --scale counts them in an untimed run; bench/gpu_table.py).
+  for shape in ${POLESTAR_GPU_MOE_SHAPES:-llada-moe-7b-a1b llada2-mini}; do
+    moe_checkpoint=/tmp/polestar-$shape-x0.25
+    step "ckpt-$shape" 150 "$bin/polestar" make-random-model --like "$shape" --scale 0.25 \
+      -o "$moe_checkpoint" || continue
+    step "scale-$shape" 200 "$bin/polestar" bench --scale --like "$shape" --layer-scale 0.25 \
+      --random-model "$moe_checkpoint" --prompt-length 900 --reps 3 \
+      --backend "${POLESTAR_GPU_BACKEND:-cuda}" -o "$results/scale-$shape"
+    if [ -f "$results/scale-$shape/scale.json" ] && [ -f "$results/rates.json" ]; then
+      LD_LIBRARY_PATH= python3 bench/gpu_table.py --rates "$results/rates.json" \
+        --scale "$results/scale-$shape/scale.json" > "$results/table-$shape.md" 2>> "$log"
+    fi
+    rm -rf "$moe_checkpoint"
+  done
 elif [ "$mode" != --quick ]; then
   step opbench 120 "$bin/op_bench" --backend cuda --json "$results/op_bench.json"
   step checkpoint 200 "$bin/polestar" make-random-model --like "$like" --scale "$layer_scale" \
@@ -151,5 +170,7 @@ if grep -q "recording a step as a CUDA graph failed" "$log"; then
 fi
 echo "total $((SECONDS - start)) s" >> "$summary"
 cat "$summary"
-[ -f "$results/table.md" ] && cat "$results/table.md"
+for table in "$results"/table.md "$results"/table-*.md; do
+  [ -f "$table" ] && cat "$table"
+done
 exit 0
