@@ -187,9 +187,15 @@ __global__ void RowsTimesDecodedKernel(const uint8_t* weights, int64_t row_bytes
   RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x, m, y);
 }
 
-// Group blockIdx.y's first row and row count: the sums of counts[S, G] over the sequences and
-// the groups before it (warp 0 adds them; the block shares the result).
-__device__ void GroupExtent(const ProductGroups& groups, int64_t* first, int* count) {
+// Group blockIdx.y's rows and weights: its first row and row count are the sums of
+// counts[S, G] over the sequences and the groups before it (warp 0 adds them; the block
+// shares the result).
+struct GroupRows {
+  int64_t first;
+  int count;
+  const uint8_t* weights;
+};
+__device__ GroupRows ThisBlocksGroup(const ProductGroups& groups) {
   __shared__ int64_t shared_first;
   __shared__ int shared_count;
   const int g = int(blockIdx.y);
@@ -213,18 +219,14 @@ __device__ void GroupExtent(const ProductGroups& groups, int64_t* first, int* co
     }
   }
   __syncthreads();
-  *first = shared_first;
-  *count = shared_count;
+  return {shared_first, shared_count, groups.weights[blockIdx.y]};
 }
 
 // Group blockIdx.y's rows, kMaxDecodedProductRows at a time.
 template <DType kType>
 __global__ void GroupsTimesDecodedKernel(ProductGroups groups, int64_t row_bytes, int block_bytes,
                                          int64_t n, int64_t k, const float* x, float* y) {
-  int64_t first;
-  int count;
-  GroupExtent(groups, &first, &count);
-  const uint8_t* weights = groups.weights[blockIdx.y];
+  const auto [first, count, weights] = ThisBlocksGroup(groups);
   for (int r0 = 0; r0 < count; r0 += int(kMaxDecodedProductRows)) {
     const int m =
         count - r0 < int(kMaxDecodedProductRows) ? count - r0 : int(kMaxDecodedProductRows);
@@ -382,11 +384,8 @@ __global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int
 template <DType kType>
 __global__ void GroupsTileProductKernel(ProductGroups groups, int64_t row_bytes, int block_bytes,
                                         int64_t n, int64_t k, const __nv_bfloat16* x, float* y) {
-  int64_t first;
-  int count;
-  GroupExtent(groups, &first, &count);
+  const auto [first, count, weights] = ThisBlocksGroup(groups);
   const TileSpace space;
-  const uint8_t* weights = groups.weights[blockIdx.y];
   const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
   for (int64_t tile0 = int64_t(blockIdx.z) * kMaxTileProductRows; tile0 < count;
        tile0 += int64_t(gridDim.z) * kMaxTileProductRows) {
