@@ -239,7 +239,10 @@ void RunBlock() {
 std::string KernelName(const void* kernel) {
   char name[512] = "";
 #if defined(__SANITIZE_ADDRESS__)
-  __sanitizer_symbolize_pc(const_cast<void*>(kernel), "%f", name, sizeof name);
+  // The symbolizer takes a return address and looks up the instruction before it: one byte
+  // into the kernel names the kernel, its entry the function before it.
+  __sanitizer_symbolize_pc(static_cast<char*>(const_cast<void*>(kernel)) + 1, "%f", name,
+                           sizeof name);
 #endif
   char text[600];
   std::snprintf(text, sizeof text, "kernel %p %s", kernel, name);
