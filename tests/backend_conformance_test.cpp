@@ -423,6 +423,93 @@ TEST_P(BackendConformance, MatMulBatchSegments) {
   }
 }
 
+// A product added to y: within the product bound (plus the addition's rounding) of y plus the
+// reference's product, for the row counts of every path (a device's few-row, tile and library
+// products) and a split into sequences; on a batch-invariant backend, bit for bit its
+// MatMulBatch and AddInPlace.
+TEST_P(BackendConformance, MatMulAddBatchAddsTheProductToY) {
+  std::mt19937 rng(15);
+  const int64_t n = 70;
+  for (const DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_K}) {
+    const int64_t k = 256;
+    const Weights w = MakeWeights(type, n, k, rng);
+    for (const std::vector<int64_t>& segments :
+         std::vector<std::vector<int64_t>>{{1}, {5}, {3, 0, 9}, {70}}) {
+      int64_t m = 0;
+      for (const int64_t rows : segments) m += rows;
+      const std::vector<float> x = Random(m * k, 1.0f, rng), y = Random(m * n, 4.0f, rng);
+      const Buffer x_in = Put(x);
+      Buffer got = Put(y);
+      backend().MatMulAddBatch(x_in.data(), segments, w.view, got.data());
+      std::vector<float> want(size_t(m * n));
+      reference_.MatMulBatch(x.data(), segments, w.host, want.data());
+      for (size_t i = 0; i < want.size(); ++i) want[i] += y[i];
+      const std::string label = Cat("MatMulAddBatch ", DTypeName(type), " M=", m);
+      const std::vector<float> sums = Get(got);
+      ExpectClose(
+          sums, want,
+          [&](size_t i) {
+            return ProductBound(w, GetParam().activations, exact_, &x[i / n * k], int64_t(i % n)) +
+                   2 * kUlp * std::fabs(want[i]);
+          },
+          label);
+      if (!backend().contract().batch_invariant) continue;
+      Buffer product = Poisoned(m * n), unfused = Put(y);
+      backend().MatMulBatch(x_in.data(), segments, w.view, product.data());
+      backend().AddInPlace(unfused.data(), product.data(), m * n);
+      ExpectExact(sums, Get(unfused), label + " against MatMulBatch and AddInPlace");
+    }
+  }
+}
+
+// Products of normed rows: the norm's rows and every product (weights of several types in one
+// call, one with a bias) bit for bit what RmsNorm and then MatMulBatch give on the same
+// backend, for a few rows and many, and with the rows normed in place.
+TEST_P(BackendConformance, RmsNormProductsAreTheNormAndThenEachProduct) {
+  std::mt19937 rng(16);
+  const int64_t c = 256;
+  std::vector<Weights> weights;
+  for (const auto& [type, n] : std::vector<std::pair<DType, int64_t>>{
+           {DType::kBF16, 40}, {DType::kQ8_0, 70}, {DType::kF32, 24}, {DType::kQ4_K, 64}}) {
+    weights.push_back(MakeWeights(type, n, c, rng));
+  }
+  const std::vector<float> norm = Random(c, 2.0f, rng), bias = Random(70, 1.0f, rng);
+  const Buffer norm_in = Put(norm), bias_in = Put(bias);
+  for (const std::vector<int64_t>& segments :
+       std::vector<std::vector<int64_t>>{{1}, {2, 5}, {66, 4}}) {
+    int64_t m = 0;
+    for (const int64_t rows : segments) m += rows;
+    for (const bool in_place : {false, true}) {
+      const std::string label = Cat("RmsNormProducts M=", m, in_place ? " in place" : "");
+      const std::vector<float> x = Random(m * c, 3.0f, rng);
+      Buffer x_in = Put(x), normed = Poisoned(m * c);
+      std::vector<Buffer> outputs;
+      std::vector<NormedProduct> products;
+      for (const Weights& w : weights) {
+        outputs.push_back(Poisoned(m * w.view.rows));
+        products.push_back({.w = w.view,
+                            .y = outputs.back().data(),
+                            .bias = w.view.dtype == DType::kQ8_0 ? bias_in.data() : nullptr});
+      }
+      float* normed_out = in_place ? x_in.data() : normed.data();
+      backend().RmsNormProducts(x_in.data(), segments, c, norm_in.data(), 1e-5f, normed_out,
+                                products);
+
+      const Buffer x_again = Put(x);
+      Buffer want_normed = Poisoned(m * c);
+      backend().RmsNorm(x_again.data(), m, c, norm_in.data(), 1e-5f, want_normed.data());
+      ExpectExact(Get(in_place ? x_in : normed), Get(want_normed), label + " normed rows");
+      for (size_t p = 0; p < products.size(); ++p) {
+        Buffer want = Poisoned(m * products[p].w.rows);
+        backend().MatMulBatch(want_normed.data(), segments, products[p].w, want.data(),
+                              products[p].bias);
+        ExpectExact(Get(outputs[p]), Get(want),
+                    Cat(label, " product ", p, " (", DTypeName(products[p].w.dtype), ")"));
+      }
+    }
+  }
+}
+
 // Row groups whose sizes only backend memory holds (a mixture's experts): every group's rows
 // within the product bound of the reference, which multiplies the groups one by one, and, on
 // a batch-invariant backend, every sequence's rows of a group bit for bit what the backend

@@ -72,6 +72,26 @@ void Backend::AttentionBatch(std::span<const AttentionCall> calls, int heads, in
   }
 }
 
+void Backend::MatMulAddBatch(const float* x, RowSegments segments, const WeightView& w,
+                             float* y) const {
+  int64_t m = 0;
+  for (const int64_t rows : segments) m += rows;
+  Buffer product(*this, m * w.rows, Buffer::Init::kNone);  // [M, N]
+  MatMulBatch(x, segments, w, product.data());
+  AddInPlace(y, product.data(), m * w.rows);
+}
+
+void Backend::RmsNormProducts(const float* x, RowSegments segments, int64_t c, const float* weight,
+                              float eps, float* normed,
+                              std::span<const NormedProduct> products) const {
+  int64_t m = 0;
+  for (const int64_t rows : segments) m += rows;
+  RmsNorm(x, m, c, weight, eps, normed);
+  for (const NormedProduct& product : products) {
+    MatMulBatch(normed, segments, product.w, product.y, product.bias);
+  }
+}
+
 void Buffer::Reserve(int64_t size) {
   if (size <= size_) return;
   PS_CHECK(backend_ != nullptr);

@@ -172,6 +172,14 @@ struct AttentionCall {
   float* out = nullptr;
 };
 
+// One of RmsNormProducts' products of the normed rows: y[M, N] = normed · w[N, K]^T
+// (+ bias[N] when given).
+struct NormedProduct {
+  WeightView w;
+  float* y = nullptr;
+  const float* bias = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -239,6 +247,21 @@ class Backend {
   // of counts[s, g] rows, as MatMulBatch's segments.
   virtual void MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
                             const int* counts, int64_t sequences, float* y) const = 0;
+  // y[M, N] += x[M, K] · w[N, K]^T: each element of y plus MatMulBatch's product of it, in
+  // one addition (the bits of MatMulBatch and then AddInPlace, where the backend's product is
+  // the same either way), so a layer's output joins the residual stream without a pass of
+  // its own on a device that adds in the product. Segments as MatMulBatch's. The default
+  // multiplies into a buffer of its own and adds that.
+  virtual void MatMulAddBatch(const float* x, RowSegments segments, const WeightView& w,
+                              float* y) const;
+  // normed[M, C] = RmsNorm(x[M, C]), then each product's y = normed · w^T (+ bias), the rows
+  // split into segments as MatMulBatch's: bit for bit RmsNorm and one MatMulBatch a product
+  // (normed may alias x). A device that multiplies the normed rows in a reduced precision
+  // rounds them once, in the norm's own pass, for every product. The default issues those
+  // ops.
+  virtual void RmsNormProducts(const float* x, RowSegments segments, int64_t c, const float* weight,
+                               float eps, float* normed,
+                               std::span<const NormedProduct> products) const;
   // out[M, C] = x[M, C] / rms(x) * weight[C]. out may alias x.
   virtual void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                        float* out) const = 0;

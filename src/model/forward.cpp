@@ -208,11 +208,15 @@ std::vector<StepResult> StepRunner::Run(std::span<const SequenceStep> steps) {
       layer = end - 1;
       continue;
     }
-    WriteFreshKeysValues(step, layer);
+    WriteFreshKeysValues(step, layer, false);
     ChooseQueryRows(step, layer);
     // When Q_l = F_l, normed_ still holds rmsnorm(x_) of exactly these rows from the K/V pass.
-    if (!step.queries_are_fresh) GatherQueryInputs(step, layer);
-    ComputeQueries(step, layer);
+    if (step.queries_are_fresh) {
+      ComputeQueries(step, layer);
+    } else {
+      GatherQueryInputs(step, layer);
+    }
+    PositionQueries(step, layer);
     AttendEachSequence(step, layer);
     AddAttentionOutput(step, layer);
     FeedForward(step, layer);
@@ -248,7 +252,7 @@ void StepRunner::EmbedFreshRows(Step& step) {
   }
 }
 
-void StepRunner::WriteFreshKeysValues(Step& step, int layer) {
+void StepRunner::WriteFreshKeysValues(Step& step, int layer, bool queries_too) {
   const ModelConfig& c = step.config;
   const LayerWeights& w = step.weights.layers[size_t(layer)];
   const int64_t C = c.width, kv_width = step.kv_width;
@@ -256,15 +260,16 @@ void StepRunner::WriteFreshKeysValues(Step& step, int layer) {
   normed_.Reserve(m_fresh * C);    // [sum |F|, C]
   k_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
   v_.Reserve(m_fresh * kv_width);  // [sum |F|, Hkv*D]
-  backend_.RmsNorm(x_.data(), m_fresh, C, w.attn_norm.data(), c.rms_eps, normed_.data());
-  backend_.MatMulBatch(normed_.data(), step.segments, w.wk, k_.data(),
-                       w.bk.empty() ? nullptr : w.bk.data());
+  NormedProduct products[3] = {
+      {.w = w.wk, .y = k_.data(), .bias = w.bk.empty() ? nullptr : w.bk.data()},
+      {.w = w.wv, .y = v_.data(), .bias = w.bv.empty() ? nullptr : w.bv.data()}};
+  if (queries_too) products[2] = QueryProduct(step, layer, m_fresh);
+  backend_.RmsNormProducts(x_.data(), step.segments, C, w.attn_norm.data(), c.rms_eps,
+                           normed_.data(), std::span(products, queries_too ? 3 : 2));
   if (c.qk_norm) {
     backend_.RmsNorm(k_.data(), m_fresh * c.kv_heads, c.head_dim, w.k_norm.data(), c.rms_eps,
                      k_.data());
   }
-  backend_.MatMulBatch(normed_.data(), step.segments, w.wv, v_.data(),
-                       w.bv.empty() ? nullptr : w.bv.data());
   if (c.clip_qkv > 0) {
     backend_.Clamp(k_.data(), m_fresh * kv_width, c.clip_qkv);
     backend_.Clamp(v_.data(), m_fresh * kv_width, c.clip_qkv);
@@ -350,8 +355,8 @@ void StepRunner::RunQuietLayers(Step& step, int first, int end) {
   step.Split(&SequenceRows::query);
   auto issue = [&] {
     for (int layer = first; layer < end; ++layer) {
-      WriteFreshKeysValues(step, layer);
-      ComputeQueries(step, layer);
+      WriteFreshKeysValues(step, layer, true);
+      PositionQueries(step, layer);
       AttendEachSequence(step, layer);
       AddAttentionOutput(step, layer);
       FeedForward(step, layer);
@@ -454,17 +459,27 @@ void StepRunner::GatherQueryInputs(Step& step, int layer) {
   std::swap(x_, x_next_);  // x_: [sum |Q|, C]
   step.inputs_swapped = !step.inputs_swapped;
   normed_.Reserve(m * C);
-  backend_.RmsNorm(x_.data(), m, C, step.weights.layers[size_t(layer)].attn_norm.data(),
-                   step.config.rms_eps, normed_.data());
+  const NormedProduct queries[] = {QueryProduct(step, layer, m)};
+  backend_.RmsNormProducts(x_.data(), step.segments, C,
+                           step.weights.layers[size_t(layer)].attn_norm.data(), step.config.rms_eps,
+                           normed_.data(), queries);
+}
+
+NormedProduct StepRunner::QueryProduct(const Step& step, int layer, int64_t rows) {
+  const LayerWeights& w = step.weights.layers[size_t(layer)];
+  q_.Reserve(rows * step.q_width);  // [sum |Q|, H*D]
+  return {.w = w.wq, .y = q_.data(), .bias = w.bq.empty() ? nullptr : w.bq.data()};
 }
 
 void StepRunner::ComputeQueries(const Step& step, int layer) {
+  const NormedProduct queries = QueryProduct(step, layer, step.queries);
+  backend_.MatMulBatch(normed_.data(), step.segments, queries.w, queries.y, queries.bias);
+}
+
+void StepRunner::PositionQueries(const Step& step, int layer) {
   const ModelConfig& c = step.config;
   const LayerWeights& w = step.weights.layers[size_t(layer)];
   const int64_t m = step.queries;
-  q_.Reserve(m * step.q_width);  // [sum |Q|, H*D]
-  backend_.MatMulBatch(normed_.data(), step.segments, w.wq, q_.data(),
-                       w.bq.empty() ? nullptr : w.bq.data());
   if (c.qk_norm) {
     backend_.RmsNorm(q_.data(), m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q_.data());
   }
@@ -551,10 +566,13 @@ void StepRunner::AttendBlockCausal(const ModelConfig& c, const KvCache& cache, i
 
 void StepRunner::AddAttentionOutput(const Step& step, int layer) {
   const LayerWeights& w = step.weights.layers[size_t(layer)];
+  if (w.bo.empty()) {
+    backend_.MatMulAddBatch(attn_.data(), step.segments, w.wo, x_.data());
+    return;
+  }
   const int64_t size = step.queries * step.config.width;
   proj_.Reserve(size);  // [sum |Q|, C]
-  backend_.MatMulBatch(attn_.data(), step.segments, w.wo, proj_.data(),
-                       w.bo.empty() ? nullptr : w.bo.data());
+  backend_.MatMulBatch(attn_.data(), step.segments, w.wo, proj_.data(), w.bo.data());
   backend_.AddInPlace(x_.data(), proj_.data(), size);
 }
 
@@ -563,14 +581,24 @@ void StepRunner::FeedForward(Step& step, int layer) {
   const LayerWeights& w = step.weights.layers[size_t(layer)];
   const int64_t m = step.queries, C = c.width;
   normed_.Reserve(m * C);  // [sum |Q|, C]
-  proj_.Reserve(m * C);    // [sum |Q|, C]
-  backend_.RmsNorm(x_.data(), m, C, w.ffn_norm.data(), c.rms_eps, normed_.data());
   if (c.IsMoeLayer(layer)) {
+    router_.Reserve(m * c.moe.experts);  // [M, E]
+    proj_.Reserve(m * C);                // [sum |Q|, C]
+    const NormedProduct router[] = {{.w = w.router, .y = router_.data()}};
+    backend_.RmsNormProducts(x_.data(), step.segments, C, w.ffn_norm.data(), c.rms_eps,
+                             normed_.data(), router);
     MixtureOfExperts(step, w);
-  } else {
-    SwiGlu(w.mlp, normed_.data(), step.segments, m, proj_.data());
+    backend_.AddInPlace(x_.data(), proj_.data(), m * C);
+    return;
   }
-  backend_.AddInPlace(x_.data(), proj_.data(), m * C);
+  const int64_t inner = w.mlp.gate.rows;
+  gate_.Reserve(m * inner);  // [M, F]
+  up_.Reserve(m * inner);    // [M, F]
+  const NormedProduct gate_up[] = {{.w = w.mlp.gate, .y = gate_.data()},
+                                   {.w = w.mlp.up, .y = up_.data()}};
+  backend_.RmsNormProducts(x_.data(), step.segments, C, w.ffn_norm.data(), c.rms_eps,
+                           normed_.data(), gate_up);
+  AddSwiGluOutput(w.mlp, step.segments, m, x_.data());
 }
 
 void StepRunner::ComputeLogits(Step& step) {
@@ -624,15 +652,10 @@ std::optional<LogitRow> StepResult::Row(int row) const {
   return LogitRow(std::span<const float>(&logits[index * vocab], vocab));
 }
 
-void StepRunner::SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m,
-                        float* out) {
-  const int64_t inner = w.gate.rows;
-  gate_.Reserve(m * inner);  // [M, F]
-  up_.Reserve(m * inner);    // [M, F]
-  backend_.MatMulBatch(x, segments, w.gate, gate_.data());
-  backend_.MatMulBatch(x, segments, w.up, up_.data());
-  backend_.SiluMul(gate_.data(), up_.data(), m * inner);
-  backend_.MatMulBatch(gate_.data(), segments, w.down, out);
+void StepRunner::AddSwiGluOutput(const SwiGluWeights& w, RowSegments segments, int64_t m,
+                                 float* out) {
+  backend_.SiluMul(gate_.data(), up_.data(), m * w.gate.rows);
+  backend_.MatMulAddBatch(gate_.data(), segments, w.down, out);
 }
 
 // proj_[M, C] = sum over each row's chosen experts of weight * expert(normed_ row), plus the
@@ -647,8 +670,6 @@ void StepRunner::MixtureOfExperts(Step& step, const LayerWeights& w) {
   const int k = moe.experts_per_token, experts = moe.experts;
   const int64_t C = c.width, m = step.queries, routed = m * k;
   const int64_t sequences = int64_t(step.segments.size());
-  router_.Reserve(m * experts);  // [M, E]
-  backend_.MatMulBatch(normed_.data(), step.segments, w.router, router_.data());
   chosen_.Reserve(m * k);         // [M, k]
   route_weights_.Reserve(m * k);  // [M, k]
   const RouterSpec spec{.experts = experts,
@@ -703,9 +724,12 @@ void StepRunner::MixtureOfExperts(Step& step, const LayerWeights& w) {
   backend_.CombineExperts(expert_out_.data(), expert_weights_.data(), expert_slots_.As<int>(), m, k,
                           C, proj_.data());
   if (moe.shared_ffn > 0) {
-    expert_out_.Reserve(m * C);  // [M, C]
-    SwiGlu(w.shared, normed_.data(), step.segments, m, expert_out_.data());
-    backend_.AddInPlace(proj_.data(), expert_out_.data(), m * C);
+    const int64_t shared_inner = w.shared.gate.rows;
+    gate_.Reserve(m * shared_inner);  // [M, Fs]
+    up_.Reserve(m * shared_inner);    // [M, Fs]
+    backend_.MatMulBatch(normed_.data(), step.segments, w.shared.gate, gate_.data());
+    backend_.MatMulBatch(normed_.data(), step.segments, w.shared.up, up_.data());
+    AddSwiGluOutput(w.shared, step.segments, m, proj_.data());
   }
 }
 
@@ -721,8 +745,10 @@ void Forward::Project(int layer, const float* x, int64_t m, float* q, Buffer& no
   const ModelConfig& c = model_.config();
   const LayerWeights& w = weights_.layers[size_t(layer)];
   normed.Reserve(m * c.width);  // [M, C]
-  backend_.RmsNorm(x, m, c.width, w.attn_norm.data(), c.rms_eps, normed.data());
-  backend_.MatMul(normed.data(), m, w.wq, q, w.bq.empty() ? nullptr : w.bq.data());
+  const NormedProduct queries[] = {
+      {.w = w.wq, .y = q, .bias = w.bq.empty() ? nullptr : w.bq.data()}};
+  const int64_t rows[] = {m};
+  backend_.RmsNormProducts(x, rows, c.width, w.attn_norm.data(), c.rms_eps, normed.data(), queries);
   if (c.qk_norm) backend_.RmsNorm(q, m * c.heads, c.head_dim, w.q_norm.data(), c.rms_eps, q);
 }
 

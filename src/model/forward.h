@@ -172,8 +172,10 @@ class StepRunner {
   // Checks every plan; x_[sum |F_0|, C] = the embeddings of the input rows.
   void EmbedFreshRows(Step& step);
   // normed_[sum |F_l|, C], k_ and v_[sum |F_l|, Hkv*D] of the fresh rows, written into each
-  // cache by position (x_ into its hidden-state rows); the hooks' BeforeFreshRowsStored.
-  void WriteFreshKeysValues(Step& step, int layer);
+  // cache by position (x_ into its hidden-state rows); the hooks' BeforeFreshRowsStored. With
+  // `queries_too` (a quiet layer: Q_l = F_l), also q_'s products (ComputeQueries' first half)
+  // in the same pass over normed_.
+  void WriteFreshKeysValues(Step& step, int layer, bool queries_too);
   // Each sequence's Q_l: F_l unless its hook chooses others; at the last layer only rows read.
   static void ChooseQueryRows(Step& step, int layer);
   // The end of the quiet layers from `first`: where no sequence's hook acts, no attention is
@@ -186,10 +188,15 @@ class StepRunner {
   // What the ops of quiet layers [first, end) depend on besides the weights' and caches'
   // contents: the rows, the memory, the shapes. Equal keys issue equal ops.
   std::vector<int64_t> QuietLayersKey(const Step& step, int first, int end) const;
-  // x_[M, C] = the query rows' inputs (from x_ or the hidden-state store), normed_[M, C].
+  // x_[M, C] = the query rows' inputs (from x_ or the hidden-state store), normed_[M, C], and
+  // q_[M, H*D] their queries' products.
   void GatherQueryInputs(Step& step, int layer);
-  // q_[M, H*D] = the queries of normed_, rotated to their rows' positions.
+  // q_[M, H*D] = the queries' products of normed_.
   void ComputeQueries(const Step& step, int layer);
+  // q_'s products normed (QK-norm), clamped and rotated to their rows' positions.
+  void PositionQueries(const Step& step, int layer);
+  // q_'s product of normed_ rows, for RmsNormProducts (q_ reserved for `rows`).
+  NormedProduct QueryProduct(const Step& step, int layer, int64_t rows);
   // attn_[M, H*D] = each sequence's queries over its own cache; at a captured layer the hook
   // gets probs_[|Q_l|, H, L].
   void AttendEachSequence(const Step& step, int layer);
@@ -205,18 +212,22 @@ class StepRunner {
   void AttendBlockCausal(const ModelConfig& c, const KvCache& cache, int layer,
                          std::span<const int> positions, int64_t block, const float* q, float* out,
                          float* probs);
-  // x_[M, C] += W_o attn_ (proj_[M, C]): the attention block's residual.
+  // x_[M, C] += W_o attn_ (through proj_[M, C] when W_o has a bias): the attention block's
+  // residual.
   void AddAttentionOutput(const Step& step, int layer);
   // x_[M, C] += the MLP of rmsnorm(x_): SwiGLU, or a mixture of SwiGLU experts (proj_[M, C]).
+  // gate_ and up_ [M, F] hold a SwiGLU's products.
   void FeedForward(Step& step, int layer);
   // Final norm and LM head over each sequence's logit rows (final_[sum n_logits, C]), which
   // must be query rows of the last layer: its result's logits [n_logits, V], or with
   // StepPlan::greedy their choices [n_logits] (the logits stay in backend memory).
   void ComputeLogits(Step& step);
 
-  // out[M, C] = the SwiGLU `w` of x[M, C] (uses gate_ and up_).
-  void SwiGlu(const SwiGluWeights& w, const float* x, RowSegments segments, int64_t m, float* out);
-  // proj_ = the mixture of experts of normed_ (the step's M query rows).
+  // out[M, C] += W_down (silu(gate_) * up_), gate_ and up_ [M, F] holding the rows' SwiGLU
+  // products.
+  void AddSwiGluOutput(const SwiGluWeights& w, RowSegments segments, int64_t m, float* out);
+  // proj_ = the mixture of experts of normed_ (the step's M query rows; router_ [M, E] holds
+  // their router logits).
   void MixtureOfExperts(Step& step, const LayerWeights& w);
 
   const Backend& backend_;

@@ -5,8 +5,8 @@
 //
 //   cuda_backend.cpp  memory, transfers, queues, index staging, recorded steps, registration
 //   scratch.cpp       the scratch ops use between their launches, one set per stream
-//   products.cpp      MatMulBatch, MatMulGroups, LmHeadBatch, Embed (weights of every stored
-//                     type)
+//   products.cpp      MatMulBatch, MatMulAddBatch, MatMulGroups, RmsNormProducts, LmHeadBatch,
+//                     Embed (weights of every stored type)
 //   attention.cpp     RoPE, attention (a step's sequences in one launch) and its probabilities
 //   rowwise.cpp       RMSNorm, SwiGLU, add, clamp, row copies, routing, greedy choices
 //   drift.cpp         the drift measurements, Elastic-Cache's key ranking, k-means, NVFP4
@@ -92,6 +92,13 @@ class CudaBackend final : public Backend {
                    const float* bias = nullptr) const override;
   void MatMulGroups(const float* x, int64_t n, std::span<const WeightView> weights,
                     const int* counts, int64_t sequences, float* y) const override;
+  // cuBLAS adds with beta = 1, the kernels as they store.
+  void MatMulAddBatch(const float* x, RowSegments segments, const WeightView& w,
+                      float* y) const override;
+  // With reduced activations the norm's kernel also writes the BF16 rows the products read.
+  void RmsNormProducts(const float* x, RowSegments segments, int64_t c, const float* weight,
+                       float eps, float* normed,
+                       std::span<const NormedProduct> products) const override;
   void RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                float* out) const override;
   void ApplyRope(float* x, std::span<const int> positions, int heads, const RopeTable& table,
@@ -151,6 +158,14 @@ class CudaBackend final : public Backend {
  private:
   int device_;
   ActivationPrecision activations_;
+  // What MatMulBatch, MatMulAddBatch and RmsNormProducts share (products.cpp): y[M, N] =
+  // x · w^T (+ bias), or y += x · w^T when `accumulate` (no bias then). x_bf16 [M, K] is x
+  // rounded to BF16 where the caller has it (null: the product rounds x where its path
+  // multiplies BF16 rows).
+  void Product(cuda::BlasCalls& blas, const float* x, const uint16_t* x_bf16, int64_t m,
+               const WeightView& w, float* y, const float* bias, bool accumulate) const;
+  // Whether Product multiplies x as BF16 rows over w.
+  bool ProductTakesBf16(const WeightView& w) const;
   // The kind of a copy from src to dst that `kind` names for backend memory.
   cudaMemcpyKind KindOf(const void* src, const void* dst, cudaMemcpyKind kind) const;
 

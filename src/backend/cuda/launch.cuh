@@ -2,6 +2,7 @@
 // grid sizing, and warp and block reductions whose results are the same bits in every thread.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,6 +37,11 @@ __device__ T* DynamicShared() {
   extern __shared__ uint4 dynamic_shared[];  // uint4: aligned for every T
   return reinterpret_cast<T*>(dynamic_shared);
 #endif
+}
+
+// value as BF16 bits, rounded to nearest even (base/dtype.h F32ToBf16).
+__device__ inline uint16_t Bf16Bits(float value) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
 }
 
 constexpr int kThreads = 256;  // per block, a multiple of the warp

@@ -1,5 +1,6 @@
-// The matrix products of the CUDA backend: MatMulBatch, LmHeadBatch and Embed over weights of
-// every stored type (kernels in products.cu).
+// The matrix products of the CUDA backend: MatMulBatch, MatMulAddBatch, MatMulGroups,
+// RmsNormProducts, LmHeadBatch and Embed over weights of every stored type (kernels in
+// products.cu).
 //
 // y[M, N] = x[M, K] · w[N, K]^T is cuBLAS's column-major y^T = op_T(w) · x^T, by weight type
 // and activations():
@@ -15,7 +16,10 @@
 // and multiplies them with FP32 activations (within both modes' bounds). Weights stay resident as
 // stored; what is decoded goes to a scratch of at most kScratchBytes, one chunk of output columns
 // at a time, so even LLaDA-8B's LM head (126464 x 4096) needs no more. The segments only count
-// rows: the contract is not batch invariant, so all M rows go into one product.
+// rows: the contract is not batch invariant, so all M rows go into one product. A product
+// added to y (MatMulAddBatch) adds in its last pass (cuBLAS's beta = 1, the kernels' stores),
+// and products of normed rows (RmsNormProducts, the LM head) read the BF16 rows the norm's
+// kernel wrote beside its own: no pass of their own for either.
 #include "backend/cuda/products.h"
 
 #include <algorithm>
@@ -27,6 +31,7 @@
 #include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/rowwise.h"
 #include "backend/cuda/scratch.h"
 #include "base/error.h"
 #include "ops/quant.h"
@@ -67,20 +72,21 @@ void CheckWeights(const WeightView& w, const char* op) {
 }
 
 // y[M, ldy] columns [0, n) = x[M, K] · w[n, K]^T (w's rows ldw elements apart), accumulated
-// in FP32 (`compute`).
+// in FP32 (`compute`); added to y's values when `accumulate` (beta = 1).
 void Gemm(const cuda::BlasCalls& blas, int64_t n, int64_t m, int64_t k, const void* w,
           cudaDataType w_type, int64_t ldw, const void* x, cudaDataType x_type, float* y,
-          int64_t ldy, cublasComputeType_t compute) {
-  const float one = 1.0f, zero = 0.0f;
+          int64_t ldy, cublasComputeType_t compute, bool accumulate) {
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &one,
-                            w, w_type, int(ldw), x, x_type, int(k), &zero, y, CUDA_R_32F, int(ldy),
+                            w, w_type, int(ldw), x, x_type, int(k), &beta, y, CUDA_R_32F, int(ldy),
                             compute, CUBLAS_GEMM_DEFAULT));
 }
 
 // The product over weights decoded chunk by chunk: rows [n0, n0 + nc) of w as BF16 (`bf16`,
 // times x_bf16[M, K]) or F32 (times x[M, K]) into scratch, then y's columns [n0, n0 + nc).
 void DecodedProduct(const CudaBackend& backend, cuda::BlasCalls& blas, const float* x,
-                    const uint16_t* x_bf16, int64_t m, const WeightView& w, bool bf16, float* y) {
+                    const uint16_t* x_bf16, int64_t m, const WeightView& w, bool bf16, float* y,
+                    bool accumulate) {
   const int64_t n = w.rows, k = w.cols;
   const int64_t element_bytes = bf16 ? 2 : 4;
   const int64_t chunk_rows = std::clamp<int64_t>(kScratchBytes / (k * element_bytes), 1, n);
@@ -95,20 +101,25 @@ void DecodedProduct(const CudaBackend& backend, cuda::BlasCalls& blas, const flo
                                           decoded, backend.Stream()));
     if (bf16) {
       Gemm(blas, rows, m, k, decoded, CUDA_R_16BF, k, x_bf16, CUDA_R_16BF, y + n0, n,
-           CUBLAS_COMPUTE_32F);
+           CUBLAS_COMPUTE_32F, accumulate);
     } else {
       Gemm(blas, rows, m, k, decoded, CUDA_R_32F, k, x, CUDA_R_32F, y + n0, n,
-           CUBLAS_COMPUTE_32F_PEDANTIC);
+           CUBLAS_COMPUTE_32F_PEDANTIC, accumulate);
     }
   }
 }
 
 }  // namespace
 
-void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
-                              const float* bias) const {
-  const int64_t m = RowCount(segments);
-  CheckWeights(w, "MatMulBatch");
+bool CudaBackend::ProductTakesBf16(const WeightView& w) const {
+  return activations_ == ActivationPrecision::kReduced &&
+         (w.dtype == DType::kBF16 || IsBlockQuantized(w.dtype));
+}
+
+void CudaBackend::Product(cuda::BlasCalls& blas, const float* x, const uint16_t* x_bf16, int64_t m,
+                          const WeightView& w, float* y, const float* bias, bool accumulate) const {
+  PS_CHECK(bias == nullptr || !accumulate);
+  CheckWeights(w, accumulate ? "MatMulAddBatch" : "MatMulBatch");
   const int64_t n = w.rows, k = w.cols;
   if (m == 0 || n == 0) return;
   // cuBLAS takes int sizes and strides.
@@ -117,42 +128,77 @@ void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const Weight
     Fail("cuda MatMulBatch: ", m, " x ", k, " times ", n, " x ", k, " (row stride ", ldw,
          ") exceeds cuBLAS's int sizes");
   }
-  const bool native = w.dtype == DType::kF32 ||
-                      (w.dtype == DType::kBF16 && activations_ == ActivationPrecision::kReduced);
   if (k == 0) {
-    Zero(y, m * n);  // empty sums
-  } else if (activations_ == ActivationPrecision::kReduced && IsBlockQuantized(w.dtype) &&
-             m <= cuda::kMaxTileProductRows) {
+    if (!accumulate) Zero(y, m * n);  // empty sums
+    return;
+  }
+  // Every path below that multiplies BF16 rows (all of them where ProductTakesBf16) reads
+  // x_bf16.
+  const bool bf16 = ProductTakesBf16(w);
+  if (bf16 && x_bf16 == nullptr) {
+    // [M, K]
+    auto* rounded = blas.scratch().Get<uint16_t>(cuda::ScratchKind::kBf16Activations, m * k);
+    CUDA_CHECK(cuda::LaunchRoundToBf16(x, m * k, rounded, Stream()));
+    x_bf16 = rounded;
+  }
+  const bool native = w.dtype == DType::kF32 || (w.dtype == DType::kBF16 && bf16);
+  if (bf16 && IsBlockQuantized(w.dtype) && m <= cuda::kMaxTileProductRows) {
     // A cached step's rows over quantised weights: decoded tile by tile beside the tensor
     // cores, so the product reads the stored bytes once (no decoded copy).
-    cuda::OpScratch scratch(*this);
-    float* tiles = scratch.Get<float>(cuda::ScratchKind::kTileProduct,
-                                      cuda::TileProductScratchFloats(m, n, k));
-    CUDA_CHECK(
-        cuda::LaunchTileProduct(w.dtype, w.data, w.row_bytes, n, k, x, m, y, tiles, Stream()));
+    float* tiles = blas.scratch().Get<float>(cuda::ScratchKind::kTileProduct,
+                                             cuda::TileProductScratchFloats(m, n, k));
+    CUDA_CHECK(cuda::LaunchTileProduct(w.dtype, w.data, w.row_bytes, n, k, x_bf16, m, y, accumulate,
+                                       tiles, Stream()));
   } else if (!native && m <= cuda::kMaxDecodedProductRows) {
     // A cached step's few rows over weights cuBLAS does not take as stored: decoded in
     // registers, so the product reads the stored bytes once (no decoded copy).
-    CUDA_CHECK(cuda::LaunchRowsTimesDecoded(w.dtype, w.data, w.row_bytes, n, k, x, m, y, Stream()));
+    CUDA_CHECK(cuda::LaunchRowsTimesDecoded(w.dtype, w.data, w.row_bytes, n, k, x, m, y, accumulate,
+                                            Stream()));
+  } else if (w.dtype == DType::kF32) {
+    Gemm(blas, n, m, k, w.data, CUDA_R_32F, ldw, x, CUDA_R_32F, y, n, CUBLAS_COMPUTE_32F_PEDANTIC,
+         accumulate);
+  } else if (native) {
+    Gemm(blas, n, m, k, w.data, CUDA_R_16BF, ldw, x_bf16, CUDA_R_16BF, y, n, CUBLAS_COMPUTE_32F,
+         accumulate);
   } else {
-    cuda::BlasCalls blas(*this);
-    const bool reduced = activations_ == ActivationPrecision::kReduced;
-    const bool bf16 = reduced && (w.dtype == DType::kBF16 || IsBlockQuantized(w.dtype));
-    uint16_t* x_bf16 = nullptr;  // [M, K] when bf16
-    if (bf16) {
-      x_bf16 = blas.scratch().Get<uint16_t>(cuda::ScratchKind::kBf16Activations, m * k);
-      CUDA_CHECK(cuda::LaunchRoundToBf16(x, m * k, x_bf16, Stream()));
-    }
-    if (w.dtype == DType::kF32) {
-      Gemm(blas, n, m, k, w.data, CUDA_R_32F, ldw, x, CUDA_R_32F, y, n,
-           CUBLAS_COMPUTE_32F_PEDANTIC);
-    } else if (bf16 && w.dtype == DType::kBF16) {
-      Gemm(blas, n, m, k, w.data, CUDA_R_16BF, ldw, x_bf16, CUDA_R_16BF, y, n, CUBLAS_COMPUTE_32F);
-    } else {
-      DecodedProduct(*this, blas, x, x_bf16, m, w, bf16, y);
-    }
+    DecodedProduct(*this, blas, x, x_bf16, m, w, bf16, y, accumulate);
   }
   if (bias != nullptr) CUDA_CHECK(cuda::LaunchAddBias(y, m, n, bias, Stream()));
+}
+
+void CudaBackend::MatMulBatch(const float* x, RowSegments segments, const WeightView& w, float* y,
+                              const float* bias) const {
+  cuda::BlasCalls blas(*this);
+  Product(blas, x, nullptr, RowCount(segments), w, y, bias, false);
+}
+
+void CudaBackend::MatMulAddBatch(const float* x, RowSegments segments, const WeightView& w,
+                                 float* y) const {
+  cuda::BlasCalls blas(*this);
+  Product(blas, x, nullptr, RowCount(segments), w, y, nullptr, true);
+}
+
+void CudaBackend::RmsNormProducts(const float* x, RowSegments segments, int64_t c,
+                                  const float* weight, float eps, float* normed,
+                                  std::span<const NormedProduct> products) const {
+  const int64_t m = RowCount(segments);
+  if (m > INT_MAX) Fail("RmsNorm on the cuda backend: ", m, " rows exceed its ", INT_MAX);
+  for (const NormedProduct& product : products) {
+    if (product.w.cols != c) {
+      Fail("cuda RmsNormProducts: weights of ", product.w.cols, " values a row over rows of ", c);
+    }
+  }
+  cuda::BlasCalls blas(*this);
+  const bool bf16 = std::ranges::any_of(
+      products, [&](const NormedProduct& product) { return ProductTakesBf16(product.w); });
+  // [M, C] the normed rows as BF16, which every product that multiplies BF16 rows reads
+  uint16_t* rounded = bf16 && m > 0 && c > 0
+                          ? blas.scratch().Get<uint16_t>(cuda::ScratchKind::kBf16Activations, m * c)
+                          : nullptr;
+  CUDA_CHECK(cuda::LaunchRmsNorm(x, m, c, weight, eps, normed, rounded, Stream()));
+  for (const NormedProduct& product : products) {
+    Product(blas, normed, rounded, m, product.w, product.y, product.bias, false);
+  }
 }
 
 // The groups' sizes stay on the device (counts), so no host round trip orders the products:
@@ -215,8 +261,8 @@ void CudaBackend::LmHeadBatch(float* x, RowSegments segments, int64_t c, const f
     Fail("cuda LmHeadBatch: the LM head's rows hold ", lm_head.cols, " values, the hidden rows ",
          c);
   }
-  RmsNorm(x, RowCount(segments), c, final_norm, eps, x);
-  MatMulBatch(x, segments, lm_head, logits);
+  const NormedProduct head[] = {{.w = lm_head, .y = logits}};
+  RmsNormProducts(x, segments, c, final_norm, eps, x, head);
 }
 
 void CudaBackend::Embed(const WeightView& embedding, std::span<const int> tokens,

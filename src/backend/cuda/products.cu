@@ -116,10 +116,6 @@ __device__ float ValueAt(const uint8_t* row, int64_t c, int block_bytes) {
   return Group<kType>(row, c - c % 8, block_bytes)[int(c % 8)];
 }
 
-__device__ uint16_t Bf16Bits(float value) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
-}
-
 // Element e = r * K + c of out[count, K]: value c of weight row rows[r] (or first_row + r).
 template <DType kType, Decoded kDecoded>
 __global__ void DequantizeRowsKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
@@ -155,10 +151,12 @@ cudaError_t LaunchDequantize(const uint8_t* weights, int64_t row_bytes, int64_t 
 // One warp per weight row (grid-strided by whole warps over the blocks of the grid's x, so
 // every lane of a warp takes the same rows and the reductions see all 32): lane l decodes
 // values l, l + 32, ... of the row and adds each times every row of x[m, K] (m <=
-// kMaxDecodedProductRows); the lanes' sums are then reduced into y[m, N].
+// kMaxDecodedProductRows); the lanes' sums are then reduced into y[m, N] (added to it when
+// `accumulate`).
 template <DType kType>
 __device__ void RowsTimesDecodedRows(const uint8_t* weights, int64_t row_bytes, int block_bytes,
-                                     int64_t n, int64_t k, const float* x, int m, float* y) {
+                                     int64_t n, int64_t k, const float* x, int m, float* y,
+                                     bool accumulate) {
   constexpr int kWarpsPerBlock = kThreads / kWarp;
   const int lane = int(threadIdx.x) % kWarp;
   for (int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp; row < n;
@@ -176,15 +174,16 @@ __device__ void RowsTimesDecodedRows(const uint8_t* weights, int64_t row_bytes, 
     for (int r = 0; r < kMaxDecodedProductRows; ++r) {
       if (r >= m) break;  // m is the same in every lane
       const float total = WarpReduce(sums[r], Sum());
-      if (lane == 0) y[r * n + row] = total;
+      if (lane == 0) y[r * n + row] = accumulate ? y[r * n + row] + total : total;
     }
   }
 }
 
 template <DType kType>
 __global__ void RowsTimesDecodedKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
-                                       int64_t n, int64_t k, const float* x, int m, float* y) {
-  RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x, m, y);
+                                       int64_t n, int64_t k, const float* x, int m, float* y,
+                                       bool accumulate) {
+  RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x, m, y, accumulate);
 }
 
 // Group blockIdx.y's rows and weights: its first row and row count are the sums of
@@ -231,17 +230,17 @@ __global__ void GroupsTimesDecodedKernel(ProductGroups groups, int64_t row_bytes
     const int m =
         count - r0 < int(kMaxDecodedProductRows) ? count - r0 : int(kMaxDecodedProductRows);
     RowsTimesDecodedRows<kType>(weights, row_bytes, block_bytes, n, k, x + (first + r0) * k, m,
-                                y + (first + r0) * n);
+                                y + (first + r0) * n, false);
   }
 }
 
 template <DType kType>
 cudaError_t LaunchRowsTimes(const uint8_t* weights, int64_t row_bytes, int64_t n, int64_t k,
-                            const float* x, int m, float* y, cudaStream_t stream) {
+                            const float* x, int m, float* y, bool accumulate, cudaStream_t stream) {
   constexpr int64_t kWarpsPerBlock = kThreads / kWarp;
   const int blocks = int(std::min<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks));
   return Launch(RowsTimesDecodedKernel<kType>, blocks, kThreads, 0, stream, weights, row_bytes,
-                BlockBytes(kType), n, k, x, m, y);
+                BlockBytes(kType), n, k, x, m, y, accumulate);
 }
 
 // The tile product's blocks: four warps take 64 weight rows (warp w rows [16w, 16w + 16))
@@ -330,9 +329,22 @@ __device__ void MultiplyStep(TileSums (&acc)[kTileXTiles], const __nv_bfloat16* 
   }
 }
 
-// out[m, N] columns [row0, row0 + 64) (of n) = the block's sums, once its steps are done.
+// x_tile = rows [0, m) of x[m, K] (BF16, K a multiple of 8), values [c0, c0 + kTileStep) (of
+// k_end), as 16 x_tiles rows; zeros past them.
+__device__ void LoadXStep(__nv_bfloat16* x_tile, const __nv_bfloat16* x, int m, int64_t k,
+                          int x_tiles, int64_t c0, int64_t k_end) {
+  for (int g = threadIdx.x; g < 16 * x_tiles * kTileGroupsPerRow; g += kTileThreads) {
+    const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
+    uint4 eight = make_uint4(0, 0, 0, 0);
+    if (r < m && c0 + c < k_end) eight = *reinterpret_cast<const uint4*>(x + r * k + c0 + c);
+    *reinterpret_cast<uint4*>(x_tile + r * kTileStride + c) = eight;
+  }
+}
+
+// out[m, N] columns [row0, row0 + 64) (of n) = the block's sums (+= when `accumulate`), once
+// its steps are done.
 __device__ void StoreTileSums(const TileSums (&acc)[kTileXTiles], float* sums, int x_tiles, int m,
-                              int64_t n, int64_t row0, float* out) {
+                              int64_t n, int64_t row0, bool accumulate, float* out) {
   const int warp = int(threadIdx.x) / kWarp;
   __syncthreads();  // the tiles are read: the space takes the sums
 #pragma unroll
@@ -344,18 +356,20 @@ __device__ void StoreTileSums(const TileSums (&acc)[kTileXTiles], float* sums, i
   __syncthreads();
   for (int e = threadIdx.x; e < m * kTileWeightRows; e += kTileThreads) {
     const int r = e / kTileWeightRows, c = e % kTileWeightRows;
-    if (row0 + c < n) out[r * n + row0 + c] = sums[r * kTileOutStride + c];
+    if (row0 + c >= n) continue;
+    const float sum = sums[r * kTileOutStride + c];
+    float& to = out[r * n + row0 + c];
+    to = accumulate ? to + sum : sum;
   }
   __syncthreads();  // the sums are read: the next tile's steps may take the space
 }
 
-// x_padded is [16 * x_tiles, K rounded up to kTileStep] BF16 with zeros past x's m rows and
-// K values; out[s, m, N] takes split s's sums (y itself when there is one split).
+// x[m, K] is BF16 (K a multiple of 8); out[s, m, N] takes split s's sums (y itself, added to
+// when `accumulate`, when there is one split).
 template <DType kType>
 __global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int block_bytes,
-                                  int64_t n, int64_t k, const __nv_bfloat16* x_padded,
-                                  int64_t padded_k, int m, int x_tiles, int64_t split_k,
-                                  float* out) {
+                                  int64_t n, int64_t k, const __nv_bfloat16* x, int m, int x_tiles,
+                                  int64_t split_k, bool accumulate, float* out) {
   const TileSpace space;
   const int64_t row0 = int64_t(blockIdx.x) * kTileWeightRows;
   const int64_t k_begin = int64_t(blockIdx.y) * split_k;
@@ -367,16 +381,12 @@ __global__ void TileProductKernel(const uint8_t* weights, int64_t row_bytes, int
   for (int64_t c0 = k_begin; c0 < k_end; c0 += kTileStep) {
     __syncthreads();  // the last step's tiles are read
     DecodeWeightStep<kType>(space.w_tile, weights, row_bytes, block_bytes, n, row0, c0, k_end);
-    for (int g = threadIdx.x; g < 16 * x_tiles * kTileGroupsPerRow; g += kTileThreads) {
-      const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
-      // A step never crosses a split (split_k is whole steps); past K both tiles are zero.
-      *reinterpret_cast<uint4*>(space.x_tile + r * kTileStride + c) =
-          *reinterpret_cast<const uint4*>(x_padded + r * padded_k + c0 + c);
-    }
+    LoadXStep(space.x_tile, x, m, k, x_tiles, c0, k_end);
     __syncthreads();
     MultiplyStep(acc, space.w_tile, space.x_tile, x_tiles);
   }
-  StoreTileSums(acc, space.sums, x_tiles, m, n, row0, out + int64_t(blockIdx.y) * m * n);
+  StoreTileSums(acc, space.sums, x_tiles, m, n, row0, accumulate,
+                out + int64_t(blockIdx.y) * m * n);
 }
 
 // Group blockIdx.y's rows of x[rows, K] (BF16, K a multiple of 8), 64 at a time (row tiles
@@ -398,37 +408,23 @@ __global__ void GroupsTileProductKernel(ProductGroups groups, int64_t row_bytes,
     for (int64_t c0 = 0; c0 < k; c0 += kTileStep) {
       __syncthreads();  // the last step's tiles are read
       DecodeWeightStep<kType>(space.w_tile, weights, row_bytes, block_bytes, n, row0, c0, k);
-      for (int g = threadIdx.x; g < 16 * x_tiles * kTileGroupsPerRow; g += kTileThreads) {
-        const int r = g / kTileGroupsPerRow, c = g % kTileGroupsPerRow * 8;
-        uint4 eight = make_uint4(0, 0, 0, 0);
-        if (r < m && c0 + c < k) eight = *reinterpret_cast<const uint4*>(x_rows + r * k + c0 + c);
-        *reinterpret_cast<uint4*>(space.x_tile + r * kTileStride + c) = eight;
-      }
+      LoadXStep(space.x_tile, x_rows, m, k, x_tiles, c0, k);
       __syncthreads();
       MultiplyStep(acc, space.w_tile, space.x_tile, x_tiles);
     }
-    StoreTileSums(acc, space.sums, x_tiles, m, n, row0, y + (first + tile0) * n);
+    StoreTileSums(acc, space.sums, x_tiles, m, n, row0, false, y + (first + tile0) * n);
   }
 }
 
-// x_padded[rows, padded_k] = x[m, K] as BF16, zeros past its rows and values.
-__global__ void PadToBf16Kernel(const float* x, int64_t m, int64_t k, int64_t rows,
-                                int64_t padded_k, __nv_bfloat16* x_padded) {
-  const int64_t total = rows * padded_k;
-  for (int64_t e = int64_t(blockIdx.x) * kThreads + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * kThreads) {
-    const int64_t r = e / padded_k, c = e % padded_k;
-    x_padded[e] = __float2bfloat16_rn(r < m && c < k ? x[r * k + c] : 0.0f);
-  }
-}
-
-// y[i] = the splits' sums of output i, added in split order (the same bits every run).
-__global__ void SumSplitsKernel(const float* partial, int64_t outputs, int splits, float* y) {
+// y[i] = the splits' sums of output i, added in split order (the same bits every run); with
+// `accumulate`, y[i] + that total.
+__global__ void SumSplitsKernel(const float* partial, int64_t outputs, int splits, bool accumulate,
+                                float* y) {
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < outputs;
        i += int64_t(gridDim.x) * kThreads) {
     float total = partial[i];
     for (int s = 1; s < splits; ++s) total += partial[s * outputs + i];
-    y[i] = total;
+    y[i] = accumulate ? y[i] + total : total;
   }
 }
 
@@ -486,12 +482,13 @@ cudaError_t LaunchDequantizeRows(DType type, const uint8_t* weights, int64_t row
 }
 
 cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
-                                   int64_t k, const float* x, int64_t m, float* y,
+                                   int64_t k, const float* x, int64_t m, float* y, bool accumulate,
                                    cudaStream_t stream) {
   if (m <= 0 || n <= 0) return cudaSuccess;
   if (m > kMaxDecodedProductRows) return cudaErrorInvalidValue;
   return ForWeightType(type, [&](auto stored) {
-    return LaunchRowsTimes<decltype(stored)::value>(weights, row_bytes, n, k, x, int(m), y, stream);
+    return LaunchRowsTimes<decltype(stored)::value>(weights, row_bytes, n, k, x, int(m), y,
+                                                    accumulate, stream);
   });
 }
 
@@ -513,41 +510,33 @@ int TileProductSplits(int64_t n, int64_t k) {
 
 int64_t TileProductScratchFloats(int64_t m, int64_t n, int64_t k) {
   const int splits = TileProductSplits(n, k);
-  const int64_t padded_k = (k + kTileStep - 1) / kTileStep * kTileStep;
-  const int64_t x_rows = (m + 15) / 16 * 16;
-  // The padded BF16 x (two to a float, rounded up), then the splits' sums when there are two
-  // or more.
-  return (x_rows * padded_k + 1) / 2 + (splits > 1 ? splits * m * n : 0);
+  return splits > 1 ? splits * m * n : 0;  // the splits' sums
 }
 
 cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
-                              int64_t k, const float* x, int64_t m, float* y, float* scratch,
-                              cudaStream_t stream) {
+                              int64_t k, const uint16_t* x_bf16, int64_t m, float* y,
+                              bool accumulate, float* scratch, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return cudaSuccess;
-  if (m > kMaxTileProductRows) return cudaErrorInvalidValue;
+  if (m > kMaxTileProductRows || k % 8 != 0) return cudaErrorInvalidValue;
   const int splits = TileProductSplits(n, k);
   const int64_t split_k = TileUnitsPerSplit(n, k) * kTileSplitUnit;
-  const int64_t padded_k = (k + kTileStep - 1) / kTileStep * kTileStep;
   const int x_tiles = int((m + 15) / 16);
-  auto* x_padded = reinterpret_cast<__nv_bfloat16*>(scratch);
-  float* partial = splits > 1 ? scratch + (int64_t(16) * x_tiles * padded_k + 1) / 2 : y;
-  cudaError_t status = Launch(PadToBf16Kernel, GridBlocks(16 * x_tiles * padded_k), kThreads, 0,
-                              stream, x, m, k, int64_t(16) * x_tiles, padded_k, x_padded);
-  if (status != cudaSuccess) return status;
+  float* partial = splits > 1 ? scratch : y;
   const dim3 grid(unsigned((n + kTileWeightRows - 1) / kTileWeightRows), unsigned(splits));
-  status = ForWeightType(type, [&](auto stored) {
+  const cudaError_t status = ForWeightType(type, [&](auto stored) {
     constexpr DType kType = decltype(stored)::value;
     if constexpr (kType == DType::kF32 || kType == DType::kF16 || kType == DType::kBF16) {
       return cudaErrorInvalidValue;
     } else {
       return Launch(TileProductKernel<kType>, grid, kTileThreads, kTileSharedBytes, stream, weights,
-                    row_bytes, BlockBytes(type), n, k, static_cast<const __nv_bfloat16*>(x_padded),
-                    padded_k, int(m), x_tiles, split_k, partial);
+                    row_bytes, BlockBytes(type), n, k,
+                    reinterpret_cast<const __nv_bfloat16*>(x_bf16), int(m), x_tiles, split_k,
+                    accumulate && splits == 1, partial);
     }
   });
   if (status != cudaSuccess || splits == 1) return status;
   return Launch(SumSplitsKernel, GridBlocks(m * n), kThreads, 0, stream,
-                static_cast<const float*>(partial), m * n, splits, y);
+                static_cast<const float*>(partial), m * n, splits, accumulate, y);
 }
 
 cudaError_t LaunchGroupsTimesDecoded(DType type, const ProductGroups& groups, int64_t row_bytes,

@@ -30,24 +30,25 @@ constexpr int64_t kMaxDecodedProductRows = 8;
 // y[M, N] = x[M, K] · w[N, K]^T for M <= kMaxDecodedProductRows, w's rows stored as `type`
 // (as LaunchDequantizeRows reads them): each weight value decoded in registers as it is read,
 // so the stored bytes cross from memory once and no decoded copy is written, and multiplied
-// with every row of x in FP32.
+// with every row of x in FP32. With `accumulate`, y += the product.
 cudaError_t LaunchRowsTimesDecoded(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
-                                   int64_t k, const float* x, int64_t m, float* y,
+                                   int64_t k, const float* x, int64_t m, float* y, bool accumulate,
                                    cudaStream_t stream);
 
 // The tile product: at most this many rows of x take LaunchTileProduct.
 constexpr int64_t kMaxTileProductRows = 64;
 
 // y[M, N] = x[M, K] · w[N, K]^T for M <= kMaxTileProductRows over weights of a block type:
-// x rounded to BF16 and the weights decoded to BF16 (as LaunchDequantizeRows decodes them)
-// tile by tile in shared memory, multiplied on the tensor cores with FP32 sums, so the stored
-// bytes cross from memory once and no decoded copy is written. K may be split across blocks,
-// whose sums are then added in a fixed order: the same bits every run. `scratch` holds
-// TileProductScratchFloats(M, N, K) floats (x as BF16, the splits' sums).
+// x_bf16 (x as BF16 bits, K a multiple of 8) times the weights decoded to BF16 (as
+// LaunchDequantizeRows decodes them) tile by tile in shared memory, on the tensor cores with
+// FP32 sums, so the stored bytes cross from memory once and no decoded copy is written. K
+// may be split across blocks, whose sums are then added in a fixed order: the same bits
+// every run. With `accumulate`, y += the product. `scratch` holds
+// TileProductScratchFloats(M, N, K) floats (the splits' sums).
 int64_t TileProductScratchFloats(int64_t m, int64_t n, int64_t k);
 cudaError_t LaunchTileProduct(DType type, const uint8_t* weights, int64_t row_bytes, int64_t n,
-                              int64_t k, const float* x, int64_t m, float* y, float* scratch,
-                              cudaStream_t stream);
+                              int64_t k, const uint16_t* x_bf16, int64_t m, float* y,
+                              bool accumulate, float* scratch, cudaStream_t stream);
 
 // The row groups of a grouped product (Backend::MatMulGroups): group g's weights start at
 // weights[g] (device memory, [groups] pointers, every group's rows row_bytes apart), its rows

@@ -39,7 +39,7 @@ void CheckRowGrid(const char* op, int64_t rows) {
 void CudaBackend::RmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
                           float* out) const {
   CheckRowGrid("RmsNorm", m);
-  CUDA_CHECK(cuda::LaunchRmsNorm(x, m, c, weight, eps, out, Stream()));
+  CUDA_CHECK(cuda::LaunchRmsNorm(x, m, c, weight, eps, out, nullptr, Stream()));
 }
 
 void CudaBackend::SiluMul(float* gate, const float* up, int64_t n) const {

@@ -69,14 +69,19 @@ __device__ TopTwo ShuffleXor(TopTwo v, int offset) {
 }
 
 // One block per row. Each thread reads and writes the same columns, so out may alias x.
-__global__ void RmsNormKernel(const float* x, int64_t c, const float* weight, float eps,
-                              float* out) {
+__global__ void RmsNormKernel(const float* x, int64_t c, const float* weight, float eps, float* out,
+                              uint16_t* rounded) {
   const float* row = x + int64_t(blockIdx.x) * c;
   float* out_row = out + int64_t(blockIdx.x) * c;
+  uint16_t* rounded_row = rounded == nullptr ? nullptr : rounded + int64_t(blockIdx.x) * c;
   float sum_sq = 0.0f;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) sum_sq += row[j] * row[j];
   const float inv = 1.0f / sqrtf(BlockReduce(sum_sq, Sum()) / float(c) + eps);
-  for (int64_t j = threadIdx.x; j < c; j += kThreads) out_row[j] = row[j] * inv * weight[j];
+  for (int64_t j = threadIdx.x; j < c; j += kThreads) {
+    const float value = row[j] * inv * weight[j];
+    out_row[j] = value;
+    if (rounded_row != nullptr) rounded_row[j] = Bf16Bits(value);
+  }
 }
 
 __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
@@ -349,10 +354,10 @@ __global__ void GreedyChoicesKernel(const float* logits, int64_t vocab, GreedyKi
 }  // namespace
 
 cudaError_t LaunchRmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
-                          float* out, cudaStream_t stream) {
+                          float* out, uint16_t* rounded, cudaStream_t stream) {
   if (m <= 0 || c <= 0) return cudaSuccess;
   if (m > INT32_MAX) return cudaErrorInvalidConfiguration;
-  return Launch(RmsNormKernel, unsigned(m), kThreads, 0, stream, x, c, weight, eps, out);
+  return Launch(RmsNormKernel, unsigned(m), kThreads, 0, stream, x, c, weight, eps, out, rounded);
 }
 
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream) {

@@ -10,9 +10,10 @@
 
 namespace polestar::cuda {
 
-// out[M, C] = x[M, C] / sqrt(mean(x^2) + eps) * weight[C]; out may alias x.
+// out[M, C] = x[M, C] / sqrt(mean(x^2) + eps) * weight[C]; out may alias x. `rounded`
+// [M, C], when not null, takes out's values as BF16 bits as well (LaunchRoundToBf16's).
 cudaError_t LaunchRmsNorm(const float* x, int64_t m, int64_t c, const float* weight, float eps,
-                          float* out, cudaStream_t stream);
+                          float* out, uint16_t* rounded, cudaStream_t stream);
 // gate[n] = silu(gate[n]) * up[n].
 cudaError_t LaunchSiluMul(float* gate, const float* up, int64_t n, cudaStream_t stream);
 // x[n] += y[n].
