@@ -996,9 +996,21 @@ TEST(Scale, RunsAGgufConversionOfAMixtureOfExperts) {
   EXPECT_EQ(out["model"]["experts_per_token"], 2);
   EXPECT_GT(out["model"]["peak_rss_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(out["model"]["backend"], "cpu-scalar");  // options.backend's
+  // A step's experts read (mean over its runs) price its weight bytes (bench/gpu_table.py):
+  // at least k in a mixture layer, at most every expert in every layer; none in the drift ops'
+  // timings (no rows through the layers).
+  const double k = out["model"]["experts_per_token"].get<double>();
+  const double most = out["model"]["layers"].get<double>() * out["model"]["experts"].get<double>();
   for (const auto& step : out["steps"]) {
     EXPECT_TRUE(step.contains("bytes_to_backend")) << step.dump();
     EXPECT_GT(step["bytes_to_host"].get<int64_t>(), 0) << step.dump();
+    ASSERT_TRUE(step.contains("experts_read")) << step.dump();
+    if (step["rows_computed"].get<int64_t>() > 0) {
+      EXPECT_GE(step["experts_read"].get<double>(), k) << step.dump();
+    } else {
+      EXPECT_EQ(step["experts_read"].get<double>(), 0) << step.dump();
+    }
+    EXPECT_LE(step["experts_read"].get<double>(), most) << step.dump();
   }
   for (const auto& run : out["forced"]) {
     EXPECT_FALSE(run.contains("error")) << run.dump();
