@@ -1179,15 +1179,18 @@ TEST(Scale, ExtrapolatesEachStepLayerByLayer) {
 }
 
 // Bytes alike: what a layer's hooks and drift ops move grows with the layers, the plan and the
-// logits do not.
+// logits do not; and a mixture's experts read grow with its mixture layers.
 TEST(Scale, ExtrapolatesEachStepsBytesLayerByLayer) {
   StepTiming at_two = Timed("refresh step, k=4", 1, 8), at_four = at_two;
   at_two.transfers = {100 + 2 * 30, 5000 + 2 * 700};  // 100 and 5000 fixed, 30 and 700 a layer
   at_four.transfers = {100 + 4 * 30, 5000 + 4 * 700};
+  at_two.experts_read = (2 - 1) * 6.5;  // a mixture's after a dense layer: 6.5 a layer
+  at_four.experts_read = (4 - 1) * 6.5;
   const std::vector<StepTiming> at_32 = ExtrapolateLayers({at_two}, 2, {at_four}, 4, 32);
   ASSERT_EQ(at_32.size(), 1u);
   EXPECT_EQ(at_32[0].transfers.to_backend, 100 + 32 * 30);
   EXPECT_EQ(at_32[0].transfers.to_host, 5000 + 32 * 700);
+  EXPECT_DOUBLE_EQ(at_32[0].experts_read, (32 - 1) * 6.5);
 }
 
 TEST(Scale, PricesAStepMixKindByKind) {

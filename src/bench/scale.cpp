@@ -689,6 +689,9 @@ nlohmann::json RunScaleBenchmark(const ScaleOptions& requested, const MachineInf
       routed_expert_bytes += expert_bytes;
     }
   }
+  // --fit-layers loaded fewer layers than the shape's; the ones it extrapolates to are
+  // mixture layers (a shape's dense layers come first).
+  routed_expert_bytes += int64_t(layers - config.layers) * config.moe.experts * expert_bytes;
   nlohmann::ordered_json out;
   out["machine"] = machine.ToJson();
   const int64_t peak_rss = PeakRssBytes();

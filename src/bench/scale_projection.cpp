@@ -74,6 +74,9 @@ std::vector<StepTiming> ExtrapolateLayers(const std::vector<StepTiming>& at_a, i
     };
     t.transfers = {bytes(a.transfers.to_backend, b->transfers.to_backend),
                    bytes(a.transfers.to_host, b->transfers.to_host)};
+    // A mixture's experts read alike: each added layer routes the same rows.
+    const double experts_per_layer = (b->experts_read - a.experts_read) / (layers_b - layers_a);
+    t.experts_read = a.experts_read + double(layers - layers_a) * experts_per_layer;
     out.push_back(std::move(t));
   }
   return out;
