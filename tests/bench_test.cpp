@@ -1229,6 +1229,32 @@ TEST(Scale, PricesAStepMixKindByKind) {
   EXPECT_TRUE(StepsPerBlock({{"options", row["options"]}, {"summary", {{"items", 2}}}}).empty());
 }
 
+// --fit-layers on a mixture: the routed experts' bytes are the shape's (llada-moe-tiny: 3 layers,
+// the first dense, so 2 mixture layers of 8 experts), not the larger fit's (1 mixture layer of
+// its 2), and the extrapolated steps keep the experts they read.
+TEST(Scale, AMixturesLayerFitCountsTheShapesExperts) {
+  ScaleOptions options;
+  options.like = "llada-moe-tiny";
+  options.fit_layers = {1, 2};
+  options.out_dir = testing::TempDir() + "/out";
+  options.reps = 1;
+  options.prompt_length = 8;
+  options.base.gen_length = 32;
+  options.base.block_length = 8;
+  options.progress = false;
+  options.backend = &BackendNamed("cpu:isa=scalar");
+  const nlohmann::json out = RunScaleBenchmark(options, MachineInfo{});
+  ASSERT_EQ(out["model"]["layers"], 3);
+  ASSERT_EQ(out["model"]["experts"], 8);
+  EXPECT_EQ(out["model"]["routed_expert_bytes"],
+            2 * 8 * out["model"]["expert_bytes"].get<int64_t>());
+  for (const auto& step : out["steps"]) {
+    if (step["rows_computed"].get<int64_t>() > 0) {
+      EXPECT_GT(step["experts_read"].get<double>(), 0) << step.dump();
+    }
+  }
+}
+
 // Bad --fit-layers and --prompt-suite requests are refused before any checkpoint is written.
 TEST(Scale, RefusesBadLayerFitsAndPromptSuitesBeforeAnyWork) {
   ScaleOptions options;
